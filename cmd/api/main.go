@@ -1,0 +1,164 @@
+// Command api serves the checkout HTTP API (see CONTRACT.md): it applies the
+// migrations, then serves until SIGTERM or SIGINT, drains in-flight requests
+// for up to SHUTDOWN_TIMEOUT, and exits 0.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceonly/checkout/internal/api"
+	"github.com/onceonly/checkout/internal/auth"
+	"github.com/onceonly/checkout/internal/config"
+	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/payments"
+	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/telemetry"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Getenv, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "api:", err)
+		os.Exit(1)
+	}
+}
+
+// settings are the API's environment variables (CONTRACT.md).
+type settings struct {
+	AppEnv           string        `env:"APP_ENV" envDefault:"development"`
+	HTTPAddr         string        `env:"HTTP_ADDR" envDefault:":8080"`
+	DatabaseURL      string        `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable"`
+	DatabaseMaxConns int           `env:"DATABASE_MAX_CONNS" envDefault:"20"`
+	RedisURL         string        `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
+	RedisKeyPrefix   string        `env:"REDIS_KEY_PREFIX" envDefault:"checkout:"`
+	StripeAPIBase    string        `env:"STRIPE_API_BASE" envDefault:"http://127.0.0.1:12111"`
+	StripeSecretKey  string        `env:"STRIPE_SECRET_KEY" envDefault:"sk_test_123" secret:"true"`
+	StripeTimeout    time.Duration `env:"STRIPE_TIMEOUT" envDefault:"10s"`
+	StripeMaxElapsed time.Duration `env:"STRIPE_MAX_ELAPSED" envDefault:"20s"`
+	IdempotencyTTL   time.Duration `env:"IDEMPOTENCY_TTL" envDefault:"24h"`
+	IdempotencyLease time.Duration `env:"IDEMPOTENCY_LEASE" envDefault:"30s"`
+	DedupFailureMode string        `env:"DEDUP_FAILURE_MODE" envDefault:"closed"`
+	APIKeys          string        `env:"CHECKOUT_API_KEYS" envDefault:"acme:sk_test_acme,globex:sk_test_globex" secret:"true"`
+	WorkTimeout      time.Duration `env:"WORK_TIMEOUT" envDefault:"60s"`
+	ShutdownTimeout  time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"20s"`
+	LogLevel         slog.Level    `env:"LOG_LEVEL" envDefault:"info"`
+}
+
+// check validates what parsing cannot; each message names its variable.
+func (s *settings) check() (*auth.Keys, idempotency.FailureMode, error) {
+	var errs []error
+	mode, err := idempotency.ParseFailureMode(s.DedupFailureMode)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("DEDUP_FAILURE_MODE: %w", err))
+	}
+	keys, err := auth.ParseKeys(s.APIKeys)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("CHECKOUT_API_KEYS: %w", err))
+	}
+	if s.AppEnv == "production" && s.APIKeys == auth.DefaultKeys {
+		errs = append(errs, errors.New("CHECKOUT_API_KEYS: the development keys are not allowed with APP_ENV=production"))
+	}
+	if s.IdempotencyLease < 300*time.Millisecond {
+		errs = append(errs, fmt.Errorf("IDEMPOTENCY_LEASE: %s is below the minimum of 300ms", s.IdempotencyLease))
+	}
+	if s.IdempotencyTTL <= s.IdempotencyLease {
+		errs = append(errs, fmt.Errorf("IDEMPOTENCY_TTL: %s must exceed IDEMPOTENCY_LEASE (%s)", s.IdempotencyTTL, s.IdempotencyLease))
+	}
+	if s.DatabaseMaxConns < 1 {
+		errs = append(errs, fmt.Errorf("DATABASE_MAX_CONNS: must be at least 1"))
+	}
+	if s.RedisKeyPrefix == "" {
+		errs = append(errs, errors.New("REDIS_KEY_PREFIX: must not be empty"))
+	}
+	return keys, mode, errors.Join(errs...)
+}
+
+func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
+	var s settings
+	if err := config.Load(getenv, &s); err != nil {
+		return err
+	}
+	keys, mode, err := s.check()
+	if err != nil {
+		return err
+	}
+	redisOpts, err := redis.ParseURL(s.RedisURL)
+	if err != nil {
+		return fmt.Errorf("REDIS_URL: %w", err)
+	}
+	logger := telemetry.NewLogger(stdout, s.LogLevel)
+	logger.Info("starting api", append(config.Masked(&s), "api_keys", keys.Fingerprints())...)
+
+	db, err := postgres.Open(ctx, postgres.Config{URL: s.DatabaseURL, MaxConns: s.DatabaseMaxConns})
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	defer postgres.Close(db)
+	if err := postgres.Migrate(ctx, db, logger); err != nil {
+		return err
+	}
+
+	// Short timeouts: Redis is an accelerator; a hung Redis must turn into
+	// DEDUP_FAILURE_MODE quickly, not into a hung checkout.
+	redisOpts.DialTimeout = time.Second
+	redisOpts.ReadTimeout = 500 * time.Millisecond
+	redisOpts.WriteTimeout = 500 * time.Millisecond
+	redisOpts.MaxRetries = 1
+	rdb := redis.NewClient(redisOpts)
+	defer rdb.Close()
+
+	reg := telemetry.NewRegistry()
+	pay := payments.NewClient(payments.Config{
+		APIBase:    s.StripeAPIBase,
+		SecretKey:  s.StripeSecretKey,
+		Timeout:    s.StripeTimeout,
+		MaxElapsed: s.StripeMaxElapsed,
+	}, logger, reg)
+
+	app := api.New(api.Config{
+		RedisKeyPrefix: s.RedisKeyPrefix,
+		TTL:            s.IdempotencyTTL,
+		Lease:          s.IdempotencyLease,
+		FailureMode:    mode,
+		WorkTimeout:    s.WorkTimeout,
+	}, api.Deps{DB: db, Redis: rdb, Payments: pay, Keys: keys, Logger: logger, Registry: reg})
+
+	ln, err := net.Listen("tcp", s.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("HTTP_ADDR: %w", err)
+	}
+	srv := &http.Server{Handler: app.Handler, ReadHeaderTimeout: 10 * time.Second}
+	logger.Info("listening", "addr", ln.Addr().String())
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	select {
+	case err := <-serveErr:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+
+	// Stop accepting, let in-flight checkouts finish (their work runs on
+	// detached contexts), then close.
+	logger.Info("shutting down", "timeout", s.ShutdownTimeout)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	logger.Info("stopped")
+	return nil
+}

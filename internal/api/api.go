@@ -1,0 +1,123 @@
+// Package api assembles the HTTP API: gin, authentication, the idempotency
+// gateway, the checkout handlers and the operational endpoints. cmd/api runs
+// it; tests run the same assembly against the real Postgres and Redis.
+package api
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"gorm.io/gorm"
+
+	"github.com/onceonly/checkout/internal/auth"
+	"github.com/onceonly/checkout/internal/checkout"
+	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/problem"
+	"github.com/onceonly/checkout/internal/telemetry"
+)
+
+// Deps are the API's dependencies. Registry may be nil (no metrics).
+type Deps struct {
+	DB       *gorm.DB
+	Redis    redis.UniversalClient
+	Payments checkout.PaymentProvider
+	Keys     *auth.Keys
+	Logger   *slog.Logger
+	Registry *prometheus.Registry
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Config is the API's behaviour; see CONTRACT.md's configuration table.
+type Config struct {
+	RedisKeyPrefix string                  // REDIS_KEY_PREFIX
+	TTL            time.Duration           // IDEMPOTENCY_TTL
+	Lease          time.Duration           // IDEMPOTENCY_LEASE
+	FailureMode    idempotency.FailureMode // DEDUP_FAILURE_MODE
+	// WorkTimeout bounds one checkout's work (default 60s).
+	WorkTimeout time.Duration
+}
+
+// API is the assembled service.
+type API struct {
+	Handler  http.Handler
+	Service  *checkout.Service
+	KeyStore *idempotency.Store
+}
+
+// New wires the API.
+func New(cfg Config, d Deps) *API {
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	if cfg.WorkTimeout <= 0 {
+		cfg.WorkTimeout = 60 * time.Second
+	}
+	reg := d.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	store := &idempotency.Store{Lease: cfg.Lease, TTL: cfg.TTL, Now: d.Now}
+	svc := &checkout.Service{DB: d.DB, Keys: store, Payments: d.Payments, Logger: d.Logger, Now: d.Now}
+	gateway := &idempotency.Gateway{
+		Config: idempotency.Config{
+			Lease:        cfg.Lease,
+			TTL:          cfg.TTL,
+			FailureMode:  cfg.FailureMode,
+			WorkTimeout:  cfg.WorkTimeout,
+			MaxBodyBytes: 64 << 10,
+		},
+		Leases:  idempotency.NewLeases(d.Redis, cfg.RedisKeyPrefix),
+		Store:   store,
+		DB:      d.DB,
+		Logger:  d.Logger,
+		Metrics: idempotency.NewMetrics(reg),
+		Tenant:  auth.TenantOf,
+	}
+	handler := &checkout.Handler{Service: svc, Logger: d.Logger, Tenant: auth.TenantOf}
+
+	gin.SetMode(gin.ReleaseMode)
+	r := gin.New()
+	r.ContextWithFallback = true
+	r.HandleMethodNotAllowed = true
+	r.Use(telemetry.RequestID(), telemetry.HTTPMetrics(reg, d.Logger), recovery(d.Logger))
+	r.NoRoute(func(c *gin.Context) {
+		problem.Write(c.Writer, problem.New(http.StatusNotFound, "not_found", "Not found", "No such route."))
+	})
+	r.NoMethod(func(c *gin.Context) {
+		problem.Write(c.Writer, problem.New(http.StatusMethodNotAllowed, "method_not_allowed", "Method not allowed", ""))
+	})
+
+	r.GET("/healthz", gin.WrapF(telemetry.Healthy))
+	r.GET("/readyz", gin.WrapF(telemetry.Ready(
+		telemetry.Check{Name: "postgres", Ping: func(ctx context.Context) error {
+			sqlDB, err := d.DB.DB()
+			if err != nil {
+				return err
+			}
+			return sqlDB.PingContext(ctx)
+		}},
+		telemetry.Check{Name: "redis", Ping: func(ctx context.Context) error { return d.Redis.Ping(ctx).Err() }},
+	)))
+	if d.Registry != nil {
+		r.GET("/metrics", gin.WrapH(telemetry.MetricsHandler(d.Registry)))
+	}
+
+	v1 := r.Group("/", auth.Middleware(d.Keys))
+	handler.Register(v1, gateway)
+	return &API{Handler: r, Service: svc, KeyStore: store}
+}
+
+// recovery turns a panic into a logged generic 500 problem.
+func recovery(logger *slog.Logger) gin.HandlerFunc {
+	return gin.CustomRecoveryWithWriter(nil, func(c *gin.Context, err any) {
+		logger.ErrorContext(c.Request.Context(), "panic", "panic", err)
+		problem.Write(c.Writer, problem.Internal)
+		c.Abort()
+	})
+}

@@ -1,0 +1,182 @@
+// Package checkout is the checkout state machine: catalog, stock, orders and
+// the phases that turn one idempotent POST /v1/checkouts into exactly one
+// order and at most one charge, however often it is retried or interrupted.
+//
+// The phases, each ending at a recovery point stored with the idempotency
+// key (see DESIGN.md):
+//
+//  1. Transaction 1: claim the key, validate, reserve stock, insert the order
+//     (pending_payment), its items and order.created in the outbox; recovery
+//     point order_created. Out of stock finishes the key with a stored 409.
+//  2. Stripe: create and confirm a PaymentIntent with a deterministic
+//     idempotency key (StepKey). A transient failure keeps the recovery point.
+//  3. Transaction 2: the order becomes paid, or payment_failed with its stock
+//     released; order.paid or order.payment_failed in the outbox; the key is
+//     finished with the response, which is then replayed to every retry.
+package checkout
+
+import (
+	"fmt"
+	"net/http"
+	"net/mail"
+	"strings"
+	"time"
+
+	"github.com/onceonly/checkout/internal/problem"
+)
+
+// Order statuses.
+const (
+	StatusPendingPayment = "pending_payment"
+	StatusPaid           = "paid"
+	StatusPaymentFailed  = "payment_failed"
+)
+
+// RecoveryPointOrderCreated is stored with the key when transaction 1 has
+// committed: the order exists and the payment step is next.
+const RecoveryPointOrderCreated = "order_created"
+
+// Route is the idempotency scope's route for a checkout.
+const Route = "POST /v1/checkouts"
+
+// Limits of a checkout request (CONTRACT.md).
+const (
+	MaxItems    = 50
+	MaxQuantity = 100
+)
+
+// Product is a catalog entry. Amounts are in the currency's minor unit.
+type Product struct {
+	SKU        string `json:"sku" gorm:"primaryKey;column:sku"`
+	Name       string `json:"name"`
+	UnitAmount int64  `json:"unit_amount"`
+	Currency   string `json:"currency"`
+	Stock      int64  `json:"stock"`
+}
+
+// TableName maps Product to the products table.
+func (Product) TableName() string { return "products" }
+
+// Order is an order as the API returns it and as events carry it.
+type Order struct {
+	ID          string      `json:"id"`
+	Status      string      `json:"status"`
+	Email       string      `json:"email"`
+	Currency    string      `json:"currency"`
+	AmountTotal int64       `json:"amount_total"`
+	Items       []OrderItem `json:"items"`
+	Payment     Payment     `json:"payment"`
+	CreatedAt   time.Time   `json:"created_at"`
+
+	tenantID      string
+	paymentMethod string
+}
+
+// OrderItem is one line of an order. Amount = Quantity * UnitAmount.
+type OrderItem struct {
+	SKU        string `json:"sku"`
+	Quantity   int    `json:"quantity"`
+	UnitAmount int64  `json:"unit_amount"`
+	Amount     int64  `json:"amount"`
+}
+
+// Payment is the order's payment. PaymentIntentID and Status are empty until
+// the PaymentIntent has been confirmed.
+type Payment struct {
+	Provider        string `json:"provider"`
+	PaymentIntentID string `json:"payment_intent_id,omitempty"`
+	Status          string `json:"status,omitempty"`
+}
+
+// Notification is one channel's delivery state, shown on GET /v1/orders/{id}.
+type Notification struct {
+	Channel string     `json:"channel"`
+	Status  string     `json:"status"`
+	SentAt  *time.Time `json:"sent_at"`
+}
+
+// Request is the body of POST /v1/checkouts.
+type Request struct {
+	Email         string        `json:"email"`
+	Items         []RequestItem `json:"items"`
+	PaymentMethod string        `json:"payment_method"`
+}
+
+// RequestItem is one requested line.
+type RequestItem struct {
+	SKU      string `json:"sku"`
+	Quantity int    `json:"quantity"`
+}
+
+// FieldError names one invalid field, e.g. {"field":"items[0].quantity",...}.
+type FieldError struct {
+	Field   string `json:"field"`
+	Message string `json:"message"`
+}
+
+// Problems the checkout answers with.
+var (
+	ErrOutOfStock = problem.New(http.StatusConflict, "out_of_stock", "Out of stock",
+		"At least one item is not available in the requested quantity. No order was created and nothing was charged.")
+	ErrCardDeclined = problem.New(http.StatusPaymentRequired, "card_declined", "Card declined",
+		"The payment was declined. The order is payment_failed and its stock was released.")
+	ErrPaymentUnavailable = &problem.Problem{Status: http.StatusBadGateway, Code: "payment_provider_unavailable",
+		Title: "Payment provider unavailable", RetryAfter: 2,
+		Detail: "The payment provider did not answer. Retry with the same Idempotency-Key: it resumes this checkout and never charges twice."}
+	ErrUnavailable = &problem.Problem{Status: http.StatusServiceUnavailable, Code: "unavailable",
+		Title: "Service unavailable", RetryAfter: 1,
+		Detail: "A dependency is unavailable. Retry with the same Idempotency-Key: it resumes this checkout and never charges twice."}
+	ErrOrderNotFound = problem.New(http.StatusNotFound, "not_found", "Not found", "No such order.")
+)
+
+// ValidationError returns the 400 validation_error problem listing errs.
+func ValidationError(errs []FieldError) error {
+	return problem.New(http.StatusBadRequest, "validation_error", "Validation failed",
+		"The request body has invalid fields; see errors.").With("errors", errs)
+}
+
+// validate checks what needs no database: the email, the item count and
+// quantities, and the payment method. SKUs are checked against the catalog
+// in transaction 1.
+func (r *Request) validate() []FieldError {
+	var errs []FieldError
+	if msg := checkEmail(r.Email); msg != "" {
+		errs = append(errs, FieldError{"email", msg})
+	}
+	switch {
+	case len(r.Items) == 0:
+		errs = append(errs, FieldError{"items", "must contain at least 1 item"})
+	case len(r.Items) > MaxItems:
+		errs = append(errs, FieldError{"items", fmt.Sprintf("must contain at most %d items", MaxItems)})
+	}
+	for i, it := range r.Items {
+		if it.SKU == "" {
+			errs = append(errs, FieldError{fmt.Sprintf("items[%d].sku", i), "is required"})
+		}
+		if it.Quantity < 1 || it.Quantity > MaxQuantity {
+			errs = append(errs, FieldError{fmt.Sprintf("items[%d].quantity", i), fmt.Sprintf("must be between 1 and %d", MaxQuantity)})
+		}
+	}
+	if strings.TrimSpace(r.PaymentMethod) == "" {
+		errs = append(errs, FieldError{"payment_method", "is required"})
+	}
+	return errs
+}
+
+func checkEmail(s string) string {
+	if s == "" {
+		return "is required"
+	}
+	if len(s) > 254 {
+		return "must be at most 254 characters"
+	}
+	a, err := mail.ParseAddress(s)
+	if err != nil || a.Name != "" || a.Address != s {
+		return "must be an email address like buyer@example.com"
+	}
+	_, domain, _ := strings.Cut(a.Address, "@")
+	if !strings.Contains(domain, ".") || strings.HasPrefix(domain, ".") || strings.HasSuffix(domain, ".") {
+		return "must be an email address like buyer@example.com"
+	}
+	return ""
+}

@@ -1,0 +1,103 @@
+// Package config loads a process's settings from environment variables with
+// github.com/caarlos0/env/v11, from a getenv function so that tests can run
+// a process's run function with their own environment.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+
+	"github.com/caarlos0/env/v11"
+)
+
+// Load fills dst, a pointer to a struct with `env:"NAME"` and `envDefault`
+// tags, from getenv. An empty value counts as unset, so the default applies.
+// The error names every variable whose value does not parse, e.g.
+// `IDEMPOTENCY_TTL="soon": time: invalid duration "soon"`.
+func Load(getenv func(string) string, dst any) error {
+	params, err := env.GetFieldParams(dst)
+	if err != nil {
+		return err
+	}
+	vars := map[string]string{}
+	for _, p := range params {
+		if v := getenv(p.Key); v != "" {
+			vars[p.Key] = v
+		}
+	}
+	err = env.ParseWithOptions(dst, env.Options{Environment: vars})
+	if err == nil {
+		return nil
+	}
+	var agg env.AggregateError
+	if !errors.As(err, &agg) {
+		return err
+	}
+	names := envNames(dst)
+	msgs := make([]string, 0, len(agg.Errors))
+	for _, e := range agg.Errors {
+		var pe env.ParseError
+		if errors.As(e, &pe) {
+			name := names[pe.Name]
+			msgs = append(msgs, fmt.Sprintf("%s=%q: %v", name, vars[name], pe.Err))
+			continue
+		}
+		msgs = append(msgs, e.Error())
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
+
+// envNames maps each field name of *dst to its variable name.
+func envNames(dst any) map[string]string {
+	m := map[string]string{}
+	t := reflect.TypeOf(dst).Elem()
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+		m[f.Name] = name
+	}
+	return m
+}
+
+// Masked returns the settings of *cfg as name/value pairs for logging, with
+// the value of every field tagged `secret:"true"` masked and the password of
+// every URL removed.
+func Masked(cfg any) []any {
+	v := reflect.ValueOf(cfg).Elem()
+	t := v.Type()
+	var out []any
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+		if name == "" {
+			continue
+		}
+		val := fmt.Sprint(v.Field(i).Interface())
+		switch {
+		case f.Tag.Get("secret") == "true":
+			val = "***"
+		case strings.Contains(val, "://") && strings.Contains(val, "@"):
+			val = redactURL(val)
+		}
+		out = append(out, name, val)
+	}
+	return out
+}
+
+// redactURL hides the password in scheme://user:password@host.
+func redactURL(s string) string {
+	scheme, rest, ok := strings.Cut(s, "://")
+	if !ok {
+		return s
+	}
+	userinfo, host, ok := strings.Cut(rest, "@")
+	if !ok {
+		return s
+	}
+	if user, _, hasPass := strings.Cut(userinfo, ":"); hasPass {
+		return scheme + "://" + user + ":***@" + host
+	}
+	return s
+}

@@ -1,0 +1,111 @@
+// Package idempotency makes a POST safe to retry: the Idempotency-Key
+// header, the request fingerprint, the Redis lease, the Postgres key store
+// that is the authority, and the gin middleware that ties them together.
+//
+// Semantics follow Stripe's idempotent requests
+// (https://docs.stripe.com/api/idempotent_requests) and the IETF draft "The
+// Idempotency-Key HTTP Header Field" (draft-ietf-httpapi-idempotency-key-header):
+// a key is scoped to (tenant, method and route template, key); a finished key
+// replays its stored response; the same key with another payload is 422; a
+// key whose request is still executing is 409.
+package idempotency
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+
+	"github.com/gowebpki/jcs"
+
+	"github.com/onceonly/checkout/internal/problem"
+)
+
+// Header is the request header that carries the key.
+const Header = "Idempotency-Key"
+
+// ReplayedHeader is set to "true" on every replayed response and never on a
+// first response.
+const ReplayedHeader = "Idempotent-Replayed"
+
+// MaxKeyLength is the longest key accepted, in bytes (Stripe allows 255).
+const MaxKeyLength = 255
+
+// The problems of this package, in the contract's words.
+var (
+	ErrKeyMissing = problem.New(http.StatusBadRequest, "idempotency_key_missing",
+		"Idempotency-Key missing", "This endpoint requires an Idempotency-Key header: a unique value, such as a UUID, that you send again on every retry of the same request.")
+	ErrKeyInvalid = problem.New(http.StatusBadRequest, "idempotency_key_invalid",
+		"Idempotency-Key invalid", "The Idempotency-Key must be 1 to 255 printable ASCII characters.")
+	ErrKeyReused = problem.New(http.StatusUnprocessableEntity, "idempotency_key_reused",
+		"Idempotency-Key reused", "This Idempotency-Key was already used with a different request body. Use a new key for a new request.")
+	ErrKeyInUse = &problem.Problem{Status: http.StatusConflict, Code: "idempotency_key_in_use",
+		Title: "Idempotency-Key in use", RetryAfter: 1,
+		Detail: "A request with this Idempotency-Key is still being processed. Retry later with the same key to get its response."}
+	ErrUnavailable = &problem.Problem{Status: http.StatusServiceUnavailable, Code: "unavailable",
+		Title: "Service unavailable", RetryAfter: 1,
+		Detail: "A dependency is unavailable. Nothing was executed for this request that a retry with the same Idempotency-Key would repeat."}
+	ErrMalformedJSON = problem.New(http.StatusBadRequest, "malformed_json",
+		"Malformed JSON", "The request body is not valid JSON.")
+	ErrUnsupportedMediaType = problem.New(http.StatusUnsupportedMediaType, "unsupported_media_type",
+		"Unsupported media type", "Send the body as Content-Type: application/json.")
+	ErrPayloadTooLarge = problem.New(http.StatusRequestEntityTooLarge, "payload_too_large",
+		"Payload too large", "The request body must not exceed 64 KiB.")
+)
+
+// ValidateKey returns ErrKeyMissing for an empty key and ErrKeyInvalid for a
+// key longer than MaxKeyLength or with a byte outside printable ASCII
+// (0x20-0x7E).
+func ValidateKey(key string) error {
+	if key == "" {
+		return ErrKeyMissing
+	}
+	if len(key) > MaxKeyLength {
+		return ErrKeyInvalid
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] < 0x20 || key[i] > 0x7e {
+			return ErrKeyInvalid
+		}
+	}
+	return nil
+}
+
+// Fingerprint returns the hex SHA-256 of method, route template and the RFC
+// 8785 (JSON Canonicalization Scheme) form of body, so the same JSON with
+// other whitespace or member order has the same fingerprint. It returns
+// ErrMalformedJSON when body is not valid JSON (or has a duplicate member
+// name, which RFC 8785 forbids).
+func Fingerprint(method, route string, body []byte) (string, error) {
+	canonical, err := jcs.Transform(body)
+	if err != nil {
+		return "", ErrMalformedJSON
+	}
+	h := sha256.New()
+	h.Write([]byte(method))
+	h.Write([]byte{0})
+	h.Write([]byte(route))
+	h.Write([]byte{0})
+	h.Write(canonical)
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// Scope identifies one key: the same key value from another tenant or on
+// another route is a different request.
+type Scope struct {
+	Tenant string
+	// Route is the method and route template, e.g. "POST /v1/checkouts".
+	Route string
+	Key   string
+}
+
+// Hash returns hex(sha256(tenant, route, key)): the scope's name in Redis
+// and in logs, so neither ever holds the raw key.
+func (s Scope) Hash() string {
+	h := sha256.New()
+	h.Write([]byte(s.Tenant))
+	h.Write([]byte{0})
+	h.Write([]byte(s.Route))
+	h.Write([]byte{0})
+	h.Write([]byte(s.Key))
+	return hex.EncodeToString(h.Sum(nil))
+}

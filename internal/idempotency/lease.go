@@ -1,0 +1,175 @@
+package idempotency
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Leases is the Redis layer: a soft lease per scope, so that of many
+// concurrent duplicates only one reaches Postgres, and a cache of finished
+// responses, so that most replays never touch Postgres.
+//
+// Redis is an accelerator, not the authority: a lease lost to a flush or a
+// failover can let a duplicate through to Postgres, whose key claim and
+// fencing still allow only one execution.
+//
+// Keys, for prefix "checkout:" and scope hash h (Scope.Hash):
+//
+//	checkout:idem:{h}:lease  owner token + " " + fingerprint, PX = lease
+//	checkout:idem:{h}:resp   JSON {fingerprint, response}, PX = until the key's TTL ends
+//
+// The hash tag {h} keeps both in one Redis Cluster slot, so one script can
+// read both.
+type Leases struct {
+	rdb    redis.UniversalClient
+	prefix string
+}
+
+// NewLeases returns the Redis layer; every key it writes starts with prefix
+// (REDIS_KEY_PREFIX).
+func NewLeases(rdb redis.UniversalClient, prefix string) *Leases {
+	return &Leases{rdb: rdb, prefix: prefix}
+}
+
+func (l *Leases) keys(s Scope) (lease, resp string) {
+	base := l.prefix + "idem:{" + s.Hash() + "}:"
+	return base + "lease", base + "resp"
+}
+
+// acquireScript is SET NX PX with the replay cache checked first, in one
+// round trip. It returns {1, cached} for a finished response, {2} when the
+// lease was taken, and {3, holder} when another owner holds it.
+var acquireScript = redis.NewScript(`
+local cached = redis.call('GET', KEYS[2])
+if cached then return {1, cached} end
+local prev = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'GET', 'PX', ARGV[2])
+if not prev then return {2, ''} end
+return {3, prev}
+`)
+
+// extendScript and releaseScript act only while the caller's token is still
+// the value (compare-and-set), so a request whose lease expired can never
+// extend or delete the lease a newer owner holds.
+var (
+	extendScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+`)
+	releaseScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+`)
+)
+
+// Acquisition is the result of Leases.Acquire.
+type Acquisition struct {
+	// Acquired is true when the caller now holds the lease.
+	Acquired bool
+	// Cached is a finished response found in the replay cache, and
+	// CachedFingerprint the fingerprint of the request that produced it.
+	Cached            *Response
+	CachedFingerprint string
+	// HolderFingerprint is the fingerprint of the request holding the lease
+	// when Acquired is false and nothing was cached.
+	HolderFingerprint string
+}
+
+type cachedResponse struct {
+	Fingerprint string    `json:"fingerprint"`
+	Response    *Response `json:"response"`
+}
+
+func leaseValue(owner, fingerprint string) string { return owner + " " + fingerprint }
+
+// Acquire returns the cached response of a finished key, or takes the lease
+// for owner for ttl (SET NX PX), or reports who holds it. An error means
+// Redis did not answer; DEDUP_FAILURE_MODE decides what happens then.
+func (l *Leases) Acquire(ctx context.Context, s Scope, fingerprint, owner string, ttl time.Duration) (Acquisition, error) {
+	leaseKey, respKey := l.keys(s)
+	res, err := acquireScript.Run(ctx, l.rdb, []string{leaseKey, respKey},
+		leaseValue(owner, fingerprint), ttl.Milliseconds()).Slice()
+	if err != nil {
+		return Acquisition{}, fmt.Errorf("redis acquire: %w", err)
+	}
+	if len(res) != 2 {
+		return Acquisition{}, fmt.Errorf("redis acquire: unexpected reply %v", res)
+	}
+	code, _ := res[0].(int64)
+	value, _ := res[1].(string)
+	switch code {
+	case 1:
+		var c cachedResponse
+		if err := json.Unmarshal([]byte(value), &c); err != nil || c.Response == nil {
+			// A corrupt entry is treated as absent; Postgres answers.
+			return Acquisition{}, fmt.Errorf("redis acquire: decode cached response: %v", err)
+		}
+		return Acquisition{Cached: c.Response, CachedFingerprint: c.Fingerprint}, nil
+	case 2:
+		return Acquisition{Acquired: true}, nil
+	case 3:
+		_, fp, _ := strings.Cut(value, " ")
+		return Acquisition{HolderFingerprint: fp}, nil
+	}
+	return Acquisition{}, fmt.Errorf("redis acquire: unexpected code %d", code)
+}
+
+// Extend pushes the lease's expiry to ttl from now if owner still holds it,
+// and reports whether it did.
+func (l *Leases) Extend(ctx context.Context, s Scope, fingerprint, owner string, ttl time.Duration) (bool, error) {
+	leaseKey, _ := l.keys(s)
+	n, err := extendScript.Run(ctx, l.rdb, []string{leaseKey}, leaseValue(owner, fingerprint), ttl.Milliseconds()).Int64()
+	if err != nil {
+		return false, fmt.Errorf("redis extend: %w", err)
+	}
+	return n == 1, nil
+}
+
+// Release deletes the lease if owner still holds it, and reports whether it
+// did. Releasing a lease another owner holds is a no-op.
+func (l *Leases) Release(ctx context.Context, s Scope, fingerprint, owner string) (bool, error) {
+	leaseKey, _ := l.keys(s)
+	n, err := releaseScript.Run(ctx, l.rdb, []string{leaseKey}, leaseValue(owner, fingerprint)).Int64()
+	if err != nil {
+		return false, fmt.Errorf("redis release: %w", err)
+	}
+	return n == 1, nil
+}
+
+// Cache stores a finished response for replay until resp.ExpiresAt. An
+// already expired response is not stored.
+func (l *Leases) Cache(ctx context.Context, s Scope, fingerprint string, resp *Response, now time.Time) error {
+	ttl := resp.ExpiresAt.Sub(now)
+	if ttl < time.Millisecond {
+		return nil
+	}
+	b, err := json.Marshal(cachedResponse{Fingerprint: fingerprint, Response: resp})
+	if err != nil {
+		return err
+	}
+	_, respKey := l.keys(s)
+	if err := l.rdb.Set(ctx, respKey, b, ttl).Err(); err != nil {
+		return fmt.Errorf("redis cache: %w", err)
+	}
+	return nil
+}
+
+// Forget deletes the cached response of s (used when a key past its TTL is
+// reused as new).
+func (l *Leases) Forget(ctx context.Context, s Scope) error {
+	_, respKey := l.keys(s)
+	err := l.rdb.Del(ctx, respKey).Err()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("redis forget: %w", err)
+	}
+	return nil
+}

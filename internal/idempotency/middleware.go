@@ -1,0 +1,305 @@
+package idempotency
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"gorm.io/gorm"
+
+	"github.com/onceonly/checkout/internal/problem"
+)
+
+// FailureMode is what the gateway does when Redis does not answer
+// (DEDUP_FAILURE_MODE).
+type FailureMode string
+
+const (
+	// FailClosed answers 503 unavailable: nothing executes without both
+	// layers. The default for checkouts.
+	FailClosed FailureMode = "closed"
+	// FailOpen goes on with the Postgres layer alone, which still allows
+	// one execution per key; only the shield against a duplicate storm is lost.
+	FailOpen FailureMode = "open"
+)
+
+// ParseFailureMode parses "closed" or "open".
+func ParseFailureMode(s string) (FailureMode, error) {
+	switch m := FailureMode(s); m {
+	case FailClosed, FailOpen:
+		return m, nil
+	}
+	return "", fmt.Errorf("want closed or open, got %q", s)
+}
+
+// Config configures the Gateway.
+type Config struct {
+	// Lease is how long a claim stays exclusive without extension
+	// (IDEMPOTENCY_LEASE, default 30s); it is extended every Lease/3 while
+	// the request runs.
+	Lease time.Duration
+	// TTL is how long a finished key is replayed (IDEMPOTENCY_TTL, 24h).
+	TTL time.Duration
+	// FailureMode decides what happens when Redis fails.
+	FailureMode FailureMode
+	// WorkTimeout bounds a request's work, which runs on a context detached
+	// from the client connection (default 60s).
+	WorkTimeout time.Duration
+	// MaxBodyBytes is the largest accepted body (64 KiB).
+	MaxBodyBytes int64
+}
+
+// Gateway is the idempotency layer in front of a route's handler: it checks
+// the request, takes the Redis lease, keeps the leases alive while the
+// handler runs, and caches the final response.
+type Gateway struct {
+	Config  Config
+	Leases  *Leases
+	Store   *Store
+	DB      *gorm.DB
+	Logger  *slog.Logger
+	Metrics *Metrics
+	// Tenant returns the authenticated tenant of a request.
+	Tenant func(*gin.Context) string
+}
+
+// Request is what the gateway hands the route's handler, through RequestOf.
+type Request struct {
+	Scope       Scope
+	Fingerprint string
+	// Owner is the lease token of this execution, for Store's fenced writes.
+	Owner string
+	// Body is the request body, read once by the gateway.
+	Body []byte
+
+	outcome string
+	final   *Response
+}
+
+const requestKey = "idempotency.request"
+
+// RequestOf returns the Request the gateway stored, or nil on a route
+// without the gateway.
+func RequestOf(c *gin.Context) *Request {
+	r, _ := c.Get(requestKey)
+	req, _ := r.(*Request)
+	return req
+}
+
+// Respond writes a final response (one that is stored under the key) and
+// has the gateway cache it in Redis for replays.
+func (r *Request) Respond(w http.ResponseWriter, resp *Response, replayed bool) {
+	r.final = resp
+	if replayed {
+		r.outcome = OutcomeReplayed
+	} else {
+		r.outcome = OutcomeNew
+	}
+	resp.Write(w, replayed)
+}
+
+// Fail writes err as a problem response that is not stored, and reports
+// whether it was a known problem (false: it became a 500 to be logged).
+func (r *Request) Fail(w http.ResponseWriter, err error) bool {
+	switch {
+	case errors.Is(err, ErrKeyInUse), errors.Is(err, ErrLeaseLost):
+		r.outcome = OutcomeInUse
+	case errors.Is(err, ErrKeyReused):
+		r.outcome = OutcomeReused
+	default:
+		r.outcome = OutcomeFailed
+	}
+	return problem.Write(w, err)
+}
+
+// Middleware guards route (the method and route template, e.g. "POST
+// /v1/checkouts"). It answers, in the contract's order and without storing
+// anything: 415 unsupported_media_type, 413 payload_too_large, 400
+// idempotency_key_missing / idempotency_key_invalid, 400 malformed_json; then
+// from Redis: a cached replay, 422 idempotency_key_reused, 409
+// idempotency_key_in_use, or 503 unavailable when Redis fails in closed mode.
+// Otherwise it runs the handler on a context detached from the client, with
+// the leases extended until the handler returns.
+func (g *Gateway) Middleware(route string) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		req, err := g.admit(c, route)
+		if err != nil {
+			g.reject(c, route, err)
+			return
+		}
+
+		redisHeld := true
+		acq, err := g.Leases.Acquire(c.Request.Context(), req.Scope, req.Fingerprint, req.Owner, g.Config.Lease)
+		switch {
+		case err != nil:
+			g.Metrics.redisError(g.Config.FailureMode)
+			if g.Config.FailureMode != FailOpen {
+				g.Logger.Warn("redis unavailable; refusing (DEDUP_FAILURE_MODE=closed)", "err", err, "scope", req.Scope.Hash())
+				g.reject(c, route, ErrUnavailable)
+				return
+			}
+			g.Logger.Warn("redis unavailable; continuing on postgres alone (DEDUP_FAILURE_MODE=open)", "err", err, "scope", req.Scope.Hash())
+			redisHeld = false
+		case acq.Cached != nil:
+			g.Metrics.duplicate("redis")
+			if acq.CachedFingerprint != req.Fingerprint {
+				g.reject(c, route, ErrKeyReused)
+				return
+			}
+			g.Metrics.outcome(route, OutcomeReplayed)
+			acq.Cached.Write(c.Writer, true)
+			c.Abort()
+			return
+		case !acq.Acquired:
+			g.Metrics.duplicate("redis")
+			if acq.HolderFingerprint != "" && acq.HolderFingerprint != req.Fingerprint {
+				g.reject(c, route, ErrKeyReused)
+				return
+			}
+			g.reject(c, route, ErrKeyInUse)
+			return
+		}
+
+		// The work must not die with the client's connection: a client that
+		// times out retries, and its retry resumes or replays this work.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), g.Config.WorkTimeout)
+		defer cancel()
+		c.Request = c.Request.WithContext(ctx)
+		c.Set(requestKey, req)
+
+		stop := g.keepLease(ctx, req, redisHeld)
+		c.Next()
+		stop()
+
+		// Bookkeeping after the response: short, detached, best effort.
+		bg, cancelBG := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancelBG()
+		if req.final != nil {
+			if req.outcome == OutcomeReplayed {
+				g.Metrics.duplicate("postgres")
+			}
+			if err := g.Leases.Cache(bg, req.Scope, req.Fingerprint, req.final, g.Store.Now()); err != nil {
+				g.Logger.Warn("cache response in redis", "err", err, "scope", req.Scope.Hash())
+			}
+		} else if req.outcome == OutcomeInUse || req.outcome == OutcomeReused {
+			g.Metrics.duplicate("postgres")
+		}
+		if redisHeld {
+			if _, err := g.Leases.Release(bg, req.Scope, req.Fingerprint, req.Owner); err != nil {
+				g.Logger.Warn("release redis lease", "err", err, "scope", req.Scope.Hash())
+			}
+		}
+		if req.outcome == "" {
+			req.outcome = OutcomeFailed
+		}
+		g.Metrics.outcome(route, req.outcome)
+	}
+}
+
+// admit runs the checks that need no state: media type, size, key, JSON.
+func (g *Gateway) admit(c *gin.Context, route string) (*Request, error) {
+	mediaType, _, err := mime.ParseMediaType(c.GetHeader("Content-Type"))
+	if err != nil || mediaType != "application/json" {
+		return nil, ErrUnsupportedMediaType
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, g.Config.MaxBodyBytes))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return nil, ErrPayloadTooLarge
+		}
+		return nil, fmt.Errorf("read body: %w", err)
+	}
+	keys := c.Request.Header.Values(Header)
+	if len(keys) > 1 {
+		return nil, ErrKeyInvalid
+	}
+	key := c.GetHeader(Header)
+	if err := ValidateKey(key); err != nil {
+		return nil, err
+	}
+	fp, err := Fingerprint(c.Request.Method, route, body)
+	if err != nil {
+		return nil, err
+	}
+	return &Request{
+		Scope:       Scope{Tenant: g.Tenant(c), Route: route, Key: key},
+		Fingerprint: fp,
+		Owner:       NewOwnerToken(),
+		Body:        body,
+	}, nil
+}
+
+func (g *Gateway) reject(c *gin.Context, route string, err error) {
+	switch {
+	case errors.Is(err, ErrKeyMissing):
+		g.Metrics.outcome(route, OutcomeMissing)
+	case errors.Is(err, ErrKeyInvalid):
+		g.Metrics.outcome(route, OutcomeInvalid)
+	case errors.Is(err, ErrKeyInUse):
+		g.Metrics.outcome(route, OutcomeInUse)
+	case errors.Is(err, ErrKeyReused):
+		g.Metrics.outcome(route, OutcomeReused)
+	default:
+		g.Metrics.outcome(route, OutcomeFailed)
+	}
+	if !problem.Write(c.Writer, err) {
+		g.Logger.Error("idempotency gateway", "err", err)
+	}
+	c.Abort()
+}
+
+// keepLease extends the Redis and Postgres leases every Lease/3 until the
+// returned stop is called; stop waits for the keeper to end. A slow request
+// therefore never loses its key to a duplicate while it still runs.
+func (g *Gateway) keepLease(ctx context.Context, req *Request, redisHeld bool) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(g.Config.Lease / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if redisHeld {
+				if ok, err := g.Leases.Extend(ctx, req.Scope, req.Fingerprint, req.Owner, g.Config.Lease); err != nil {
+					g.Logger.Warn("extend redis lease", "err", err, "scope", req.Scope.Hash())
+				} else if ok {
+					g.Metrics.extended("redis")
+				}
+			}
+			if ok, err := g.Store.Extend(ctx, g.DB, req.Scope, req.Owner); err != nil {
+				g.Logger.Warn("extend postgres lease", "err", err, "scope", req.Scope.Hash())
+			} else if ok {
+				g.Metrics.extended("postgres")
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		wg.Wait()
+	}
+}
+
+// NewOwnerToken returns a random lease owner token (128 bits, hex).
+func NewOwnerToken() string {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		panic("idempotency: random: " + err.Error())
+	}
+	return hex.EncodeToString(b)
+}

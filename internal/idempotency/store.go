@@ -1,0 +1,316 @@
+package idempotency
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+
+	"github.com/onceonly/checkout/internal/problem"
+)
+
+// Recovery points every route shares. Routes add their own in between (the
+// checkout adds "order_created"); Store treats those as opaque.
+const (
+	// RecoveryPointStarted is a claim made in the current transaction whose
+	// first phase has not committed yet. It is never seen committed unless a
+	// route commits without advancing.
+	RecoveryPointStarted = "started"
+	// RecoveryPointFinished means the response is stored and is replayed.
+	RecoveryPointFinished = "finished"
+)
+
+// ErrLeaseLost is returned by the fenced writes when another owner has taken
+// the key over (its lease expired while this request ran). The caller must
+// roll back: the new owner finishes the request. Clients see it as 409.
+var ErrLeaseLost = &problem.Problem{Status: http.StatusConflict, Code: "idempotency_key_in_use",
+	Title: "Idempotency-Key in use", RetryAfter: 1,
+	Detail: "Another attempt took over this request. Retry later with the same key to get its response."}
+
+// Store is the Postgres layer, the authority on every key. Its methods take
+// the transaction explicitly so that the claim, the route's state change and
+// its outbox events commit or roll back together.
+type Store struct {
+	// Lease is how long a claim stays exclusive without extension
+	// (IDEMPOTENCY_LEASE).
+	Lease time.Duration
+	// TTL is how long a key is kept (IDEMPOTENCY_TTL); after it the key may
+	// be used as new.
+	TTL time.Duration
+	// Now is the clock; lease and TTL comparisons use it, not the
+	// database's, so tests can move time.
+	Now func() time.Time
+}
+
+// Claim is a key held by one owner, as loaded or created by Store.Claim.
+type Claim struct {
+	ID            int64
+	Scope         Scope
+	Fingerprint   string
+	RecoveryPoint string
+	// OrderID is what the route recorded with its recovery point.
+	OrderID string
+	// Owner is the lease token this process writes with; fenced writes
+	// succeed only while the row still names it.
+	Owner string
+	// New is true when this claim inserted the row.
+	New bool
+	// TakenOver is true when this claim took over an expired lease: the
+	// route resumes at RecoveryPoint.
+	TakenOver bool
+	// Response is set when the key is finished: replay it, run nothing.
+	Response *Response
+}
+
+type keyRow struct {
+	ID              int64
+	TenantID        string
+	Route           string
+	Key             string
+	Fingerprint     string
+	RecoveryPoint   string
+	OrderID         *string
+	LeaseOwner      *string
+	LeaseExpiresAt  *time.Time
+	ResponseStatus  *int
+	ResponseHeaders []byte
+	ResponseBody    []byte
+	CreatedAt       time.Time
+	UpdatedAt       time.Time
+	FinishedAt      *time.Time
+	ExpiresAt       time.Time
+}
+
+func (keyRow) TableName() string { return "idempotency_keys" }
+
+// Claim claims scope for owner inside tx: the first step of the route's
+// first transaction.
+//
+// A new key is inserted at RecoveryPointStarted with a lease of s.Lease. For
+// an existing key the row is locked and, in this order: another fingerprint
+// returns ErrKeyReused; a finished key returns a Claim whose Response is set
+// (replay it); a live lease returns ErrKeyInUse; an expired lease is taken
+// over (Claim.TakenOver) and the route resumes at its recovery point. A
+// finished key past its TTL is deleted and claimed as new.
+//
+// Commit makes the claim visible to every other request; rollback forgets
+// it, as if the request had never come. A concurrent Claim of the same scope
+// waits for this transaction to end.
+func (s *Store) Claim(ctx context.Context, tx *gorm.DB, scope Scope, fingerprint, owner string) (*Claim, error) {
+	tx = tx.WithContext(ctx)
+	// Two rounds at most: the second follows the deletion of an expired key,
+	// or a row deleted by the reaper between the insert and the select.
+	for range 3 {
+		now := s.Now()
+		var id int64
+		res := tx.Raw(`
+			INSERT INTO idempotency_keys
+			  (tenant_id, route, key, fingerprint, recovery_point, lease_owner, lease_expires_at, created_at, updated_at, expires_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (tenant_id, route, key) DO NOTHING
+			RETURNING id`,
+			scope.Tenant, scope.Route, scope.Key, fingerprint, RecoveryPointStarted,
+			owner, now.Add(s.Lease), now, now, now.Add(s.TTL)).Scan(&id)
+		if res.Error != nil {
+			return nil, fmt.Errorf("claim key: %w", res.Error)
+		}
+		// ON CONFLICT DO NOTHING is not an error: it returns no row, which
+		// GORM reports as RowsAffected == 0.
+		if res.RowsAffected == 1 {
+			return &Claim{ID: id, Scope: scope, Fingerprint: fingerprint,
+				RecoveryPoint: RecoveryPointStarted, Owner: owner, New: true}, nil
+		}
+
+		var row keyRow
+		err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).
+			Where("tenant_id = ? AND route = ? AND key = ?", scope.Tenant, scope.Route, scope.Key).
+			Take(&row).Error
+		if errors.Is(err, gorm.ErrRecordNotFound) {
+			continue // deleted since the insert; try again
+		}
+		if err != nil {
+			return nil, fmt.Errorf("load key: %w", err)
+		}
+		if row.RecoveryPoint == RecoveryPointFinished && !row.ExpiresAt.After(now) {
+			if err := tx.Exec(`DELETE FROM idempotency_keys WHERE id = ?`, row.ID).Error; err != nil {
+				return nil, fmt.Errorf("delete expired key: %w", err)
+			}
+			continue
+		}
+		return s.claimExisting(tx, &row, fingerprint, owner, now)
+	}
+	return nil, fmt.Errorf("claim key: the row kept changing")
+}
+
+// claimExisting applies the rules for a locked existing row.
+func (s *Store) claimExisting(tx *gorm.DB, row *keyRow, fingerprint, owner string, now time.Time) (*Claim, error) {
+	if row.Fingerprint != fingerprint {
+		return nil, ErrKeyReused
+	}
+	c := claimOf(row)
+	if row.RecoveryPoint == RecoveryPointFinished {
+		resp, err := row.response()
+		if err != nil {
+			return nil, err
+		}
+		c.Response = resp
+		return c, nil
+	}
+	if row.LeaseExpiresAt != nil && row.LeaseExpiresAt.After(now) {
+		return nil, ErrKeyInUse
+	}
+	err := tx.Exec(`UPDATE idempotency_keys SET lease_owner = ?, lease_expires_at = ?, updated_at = ? WHERE id = ?`,
+		owner, now.Add(s.Lease), now, row.ID).Error
+	if err != nil {
+		return nil, fmt.Errorf("take over key: %w", err)
+	}
+	c.Owner = owner
+	c.TakenOver = true
+	return c, nil
+}
+
+func claimOf(row *keyRow) *Claim {
+	c := &Claim{
+		ID:            row.ID,
+		Scope:         Scope{Tenant: row.TenantID, Route: row.Route, Key: row.Key},
+		Fingerprint:   row.Fingerprint,
+		RecoveryPoint: row.RecoveryPoint,
+	}
+	if row.OrderID != nil {
+		c.OrderID = *row.OrderID
+	}
+	if row.LeaseOwner != nil {
+		c.Owner = *row.LeaseOwner
+	}
+	return c
+}
+
+func (row *keyRow) response() (*Response, error) {
+	if row.ResponseStatus == nil {
+		return nil, fmt.Errorf("key %d is finished without a response", row.ID)
+	}
+	r := &Response{Status: *row.ResponseStatus, Body: row.ResponseBody, ExpiresAt: row.ExpiresAt}
+	if len(row.ResponseHeaders) > 0 {
+		if err := json.Unmarshal(row.ResponseHeaders, &r.Header); err != nil {
+			return nil, fmt.Errorf("key %d: decode stored headers: %w", row.ID, err)
+		}
+	}
+	return r, nil
+}
+
+// TakeOver claims the unfinished key id for owner if its lease has expired,
+// skipping a row another transaction has locked. It returns (nil, nil) when
+// there is nothing to take over: the key is finished, its lease is live, or
+// someone else is on it. The completer uses it.
+func (s *Store) TakeOver(ctx context.Context, tx *gorm.DB, id int64, owner string) (*Claim, error) {
+	var row keyRow
+	err := tx.WithContext(ctx).Clauses(clause.Locking{Strength: "UPDATE", Options: "SKIP LOCKED"}).
+		Where("id = ?", id).Take(&row).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load key %d: %w", id, err)
+	}
+	now := s.Now()
+	if row.RecoveryPoint == RecoveryPointFinished || (row.LeaseExpiresAt != nil && row.LeaseExpiresAt.After(now)) {
+		return nil, nil
+	}
+	return s.claimExisting(tx.WithContext(ctx), &row, row.Fingerprint, owner, now)
+}
+
+// Expired lists up to limit unfinished keys whose lease ended before
+// olderThan, oldest first: the completer's work.
+func (s *Store) Expired(ctx context.Context, db *gorm.DB, olderThan time.Time, limit int) ([]int64, error) {
+	var ids []int64
+	err := db.WithContext(ctx).Raw(`
+		SELECT id FROM idempotency_keys
+		WHERE recovery_point <> ? AND lease_expires_at < ?
+		ORDER BY lease_expires_at LIMIT ?`, RecoveryPointFinished, olderThan, limit).Scan(&ids).Error
+	if err != nil {
+		return nil, fmt.Errorf("list expired keys: %w", err)
+	}
+	return ids, nil
+}
+
+// Advance records a recovery point (and the route's order id) inside tx. It
+// is fenced: when the row no longer names c.Owner it returns ErrLeaseLost and
+// the caller must roll back.
+func (s *Store) Advance(ctx context.Context, tx *gorm.DB, c *Claim, point, orderID string) error {
+	res := tx.WithContext(ctx).Exec(`
+		UPDATE idempotency_keys SET recovery_point = ?, order_id = ?, updated_at = ?
+		WHERE id = ? AND lease_owner = ? AND recovery_point <> ?`,
+		point, orderID, s.Now(), c.ID, c.Owner, RecoveryPointFinished)
+	if res.Error != nil {
+		return fmt.Errorf("advance key to %s: %w", point, res.Error)
+	}
+	if res.RowsAffected != 1 {
+		return ErrLeaseLost
+	}
+	c.RecoveryPoint, c.OrderID = point, orderID
+	return nil
+}
+
+// Finish stores resp as the key's final response and ends its lease, inside
+// tx. It is fenced like Advance. On return resp.ExpiresAt is the end of the
+// key's retention. Commit makes every later request with the key a replay.
+func (s *Store) Finish(ctx context.Context, tx *gorm.DB, c *Claim, resp *Response) error {
+	headers, err := json.Marshal(resp.Header)
+	if err != nil {
+		return err
+	}
+	now := s.Now()
+	var expiresAt time.Time
+	res := tx.WithContext(ctx).Raw(`
+		UPDATE idempotency_keys
+		SET recovery_point = ?, response_status = ?, response_headers = ?, response_body = ?,
+		    lease_owner = NULL, lease_expires_at = NULL, finished_at = ?, updated_at = ?
+		WHERE id = ? AND lease_owner = ? AND recovery_point <> ?
+		RETURNING expires_at`,
+		RecoveryPointFinished, resp.Status, string(headers), resp.Body, now, now,
+		c.ID, c.Owner, RecoveryPointFinished).Scan(&expiresAt)
+	if res.Error != nil {
+		return fmt.Errorf("finish key: %w", res.Error)
+	}
+	if res.RowsAffected != 1 {
+		return ErrLeaseLost
+	}
+	resp.ExpiresAt = expiresAt
+	c.RecoveryPoint, c.Response = RecoveryPointFinished, resp
+	return nil
+}
+
+// Extend pushes the lease of an unfinished key to s.Lease from now while
+// owner holds it, and reports whether it did. It runs outside the route's
+// transactions (on db), from the request's lease keeper.
+func (s *Store) Extend(ctx context.Context, db *gorm.DB, scope Scope, owner string) (bool, error) {
+	now := s.Now()
+	res := db.WithContext(ctx).Exec(`
+		UPDATE idempotency_keys SET lease_expires_at = ?, updated_at = ?
+		WHERE tenant_id = ? AND route = ? AND key = ? AND lease_owner = ? AND recovery_point <> ?`,
+		now.Add(s.Lease), now, scope.Tenant, scope.Route, scope.Key, owner, RecoveryPointFinished)
+	if res.Error != nil {
+		return false, fmt.Errorf("extend key lease: %w", res.Error)
+	}
+	return res.RowsAffected == 1, nil
+}
+
+// Release ends the lease of an unfinished key now, keeping its recovery
+// point, so that a retry can take it over at once instead of waiting for
+// the lease to expire. It is a no-op when owner no longer holds it.
+func (s *Store) Release(ctx context.Context, db *gorm.DB, c *Claim) error {
+	now := s.Now()
+	err := db.WithContext(ctx).Exec(`
+		UPDATE idempotency_keys SET lease_expires_at = ?, updated_at = ?
+		WHERE id = ? AND lease_owner = ? AND recovery_point <> ?`,
+		now, now, c.ID, c.Owner, RecoveryPointFinished).Error
+	if err != nil {
+		return fmt.Errorf("release key lease: %w", err)
+	}
+	return nil
+}

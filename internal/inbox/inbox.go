@@ -1,0 +1,35 @@
+// Package inbox implements the idempotent consumer pattern
+// (https://microservices.io/patterns/communication-style/idempotent-consumer.html):
+// a consumer records each message id in the same transaction as the state
+// change the message causes, so a redelivered or re-published message
+// changes nothing.
+package inbox
+
+import (
+	"context"
+	"fmt"
+
+	"gorm.io/gorm"
+)
+
+// Record notes that consumer has processed messageID, inside tx.
+//
+// first is true when this is the first time: the caller goes on with its
+// state change in the same tx. first is false for a duplicate: the caller
+// changes nothing and acknowledges the message. Commit makes the record and
+// the state change durable together; rollback forgets both, so the
+// redelivery is processed again. A concurrent transaction recording the same
+// pair makes Record wait until that one commits (then first is false) or
+// rolls back (then first is true).
+func Record(ctx context.Context, tx *gorm.DB, consumer, messageID string) (first bool, err error) {
+	if consumer == "" || messageID == "" {
+		return false, fmt.Errorf("inbox: consumer and message id are required")
+	}
+	res := tx.WithContext(ctx).Exec(
+		`INSERT INTO inbox (consumer, message_id) VALUES (?, ?) ON CONFLICT DO NOTHING`,
+		consumer, messageID)
+	if res.Error != nil {
+		return false, fmt.Errorf("inbox: record %s/%s: %w", consumer, messageID, res.Error)
+	}
+	return res.RowsAffected == 1, nil
+}

@@ -1,0 +1,79 @@
+// Package outbox implements the transactional outbox pattern
+// (https://microservices.io/patterns/data/transactional-outbox.html): an
+// event is written in the same database transaction as the state change it
+// announces, and a relay publishes it to RabbitMQ afterwards.
+//
+// Publication is at least once: the relay may publish a row again if it
+// crashes between the broker's confirm and marking the row published. The
+// message_id (the event id) is stable across re-publishes, so consumers
+// deduplicate with the inbox.
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/onceonly/checkout/internal/ids"
+)
+
+// Routing keys of the events this service publishes to the checkout.events
+// exchange.
+const (
+	TypeOrderCreated       = "order.created"
+	TypeOrderPaid          = "order.paid"
+	TypeOrderPaymentFailed = "order.payment_failed"
+)
+
+// Event is one domain event. Its JSON form is the message body:
+// {"id","type","occurred_at","tenant_id","data"}.
+type Event struct {
+	// ID is "evt_" followed by 32 hex digits; it becomes the AMQP message_id.
+	ID string `json:"id"`
+	// Type is the routing key, e.g. TypeOrderPaid.
+	Type string `json:"type"`
+	// OccurredAt is when the state change committed (RFC 3339, UTC).
+	OccurredAt time.Time `json:"occurred_at"`
+	// TenantID is the merchant the event belongs to.
+	TenantID string `json:"tenant_id"`
+	// Data is the event's subject, e.g. the order as the API shows it.
+	Data any `json:"data"`
+
+	// AggregateID is the id of the entity the event is about (the order id).
+	// It is stored for operators, not sent.
+	AggregateID string `json:"-"`
+}
+
+// NewID returns a fresh event id: "evt_" and a UUIDv7 in hex.
+func NewID() string { return ids.New("evt") }
+
+// Add writes e to the outbox inside tx. An empty ID gets a new one and a zero
+// OccurredAt gets the current time.
+//
+// Commit makes the event durable and due for publication together with the
+// caller's other writes; rollback discards it with them, so no event is ever
+// published for a change that did not happen. Add never talks to the broker.
+func Add(ctx context.Context, tx *gorm.DB, e Event) error {
+	if e.ID == "" {
+		e.ID = NewID()
+	}
+	if e.OccurredAt.IsZero() {
+		e.OccurredAt = time.Now()
+	}
+	e.OccurredAt = e.OccurredAt.UTC()
+	body, err := json.Marshal(e)
+	if err != nil {
+		return fmt.Errorf("outbox: encode %s: %w", e.Type, err)
+	}
+	err = tx.WithContext(ctx).Exec(
+		`INSERT INTO outbox (id, tenant_id, aggregate_id, type, payload, occurred_at)
+		 VALUES (?, ?, ?, ?, ?, ?)`,
+		e.ID, e.TenantID, e.AggregateID, e.Type, string(body), e.OccurredAt).Error
+	if err != nil {
+		return fmt.Errorf("outbox: add %s: %w", e.Type, err)
+	}
+	return nil
+}

@@ -1,0 +1,105 @@
+// Package pgtest gives each test its own freshly migrated PostgreSQL
+// database on the shared server, dropped when the test ends.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"gorm.io/gorm"
+
+	"github.com/onceonly/checkout/internal/postgres"
+)
+
+// AdminURL is the server the test databases are created on:
+// $TEST_DATABASE_URL, or the machine's local trust-auth PostgreSQL.
+func AdminURL() string {
+	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+}
+
+// Options tune NewDB.
+type Options struct {
+	// MaxConns caps the pool (0: postgres.Open's default).
+	MaxConns int
+}
+
+// NewDB creates a database named checkout_test_<random>, applies the
+// migrations, and returns an open handle and the database's URL (for
+// processes a test starts). The database is dropped in t.Cleanup.
+func NewDB(t testing.TB, opts ...Options) (*gorm.DB, string) {
+	t.Helper()
+	var o Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	name := "checkout_test_" + randomHex(6)
+	admin, err := pgx.Connect(ctx, AdminURL())
+	if err != nil {
+		t.Fatalf("pgtest: connect %s: %v (is PostgreSQL running?)", AdminURL(), err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		admin.Close(ctx)
+		t.Fatalf("pgtest: create database: %v", err)
+	}
+	admin.Close(ctx)
+	t.Cleanup(func() { dropDB(t, name) })
+
+	dbURL := withDatabase(t, AdminURL(), name)
+	db, err := postgres.Open(ctx, postgres.Config{URL: dbURL, MaxConns: o.MaxConns})
+	if err != nil {
+		t.Fatalf("pgtest: open: %v", err)
+	}
+	t.Cleanup(func() { postgres.Close(db) })
+	if err := postgres.Migrate(ctx, db, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+		t.Fatalf("pgtest: migrate: %v", err)
+	}
+	return db, dbURL
+}
+
+func dropDB(t testing.TB, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, AdminURL())
+	if err != nil {
+		t.Logf("pgtest: drop %s: %v", name, err)
+		return
+	}
+	defer admin.Close(ctx)
+	// FORCE ends connections a killed child process may have left behind.
+	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+		t.Logf("pgtest: drop %s: %v", name, err)
+	}
+}
+
+func withDatabase(t testing.TB, raw, name string) string {
+	t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatalf("pgtest: parse %s: %v", raw, err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(fmt.Sprintf("pgtest: random: %v", err))
+	}
+	return hex.EncodeToString(b)
+}

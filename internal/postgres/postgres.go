@@ -1,0 +1,151 @@
+// Package postgres opens the database of record, applies the embedded
+// migrations, runs transactions and translates driver errors into the few
+// conditions the rest of the code acts on.
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+	gormpg "gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	gormlogger "gorm.io/gorm/logger"
+
+	"github.com/onceonly/checkout/migrations"
+)
+
+// Config configures the connection pool.
+type Config struct {
+	// URL is a libpq connection URL, e.g.
+	// "postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable".
+	URL string
+	// MaxConns caps open connections (default 20). Code must never query the
+	// root handle inside a transaction, or a small pool deadlocks.
+	MaxConns int
+}
+
+// Open connects with GORM over pgx's database/sql driver and checks the
+// connection with a ping. It returns an error when the URL does not parse or
+// the server does not answer before ctx ends.
+func Open(ctx context.Context, cfg Config) (*gorm.DB, error) {
+	connCfg, err := pgx.ParseConfig(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	sqlDB := stdlib.OpenDB(*connCfg)
+	maxConns := cfg.MaxConns
+	if maxConns <= 0 {
+		maxConns = 20
+	}
+	sqlDB.SetMaxOpenConns(maxConns)
+	sqlDB.SetMaxIdleConns(maxConns)
+	sqlDB.SetConnMaxIdleTime(5 * time.Minute)
+
+	db, err := gorm.Open(gormpg.New(gormpg.Config{Conn: sqlDB}), &gorm.Config{
+		Logger:                 gormlogger.Discard,
+		SkipDefaultTransaction: true, // every write that matters runs in WithTx
+		TranslateError:         false,
+	})
+	if err != nil {
+		sqlDB.Close()
+		return nil, fmt.Errorf("open gorm: %w", err)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := sqlDB.PingContext(pingCtx); err != nil {
+		sqlDB.Close()
+		return nil, fmt.Errorf("ping postgres: %w", err)
+	}
+	return db, nil
+}
+
+// Close closes the pool behind db.
+func Close(db *gorm.DB) error {
+	sqlDB, err := db.DB()
+	if err != nil {
+		return err
+	}
+	return sqlDB.Close()
+}
+
+// migrationLockID is the advisory lock goose holds while migrating, so that
+// replicas starting together apply each migration once.
+const migrationLockID = 0x636865636b6f7574 // "checkout"
+
+// Migrate applies the embedded goose migrations under a session advisory
+// lock. It is safe to call from several processes at once.
+func Migrate(ctx context.Context, db *gorm.DB, logger *slog.Logger) error {
+	sqlDB, err := db.DB()
+	if err != nil {
+		return err
+	}
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(migrationLockID))
+	if err != nil {
+		return err
+	}
+	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.FS,
+		goose.WithSessionLocker(locker), goose.WithSlog(logger))
+	if err != nil {
+		return fmt.Errorf("migrations: %w", err)
+	}
+	results, err := provider.Up(ctx)
+	if err != nil {
+		return fmt.Errorf("apply migrations: %w", err)
+	}
+	for _, r := range results {
+		logger.Info("migration applied", "version", r.Source.Version, "duration", r.Duration)
+	}
+	return nil
+}
+
+// WithTx runs fn in one transaction and commits it when fn returns nil.
+//
+// When fn returns an error, or panics, the transaction is rolled back and
+// nothing it wrote is visible to anyone; the rollback does not depend on ctx,
+// so a client that goes away cannot leave a connection inside a transaction.
+// The commit error is returned as is: after a failed commit the caller must
+// assume nothing was written. Inside fn use only tx, never the root handle, or
+// a small pool can deadlock.
+func WithTx(ctx context.Context, db *gorm.DB, fn func(tx *gorm.DB) error) error {
+	tx := db.WithContext(ctx).Begin()
+	if tx.Error != nil {
+		return fmt.Errorf("begin: %w", tx.Error)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			// database/sql rolls back on the transaction's own connection;
+			// no context is involved.
+			tx.Rollback()
+		}
+	}()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	if err := tx.Commit().Error; err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	committed = true
+	return nil
+}
+
+// IsUniqueViolation reports whether err is a unique_violation (SQLSTATE 23505).
+func IsUniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505"
+}
+
+// IsSerializationFailure reports whether err is a serialization failure or a
+// deadlock (SQLSTATE 40001, 40P01): the transaction may simply be run again.
+func IsSerializationFailure(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
+}

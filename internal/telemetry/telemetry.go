@@ -1,0 +1,162 @@
+// Package telemetry is the processes' shared observability plumbing: JSON
+// logs (log/slog) that carry request-scoped attributes from the context,
+// request ids, HTTP metrics and the /metrics, /healthz and /readyz handlers.
+package telemetry
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// NewLogger returns a JSON logger at level whose records also carry the
+// attributes added to their context with WithAttrs.
+func NewLogger(w io.Writer, level slog.Level) *slog.Logger {
+	return slog.New(contextHandler{slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})})
+}
+
+type attrsKey struct{}
+
+// WithAttrs returns ctx carrying attrs, which every record logged with this
+// context (logger.InfoContext and friends) then includes.
+func WithAttrs(ctx context.Context, attrs ...slog.Attr) context.Context {
+	prev, _ := ctx.Value(attrsKey{}).([]slog.Attr)
+	all := make([]slog.Attr, 0, len(prev)+len(attrs))
+	all = append(append(all, prev...), attrs...)
+	return context.WithValue(ctx, attrsKey{}, all)
+}
+
+type contextHandler struct{ slog.Handler }
+
+func (h contextHandler) Handle(ctx context.Context, r slog.Record) error {
+	if attrs, ok := ctx.Value(attrsKey{}).([]slog.Attr); ok {
+		r.AddAttrs(attrs...)
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h contextHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return contextHandler{h.Handler.WithAttrs(attrs)}
+}
+
+func (h contextHandler) WithGroup(name string) slog.Handler {
+	return contextHandler{h.Handler.WithGroup(name)}
+}
+
+// RequestIDHeader carries the request id in and out.
+const RequestIDHeader = "X-Request-Id"
+
+// RequestID takes a well-formed X-Request-Id from the client (up to 64
+// characters of [A-Za-z0-9._-]) or makes one, echoes it in the response, and
+// puts it into the context's log attributes as request_id.
+func RequestID() gin.HandlerFunc {
+	return func(c *gin.Context) {
+		id := c.GetHeader(RequestIDHeader)
+		if !validRequestID(id) {
+			b := make([]byte, 12)
+			rand.Read(b)
+			id = hex.EncodeToString(b)
+		}
+		c.Header(RequestIDHeader, id)
+		c.Request = c.Request.WithContext(WithAttrs(c.Request.Context(), slog.String("request_id", id)))
+		c.Next()
+	}
+}
+
+func validRequestID(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// HTTPMetrics records checkout_http_request_duration_seconds{method,route,status}
+// (route is the template, e.g. /v1/orders/:id) and logs each request once.
+func HTTPMetrics(reg prometheus.Registerer, logger *slog.Logger) gin.HandlerFunc {
+	hist := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "checkout_http_request_duration_seconds",
+		Help:    "HTTP request latency by method, route template and status.",
+		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+	}, []string{"method", "route", "status"})
+	reg.MustRegister(hist)
+	return func(c *gin.Context) {
+		start := time.Now()
+		c.Next()
+		route := c.FullPath()
+		if route == "" {
+			route = "unmatched"
+		}
+		status := strconv.Itoa(c.Writer.Status())
+		elapsed := time.Since(start)
+		hist.WithLabelValues(c.Request.Method, route, status).Observe(elapsed.Seconds())
+		logger.InfoContext(c.Request.Context(), "http request", "method", c.Request.Method,
+			"route", route, "status", c.Writer.Status(), "duration_ms", elapsed.Milliseconds())
+	}
+}
+
+// Check is one readiness probe: Name is the dependency, Ping its test.
+type Check struct {
+	Name string
+	Ping func(context.Context) error
+}
+
+// Ready returns the /readyz handler: 200 {"status":"ready"} when every check
+// passes within 2s, else 503 {"status":"unavailable","failing":{name: error}}.
+func Ready(checks ...Check) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		failing := map[string]string{}
+		for _, ch := range checks {
+			if err := ch.Ping(ctx); err != nil {
+				failing[ch.Name] = err.Error()
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		if len(failing) > 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			json.NewEncoder(w).Encode(map[string]any{"status": "unavailable", "failing": failing})
+			return
+		}
+		json.NewEncoder(w).Encode(map[string]any{"status": "ready"})
+	}
+}
+
+// Healthy is the /healthz handler: 200 while the process runs.
+func Healthy(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Write([]byte(`{"status":"ok"}` + "\n"))
+}
+
+// MetricsHandler serves reg's series and the Go runtime's in the Prometheus
+// text format.
+func MetricsHandler(reg *prometheus.Registry) http.Handler {
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
+}
+
+// NewRegistry returns a registry with the Go runtime and process collectors.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return reg
+}
