@@ -137,17 +137,22 @@ func (g *Gateway) Middleware(route string) gin.HandlerFunc {
 			return
 		}
 
+		// The work must not die with the client's connection: a client that
+		// times out retries, and its retry resumes or replays this work.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), g.Config.WorkTimeout)
+		defer cancel()
+
 		redisHeld := true
-		acq, err := g.Leases.Acquire(c.Request.Context(), req.Scope, req.Fingerprint, req.Owner, g.Config.Lease)
+		acq, err := g.acquire(ctx, req)
 		switch {
 		case err != nil:
 			g.Metrics.redisError(g.Config.FailureMode)
 			if g.Config.FailureMode != FailOpen {
-				g.Logger.Warn("redis unavailable; refusing (DEDUP_FAILURE_MODE=closed)", "err", err, "scope", req.Scope.Hash())
+				g.Logger.WarnContext(ctx, "redis unavailable; refusing (DEDUP_FAILURE_MODE=closed)", "err", err, "scope", req.Scope.Hash())
 				g.reject(c, route, ErrUnavailable)
 				return
 			}
-			g.Logger.Warn("redis unavailable; continuing on postgres alone (DEDUP_FAILURE_MODE=open)", "err", err, "scope", req.Scope.Hash())
+			g.Logger.WarnContext(ctx, "redis unavailable; continuing on postgres alone (DEDUP_FAILURE_MODE=open)", "err", err, "scope", req.Scope.Hash())
 			redisHeld = false
 		case acq.Cached != nil:
 			g.Metrics.duplicate("redis")
@@ -169,10 +174,6 @@ func (g *Gateway) Middleware(route string) gin.HandlerFunc {
 			return
 		}
 
-		// The work must not die with the client's connection: a client that
-		// times out retries, and its retry resumes or replays this work.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), g.Config.WorkTimeout)
-		defer cancel()
 		c.Request = c.Request.WithContext(ctx)
 		c.Set(requestKey, req)
 
@@ -203,6 +204,20 @@ func (g *Gateway) Middleware(route string) gin.HandlerFunc {
 		}
 		g.Metrics.outcome(route, req.outcome)
 	}
+}
+
+// acquire is Leases.Acquire, except that a cached response whose retention
+// has ended by the gateway's clock is dropped and the lease taken instead:
+// past IDEMPOTENCY_TTL the key is new, whatever Redis still holds.
+func (g *Gateway) acquire(ctx context.Context, req *Request) (Acquisition, error) {
+	acq, err := g.Leases.Acquire(ctx, req.Scope, req.Fingerprint, req.Owner, g.Config.Lease)
+	if err != nil || acq.Cached == nil || acq.Cached.ExpiresAt.After(g.Store.Now()) {
+		return acq, err
+	}
+	if err := g.Leases.Forget(ctx, req.Scope); err != nil {
+		return Acquisition{}, err
+	}
+	return g.Leases.Acquire(ctx, req.Scope, req.Fingerprint, req.Owner, g.Config.Lease)
 }
 
 // admit runs the checks that need no state: media type, size, key, JSON.

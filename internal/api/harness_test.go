@@ -1,0 +1,230 @@
+package api_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"gorm.io/gorm"
+
+	"github.com/onceonly/checkout/internal/api"
+	"github.com/onceonly/checkout/internal/auth"
+	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/payments"
+	"github.com/onceonly/checkout/internal/payments/stripeemu"
+	"github.com/onceonly/checkout/internal/postgres/pgtest"
+	"github.com/onceonly/checkout/internal/telemetry"
+	"github.com/onceonly/checkout/internal/testenv"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// pgx and go-redis pools keep background goroutines until closed;
+		// httptest servers close their idle connections asynchronously.
+		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+	)
+}
+
+// options change what setup builds.
+type options struct {
+	failureMode idempotency.FailureMode
+	lease       time.Duration
+	ttl         time.Duration
+	maxConns    int
+	redisURL    string // "" = the shared Redis with a test prefix
+	now         func() time.Time
+	stripe      *payments.Config
+}
+
+// harness is one test's running API over its own database and Redis prefix,
+// with its own Stripe emulator.
+type harness struct {
+	t      testing.TB
+	db     *gorm.DB
+	rdb    redis.UniversalClient
+	prefix string
+	emu    *stripeemu.Emulator
+	srv    *httptest.Server
+	api    *api.API
+	logs   *syncBuffer
+}
+
+func setup(t testing.TB, opt ...func(*options)) *harness {
+	t.Helper()
+	o := options{failureMode: idempotency.FailClosed, lease: 5 * time.Second, ttl: 24 * time.Hour}
+	for _, f := range opt {
+		f(&o)
+	}
+	h := &harness{t: t, logs: &syncBuffer{}}
+	h.db, _ = pgtest.NewDB(t, pgtest.Options{MaxConns: o.maxConns})
+	if o.redisURL == "" {
+		h.rdb, h.prefix = testenv.Redis(t)
+	} else {
+		ro, err := redis.ParseURL(o.redisURL)
+		require.NoError(t, err)
+		ro.DialTimeout, ro.ReadTimeout, ro.WriteTimeout, ro.MaxRetries = 300*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond, 0
+		rdb := redis.NewClient(ro)
+		t.Cleanup(func() { rdb.Close() })
+		h.rdb, h.prefix = rdb, "test:"+testenv.Random(6)+":"
+	}
+
+	h.emu = stripeemu.New()
+	emuSrv := httptest.NewServer(h.emu)
+	t.Cleanup(emuSrv.Close)
+
+	logger := telemetry.NewLogger(h.logs, slog.LevelDebug)
+	keys, err := auth.ParseKeys(auth.DefaultKeys)
+	require.NoError(t, err)
+	stripeCfg := payments.Config{APIBase: emuSrv.URL, SecretKey: "sk_test_123", Timeout: 2 * time.Second, MaxElapsed: 3 * time.Second}
+	if o.stripe != nil {
+		stripeCfg = *o.stripe
+		stripeCfg.APIBase, stripeCfg.SecretKey = emuSrv.URL, "sk_test_123"
+	}
+	pay := payments.NewClient(stripeCfg, logger, nil)
+	h.api = api.New(api.Config{
+		RedisKeyPrefix: h.prefix,
+		TTL:            o.ttl,
+		Lease:          o.lease,
+		FailureMode:    o.failureMode,
+		WorkTimeout:    30 * time.Second,
+	}, api.Deps{DB: h.db, Redis: h.rdb, Payments: pay, Keys: keys, Logger: logger, Registry: telemetry.NewRegistry(), Now: o.now})
+	h.srv = httptest.NewServer(h.api.Handler)
+	t.Cleanup(h.srv.Close)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("service logs:\n%s", h.logs.String())
+		}
+	})
+	return h
+}
+
+// reply is a response read whole.
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// checkout posts body to /v1/checkouts as tenant acme with key.
+func (h *harness) checkout(key, body string) reply {
+	h.t.Helper()
+	return h.do(context.Background(), "sk_test_acme", key, body)
+}
+
+func (h *harness) do(ctx context.Context, apiKey, key, body string) reply {
+	h.t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.srv.URL+"/v1/checkouts", bytes.NewBufferString(body))
+	require.NoError(h.t, err)
+	if apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+	}
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	return h.send(req)
+}
+
+func (h *harness) send(req *http.Request) reply {
+	h.t.Helper()
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(h.t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(h.t, err)
+	return reply{status: resp.StatusCode, header: resp.Header, body: b}
+}
+
+func (h *harness) get(apiKey, path string) reply {
+	h.t.Helper()
+	req, err := http.NewRequest(http.MethodGet, h.srv.URL+path, nil)
+	require.NoError(h.t, err)
+	req.Header.Set("Authorization", "Bearer "+apiKey)
+	return h.send(req)
+}
+
+// count runs a COUNT(*) query.
+func (h *harness) count(query string, args ...any) int {
+	h.t.Helper()
+	var n int64
+	require.NoError(h.t, h.db.Raw(query, args...).Scan(&n).Error)
+	return int(n)
+}
+
+func (h *harness) stock(sku string) int64 {
+	h.t.Helper()
+	var n int64
+	require.NoError(h.t, h.db.Raw(`SELECT stock FROM products WHERE sku = ?`, sku).Scan(&n).Error)
+	return n
+}
+
+// eventually polls cond every 20ms until it holds or 10s pass.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if os.Getenv("TEST_LOG_STDERR") != "" {
+		os.Stderr.Write(p)
+	}
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// clock is a settable test clock.
+type clock struct {
+	mu     sync.Mutex
+	offset time.Duration
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return time.Now().Add(c.offset)
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.offset += d
+}
+
+func mustRead(t testing.TB, resp *http.Response) string {
+	t.Helper()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(b)
+}

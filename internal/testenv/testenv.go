@@ -1,0 +1,129 @@
+// Package testenv gives tests isolated use of the machine's shared services:
+// a Redis key prefix of their own on the shared Redis, or a Redis server of
+// their own that they may stop, and free ports.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisURL is the shared Redis: $TEST_REDIS_URL or the local one.
+func RedisURL() string {
+	if u := os.Getenv("TEST_REDIS_URL"); u != "" {
+		return u
+	}
+	return "redis://127.0.0.1:6379/0"
+}
+
+// Redis returns a client of the shared Redis and a key prefix unique to the
+// test ("test:<random>:"). Keys under the prefix are deleted in t.Cleanup.
+func Redis(t testing.TB) (*redis.Client, string) {
+	t.Helper()
+	opts, err := redis.ParseURL(RedisURL())
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	rdb := redis.NewClient(opts)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatalf("testenv: redis at %s: %v (is Redis running?)", RedisURL(), err)
+	}
+	prefix := "test:" + Random(6) + ":"
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		iter := rdb.Scan(ctx, 0, prefix+"*", 500).Iterator()
+		for iter.Next(ctx) {
+			rdb.Del(ctx, iter.Val())
+		}
+		rdb.Close()
+	})
+	return rdb, prefix
+}
+
+// RedisServer is a redis-server process a test owns.
+type RedisServer struct {
+	Addr string
+	cmd  *exec.Cmd
+}
+
+// StartRedis starts redis-server on a free port, without persistence, and
+// waits until it answers. It is killed in t.Cleanup.
+func StartRedis(t testing.TB) *RedisServer {
+	t.Helper()
+	s := &RedisServer{Addr: "127.0.0.1:" + strconv.Itoa(FreePort(t))}
+	s.start(t)
+	return s
+}
+
+func (s *RedisServer) start(t testing.TB) {
+	t.Helper()
+	_, port, _ := net.SplitHostPort(s.Addr)
+	cmd := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no")
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("testenv: start redis-server: %v", err)
+	}
+	s.cmd = cmd
+	t.Cleanup(func() { s.Stop() })
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := net.DialTimeout("tcp", s.Addr, 100*time.Millisecond); err == nil {
+			c.Close()
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("testenv: redis-server on %s did not start", s.Addr)
+}
+
+// URL returns the server's redis:// URL.
+func (s *RedisServer) URL() string { return "redis://" + s.Addr + "/0" }
+
+// Stop kills the server (SIGKILL: a crash, not a shutdown) and waits for it.
+func (s *RedisServer) Stop() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		s.cmd.Process.Kill()
+		s.cmd.Wait()
+		s.cmd = nil
+	}
+}
+
+// Restart starts the server again on the same port, empty.
+func (s *RedisServer) Restart(t testing.TB) {
+	t.Helper()
+	s.Stop()
+	s.start(t)
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("testenv: free port: %v", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// Random returns 2n random hex digits, for unique names.
+func Random(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(fmt.Sprintf("testenv: random: %v", err))
+	}
+	return hex.EncodeToString(b)
+}
