@@ -147,10 +147,10 @@ func TestRequestChecks(t *testing.T) {
 	}
 	big := `{"email":"` + strings.Repeat("a", 70<<10) + `"}`
 	tests := []struct {
-		name                         string
+		name                           string
 		apiKey, contentType, key, body string
-		status                       int
-		code                         string
+		status                         int
+		code                           string
 	}{
 		{"no api key is 401 before anything else", "", "text/plain", "", "{", 401, "unauthorized"},
 		{"unknown api key is 401", "sk_test_nope", "application/json", "k", teeBody, 401, "unauthorized"},
