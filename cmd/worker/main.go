@@ -1,0 +1,152 @@
+// Command worker runs the background work after a checkout commits: the
+// order.paid consumer and the notification sender (CONTRACT.md, "Events").
+// Any number may run at once. It does not migrate: it waits until the API
+// has created the schema.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/mail"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/onceonly/checkout/internal/config"
+	"github.com/onceonly/checkout/internal/notify"
+	"github.com/onceonly/checkout/internal/ops"
+	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/rabbitmq"
+	"github.com/onceonly/checkout/internal/telemetry"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Getenv, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		os.Exit(1)
+	}
+}
+
+// settings are the worker's environment variables (CONTRACT.md).
+type settings struct {
+	DatabaseURL     string        `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable"`
+	AMQPURL         string        `env:"AMQP_URL" envDefault:"amqp://guest:guest@127.0.0.1:5672/"`
+	SMTPAddr        string        `env:"SMTP_ADDR" envDefault:"127.0.0.1:1025"`
+	SMTPFrom        string        `env:"SMTP_FROM" envDefault:"orders@checkout.local"`
+	MetricsAddr     string        `env:"METRICS_ADDR" envDefault:":9092"`
+	LogLevel        slog.Level    `env:"LOG_LEVEL" envDefault:"info"`
+	Exchange        string        `env:"AMQP_EXCHANGE" envDefault:"checkout.events"`
+	NotifyQueue     string        `env:"NOTIFY_QUEUE" envDefault:"notify.order_paid"`
+	Prefetch        int           `env:"NOTIFY_PREFETCH" envDefault:"32"`
+	SweepInterval   time.Duration `env:"NOTIFY_SWEEP_INTERVAL" envDefault:"1s"`
+	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"20s"`
+}
+
+// check validates what parsing cannot; each message names its variable.
+func (s *settings) check() error {
+	var errs []error
+	if _, err := pgx.ParseConfig(s.DatabaseURL); err != nil {
+		errs = append(errs, fmt.Errorf("DATABASE_URL: %w", err))
+	}
+	if _, err := amqp.ParseURI(s.AMQPURL); err != nil {
+		errs = append(errs, fmt.Errorf("AMQP_URL: %w", err))
+	}
+	if _, _, err := net.SplitHostPort(s.SMTPAddr); err != nil {
+		errs = append(errs, fmt.Errorf("SMTP_ADDR: %w", err))
+	}
+	if a, err := mail.ParseAddress(s.SMTPFrom); err != nil || a.Name != "" {
+		errs = append(errs, fmt.Errorf("SMTP_FROM: %q is not a bare email address", s.SMTPFrom))
+	}
+	if _, _, err := net.SplitHostPort(s.MetricsAddr); err != nil {
+		errs = append(errs, fmt.Errorf("METRICS_ADDR: %w", err))
+	}
+	if s.Exchange == "" || s.NotifyQueue == "" {
+		errs = append(errs, errors.New("AMQP_EXCHANGE, NOTIFY_QUEUE: must not be empty"))
+	}
+	if s.Prefetch < 1 || s.Prefetch > 1000 {
+		errs = append(errs, errors.New("NOTIFY_PREFETCH: must be between 1 and 1000"))
+	}
+	if s.SweepInterval <= 0 {
+		errs = append(errs, errors.New("NOTIFY_SWEEP_INTERVAL: must be positive"))
+	}
+	if s.ShutdownTimeout <= 0 {
+		errs = append(errs, errors.New("SHUTDOWN_TIMEOUT: must be positive"))
+	}
+	return errors.Join(errs...)
+}
+
+// names is the topology this process declares.
+func (s *settings) names() rabbitmq.Names {
+	n := rabbitmq.DefaultNames()
+	n.Exchange = s.Exchange
+	n.NotifyQueue = s.NotifyQueue
+	n.NotifyDLQ = s.NotifyQueue + ".dlq"
+	return n
+}
+
+func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
+	var s settings
+	if err := config.Load(getenv, &s); err != nil {
+		return err
+	}
+	if err := s.check(); err != nil {
+		return err
+	}
+	logger := telemetry.NewLogger(stdout, s.LogLevel).With("process", "worker")
+	logger.Info("starting worker", config.Masked(&s)...)
+
+	deps := &ops.Deps{}
+	reg := telemetry.NewRegistry()
+	srv, err := ops.Serve(s.MetricsAddr, reg, deps.Checks("notifications", "inbox")...)
+	if err != nil {
+		return fmt.Errorf("METRICS_ADDR: %w", err)
+	}
+	logger.Info("ops server listening", "addr", srv.Addr())
+	defer func() {
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(shutdownCtx)
+	}()
+
+	db, conn, err := deps.Open(ctx, s.DatabaseURL, rabbitmq.Config{URL: s.AMQPURL, Name: "worker", Logger: logger}, s.names(), logger, "notifications", "inbox")
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while waiting for dependencies
+		}
+		return err
+	}
+	defer postgres.Close(db)
+	defer conn.Close()
+
+	notifier, err := notify.NewService(db, conn, &notify.SMTPMailer{Addr: s.SMTPAddr}, notify.Config{
+		Queue:    s.NotifyQueue,
+		Prefetch: s.Prefetch,
+		Sender: notify.SenderConfig{
+			From:          s.SMTPFrom,
+			SweepInterval: s.SweepInterval,
+		},
+		Logger:     logger,
+		Registerer: reg,
+	})
+	if err != nil {
+		return err
+	}
+
+	logger.Info("worker running")
+	// One line per background loop; each returns after its work in flight.
+	err = ops.RunLoops(ctx, s.ShutdownTimeout, logger,
+		notifier.Run,
+	)
+	logger.Info("worker stopped", "err", err)
+	return err
+}

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"regexp"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/checkout/internal/ids"
+	"github.com/onceonly/checkout/internal/notify"
+	"github.com/onceonly/checkout/internal/notify/smtpsink"
+	"github.com/onceonly/checkout/internal/postgres/pgtest"
+	"github.com/onceonly/checkout/internal/rabbitmq"
+	"github.com/onceonly/checkout/internal/rabbitmq/rabbitmqtest"
+)
+
+// syncBuffer is the process's stdout, read while it runs.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func getenv(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestBadValueStopsStartNamingTheVariable(t *testing.T) {
+	t.Parallel()
+	tests := map[string]map[string]string{
+		"LOG_LEVEL":    {"LOG_LEVEL": "loud"},
+		"AMQP_URL":     {"AMQP_URL": "http://rabbit"},
+		"SMTP_ADDR":    {"SMTP_ADDR": "mailpit"},
+		"SMTP_FROM":    {"SMTP_FROM": "not an address"},
+		"METRICS_ADDR": {"METRICS_ADDR": "9092"},
+	}
+	for name, env := range tests {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			err := run(context.Background(), getenv(env), io.Discard)
+			require.ErrorContains(t, err, name)
+		})
+	}
+}
+
+// opsAddr waits for the ops server's address in the log.
+func opsAddr(t *testing.T, out *syncBuffer) string {
+	t.Helper()
+	re := regexp.MustCompile(`"msg":"ops server listening"[^\n]*?"addr":"([^"]+)"`)
+	var addr string
+	require.Eventually(t, func() bool {
+		m := re.FindStringSubmatch(out.String())
+		if m != nil {
+			addr = m[1]
+		}
+		return m != nil
+	}, 10*time.Second, 10*time.Millisecond)
+	return "http://" + addr
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	res, err := http.Get(url)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	return res.StatusCode, string(b)
+}
+
+func TestRunNotifiesServesOpsAndDrainsOnSIGTERM(t *testing.T) {
+	t.Parallel()
+	db, dbURL := pgtest.NewDB(t)
+	names := rabbitmqtest.NewNames(t)
+	sink, err := smtpsink.Start("127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { sink.Close() })
+	env := map[string]string{
+		"DATABASE_URL": dbURL, "AMQP_URL": rabbitmqtest.URL(), "METRICS_ADDR": "127.0.0.1:0",
+		"AMQP_EXCHANGE": names.Exchange, "NOTIFY_QUEUE": names.NotifyQueue,
+		"SMTP_ADDR": sink.Addr(), "SMTP_FROM": "shop@example.com",
+	}
+	out := &syncBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, getenv(env), out) }()
+	t.Cleanup(cancel)
+	base := opsAddr(t, out)
+
+	orderID := ids.New("ord")
+	require.NoError(t, db.Exec(`INSERT INTO orders (id, tenant_id, status, email, currency, amount_total, payment_method, created_at, updated_at)
+		VALUES (?, 'acme', 'paid', 'buyer@example.com', 'usd', 1200, 'pm_card_visa', now(), now())`, orderID).Error)
+	conn := rabbitmqtest.Dial(t, rabbitmqtest.URL())
+	pub := rabbitmq.NewPublisher(conn, rabbitmq.PublisherConfig{Exchange: names.Exchange})
+	defer pub.Close()
+	body := []byte(`{"id":"evt_1","type":"order.paid","tenant_id":"acme","data":{"id":"` + orderID + `","email":"buyer@example.com"}}`)
+	require.Equal(t, []error{nil}, pub.Publish(context.Background(), []rabbitmq.Message{{MessageID: "evt_1", RoutingKey: "order.paid", Body: body}}))
+
+	var ntfID string
+	require.Eventually(t, func() bool {
+		db.Raw(`SELECT id FROM notifications WHERE order_id = ? AND status = 'sent'`, orderID).Scan(&ntfID)
+		return ntfID != ""
+	}, 10*time.Second, 20*time.Millisecond, "notification sent")
+	require.Equal(t, map[string]int{notify.MessageID(ntfID): 1}, sink.CountByMessageID())
+	require.Equal(t, "shop@example.com", sink.Messages()[0].From)
+
+	status, _ := get(t, base+"/healthz")
+	require.Equal(t, http.StatusOK, status)
+	status, text := get(t, base+"/readyz")
+	require.Equal(t, http.StatusOK, status, text)
+	status, text = get(t, base+"/metrics")
+	require.Equal(t, http.StatusOK, status)
+	require.Contains(t, text, "checkout_notify_emails_sent_total 1")
+
+	cancel() // what SIGTERM does through signal.NotifyContext
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("run did not drain within 20s")
+	}
+}

@@ -1,0 +1,188 @@
+// Package smtpsink is an in-process SMTP server that accepts every message
+// and keeps it in memory, for tests and local runs. It can be told to refuse
+// the next messages, to exercise a sender's retries.
+package smtpsink
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/mail"
+	"sync"
+	"time"
+
+	"github.com/emersion/go-smtp"
+)
+
+// Message is one accepted message.
+type Message struct {
+	// MessageID is the Message-ID header as sent, angle brackets included.
+	MessageID string `json:"message_id"`
+	// From is the envelope sender (MAIL FROM).
+	From string `json:"from"`
+	// To are the envelope recipients (RCPT TO).
+	To []string `json:"to"`
+	// Subject is the Subject header.
+	Subject string `json:"subject"`
+	// Body is the message body after the headers.
+	Body string `json:"body"`
+	// Raw is the whole message as received (headers and body).
+	Raw string `json:"-"`
+	// ReceivedAt is when the DATA command completed.
+	ReceivedAt time.Time `json:"received_at"`
+}
+
+// Sink is a running SMTP server that records messages. It is safe for
+// concurrent use.
+type Sink struct {
+	server *smtp.Server
+	ln     net.Listener
+	done   chan struct{}
+
+	mu     sync.Mutex
+	msgs   []Message
+	reject int // how many of the next messages to refuse
+}
+
+// Start listens on addr ("127.0.0.1:0" for a free port) and serves until
+// Close.
+func Start(addr string) (*Sink, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("smtpsink: listen %s: %w", addr, err)
+	}
+	s := &Sink{ln: ln, done: make(chan struct{})}
+	s.server = smtp.NewServer(s)
+	s.server.Domain = "smtp-sink.local"
+	s.server.ReadTimeout = 30 * time.Second
+	s.server.WriteTimeout = 30 * time.Second
+	s.server.MaxMessageBytes = 1 << 20
+	s.server.ErrorLog = log.New(io.Discard, "", 0)
+	go func() {
+		defer close(s.done)
+		s.server.Serve(ln)
+	}()
+	return s, nil
+}
+
+// Addr is the address the sink listens on, host:port.
+func (s *Sink) Addr() string { return s.ln.Addr().String() }
+
+// Close stops the server and its connections.
+func (s *Sink) Close() error {
+	err := s.server.Close()
+	<-s.done
+	if errors.Is(err, smtp.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Messages returns a copy of the messages accepted so far, in order.
+func (s *Sink) Messages() []Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Message(nil), s.msgs...)
+}
+
+// Len is the number of messages accepted so far.
+func (s *Sink) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.msgs)
+}
+
+// CountByMessageID returns how many messages carried each Message-ID.
+func (s *Sink) CountByMessageID() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	counts := make(map[string]int, len(s.msgs))
+	for _, m := range s.msgs {
+		counts[m.MessageID]++
+	}
+	return counts
+}
+
+// Count is how many messages carried messageID (angle brackets included).
+func (s *Sink) Count(messageID string) int {
+	return s.CountByMessageID()[messageID]
+}
+
+// Reject makes the sink refuse the next n messages at DATA with a
+// transient 451, as a full or failing mail server would.
+func (s *Sink) Reject(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reject = n
+}
+
+// Handler serves GET /messages: the accepted messages as a JSON array of
+// Message, for end-to-end tests and manual runs.
+func (s *Sink) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /messages", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		msgs := s.Messages()
+		if msgs == nil {
+			msgs = []Message{}
+		}
+		json.NewEncoder(w).Encode(msgs)
+	})
+	return mux
+}
+
+// NewSession implements smtp.Backend.
+func (s *Sink) NewSession(*smtp.Conn) (smtp.Session, error) {
+	return &session{sink: s}, nil
+}
+
+// session is one SMTP connection's state.
+type session struct {
+	sink *Sink
+	from string
+	to   []string
+}
+
+func (ss *session) Mail(from string, _ *smtp.MailOptions) error {
+	ss.from = from
+	return nil
+}
+
+func (ss *session) Rcpt(to string, _ *smtp.RcptOptions) error {
+	ss.to = append(ss.to, to)
+	return nil
+}
+
+func (ss *session) Data(r io.Reader) error {
+	raw, err := io.ReadAll(r)
+	if err != nil {
+		return err
+	}
+	s := ss.sink
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.reject > 0 {
+		s.reject--
+		return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "sink told to refuse"}
+	}
+	m := Message{From: ss.from, To: append([]string(nil), ss.to...), Raw: string(raw), ReceivedAt: time.Now()}
+	if parsed, err := mail.ReadMessage(bytes.NewReader(raw)); err == nil {
+		m.MessageID = parsed.Header.Get("Message-ID")
+		m.Subject = parsed.Header.Get("Subject")
+		body, _ := io.ReadAll(parsed.Body)
+		m.Body = string(body)
+	}
+	s.msgs = append(s.msgs, m)
+	return nil
+}
+
+func (ss *session) Reset() {
+	ss.from, ss.to = "", nil
+}
+
+func (ss *session) Logout() error { return nil }

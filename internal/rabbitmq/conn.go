@@ -1,0 +1,256 @@
+// Package rabbitmq holds the broker mechanisms the dispatcher and the worker
+// share: a connection that reconnects by itself, the topology declaration, a
+// publisher with confirms and a consumer with manual acknowledgements.
+//
+// amqp091-go never reconnects: a closed connection or channel stays closed.
+// Conn redials with exponential backoff whenever a caller asks for a channel
+// and the current connection is gone, and Publisher and Consumer watch their
+// channel's NotifyClose and ask again, so a broker restart or a cut
+// connection heals without a process restart.
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// ErrClosed is returned by Conn methods after Close.
+var ErrClosed = errors.New("rabbitmq: connection closed by owner")
+
+// Config configures a Conn.
+type Config struct {
+	// URL is an AMQP 0-9-1 URI, e.g. "amqp://guest:guest@127.0.0.1:5672/".
+	URL string
+	// Name is sent as the connection_name client property, shown by
+	// rabbitmqctl list_connections (optional).
+	Name string
+	// Setup runs on a fresh channel of every new connection before anyone
+	// else uses it, typically DeclareTopology, so that a broker that lost its
+	// definitions gets them back. An error fails that connection attempt.
+	Setup func(ch *amqp.Channel) error
+	// MinBackoff and MaxBackoff bound the wait between dial attempts
+	// (defaults 100ms and 5s).
+	MinBackoff, MaxBackoff time.Duration
+	// DialTimeout bounds one TCP connect and AMQP handshake (default 5s).
+	DialTimeout time.Duration
+	// Logger receives connection losses and reconnects (default: discard).
+	Logger *slog.Logger
+}
+
+// Conn is a reconnecting connection to RabbitMQ. It is safe for concurrent
+// use. The zero value is not usable; call Dial.
+type Conn struct {
+	cfg    Config
+	logger *slog.Logger
+
+	dialing chan struct{} // a one-slot lock that waits with a context
+	mu      sync.Mutex
+	conn    *amqp.Connection
+	closed  bool
+	wg      sync.WaitGroup // NotifyClose watchers
+}
+
+// Dial connects to cfg.URL, retrying with backoff until it succeeds or ctx
+// ends (then it returns ctx's error joined with the last dial error). A URL
+// that does not parse fails at once.
+func Dial(ctx context.Context, cfg Config) (*Conn, error) {
+	if _, err := amqp.ParseURI(cfg.URL); err != nil {
+		return nil, fmt.Errorf("rabbitmq: parse url: %w", err)
+	}
+	if cfg.MinBackoff <= 0 {
+		cfg.MinBackoff = 100 * time.Millisecond
+	}
+	if cfg.MaxBackoff <= 0 {
+		cfg.MaxBackoff = 5 * time.Second
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = 5 * time.Second
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	c := &Conn{cfg: cfg, logger: logger, dialing: make(chan struct{}, 1)}
+	if _, err := c.connection(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Channel opens a new channel on the current connection, first redialing
+// with backoff if the connection is closed. It blocks until it succeeds, ctx
+// ends or the Conn is closed (ErrClosed). The caller owns the channel and
+// must close it.
+func (c *Conn) Channel(ctx context.Context) (*amqp.Channel, error) {
+	for {
+		conn, err := c.connection(ctx)
+		if err != nil {
+			return nil, err
+		}
+		ch, err := conn.Channel()
+		if err == nil {
+			return ch, nil
+		}
+		// The connection died between the check and the open: dial again.
+		c.logger.Warn("rabbitmq: open channel", "err", err)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Ping reports whether the broker is reachable: it opens and closes a
+// channel, reconnecting if needed, within ctx.
+func (c *Conn) Ping(ctx context.Context) error {
+	ch, err := c.Channel(ctx)
+	if err != nil {
+		return err
+	}
+	return ch.Close()
+}
+
+// Close closes the current connection and stops reconnecting; channels opened
+// from it are closed with it. Close waits for its watcher goroutines.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	conn := c.conn
+	c.conn = nil
+	c.mu.Unlock()
+	var err error
+	if conn != nil && !conn.IsClosed() {
+		err = conn.Close()
+	}
+	c.wg.Wait()
+	return err
+}
+
+// current returns the open connection, or nil.
+func (c *Conn) current() (*amqp.Connection, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	if c.conn != nil && !c.conn.IsClosed() {
+		return c.conn, nil
+	}
+	return nil, nil
+}
+
+// connection returns the open connection, dialing (one caller at a time,
+// the others wait for its result) when there is none.
+func (c *Conn) connection(ctx context.Context) (*amqp.Connection, error) {
+	if conn, err := c.current(); conn != nil || err != nil {
+		return conn, err
+	}
+	select {
+	case c.dialing <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-c.dialing }()
+	// Another caller may have dialed while this one waited.
+	if conn, err := c.current(); conn != nil || err != nil {
+		return conn, err
+	}
+
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = c.cfg.MinBackoff
+	b.MaxInterval = c.cfg.MaxBackoff
+	attempt := 0
+	var lastErr error
+	conn, err := backoff.Retry(ctx, func() (*amqp.Connection, error) {
+		attempt++
+		if c.isClosed() {
+			return nil, backoff.Permanent(ErrClosed)
+		}
+		conn, err := c.dial()
+		if err != nil {
+			lastErr = err
+			if attempt == 1 || attempt%10 == 0 {
+				c.logger.Warn("rabbitmq: dial failed, retrying", "attempt", attempt, "err", err)
+			}
+			return nil, err
+		}
+		return conn, nil
+	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(0))
+	if err != nil {
+		if ctx.Err() != nil && lastErr != nil {
+			return nil, fmt.Errorf("rabbitmq: dial: %w (last attempt: %v)", ctx.Err(), lastErr)
+		}
+		return nil, fmt.Errorf("rabbitmq: dial: %w", err)
+	}
+
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		conn.Close()
+		return nil, ErrClosed
+	}
+	c.conn = conn
+	c.mu.Unlock()
+	if attempt > 1 {
+		c.logger.Info("rabbitmq: connected", "attempts", attempt)
+	}
+	c.watch(conn)
+	return conn, nil
+}
+
+func (c *Conn) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// dial makes one connection and runs Setup on it.
+func (c *Conn) dial() (*amqp.Connection, error) {
+	props := amqp.NewConnectionProperties()
+	if c.cfg.Name != "" {
+		props.SetClientConnectionName(c.cfg.Name)
+	}
+	conn, err := amqp.DialConfig(c.cfg.URL, amqp.Config{
+		Heartbeat:  10 * time.Second,
+		Locale:     "en_US",
+		Properties: props,
+		Dial:       amqp.DefaultDial(c.cfg.DialTimeout),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if c.cfg.Setup != nil {
+		ch, err := conn.Channel()
+		if err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("setup channel: %w", err)
+		}
+		if err := c.cfg.Setup(ch); err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("setup: %w", err)
+		}
+		ch.Close()
+	}
+	return conn, nil
+}
+
+// watch logs the connection's end. The NotifyClose channel is closed by
+// amqp091 whenever the connection ends, so the goroutine always returns.
+func (c *Conn) watch(conn *amqp.Connection) {
+	done := conn.NotifyClose(make(chan *amqp.Error, 1))
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		if err, ok := <-done; ok && err != nil {
+			// Nobody redials here: the next Channel call does, with backoff,
+			// so a broker that stays down is not hammered by an idle process.
+			c.logger.Warn("rabbitmq: connection lost", "err", err)
+		}
+	}()
+}

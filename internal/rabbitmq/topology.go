@@ -1,0 +1,105 @@
+package rabbitmq
+
+import (
+	"fmt"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Names are the exchange and queues of the checkout topology. Production uses
+// DefaultNames; tests use unique names so that they share a broker safely.
+type Names struct {
+	// Exchange is the durable topic exchange events are published to
+	// ("checkout.events").
+	Exchange string
+	// NotifyQueue is the durable queue of the notification worker
+	// ("notify.order_paid"), bound to NotifyRoutingKey.
+	NotifyQueue string
+	// NotifyRoutingKey is the binding key of NotifyQueue ("order.paid").
+	NotifyRoutingKey string
+	// NotifyDLQ receives the messages of NotifyQueue that failed
+	// DeliveryLimit times ("notify.order_paid.dlq").
+	NotifyDLQ string
+	// DeliveryLimit is how many times a message of NotifyQueue is delivered
+	// before it is dead-lettered (5).
+	DeliveryLimit int
+}
+
+// DefaultNames returns the topology of CONTRACT.md, "Events".
+func DefaultNames() Names {
+	return Names{
+		Exchange:         "checkout.events",
+		NotifyQueue:      "notify.order_paid",
+		NotifyRoutingKey: "order.paid",
+		NotifyDLQ:        "notify.order_paid.dlq",
+		DeliveryLimit:    5,
+	}
+}
+
+// WithPrefix returns n with every exchange and queue name prefixed, so that
+// several copies of the topology can share one broker (tests).
+func (n Names) WithPrefix(prefix string) Names {
+	n.Exchange = prefix + n.Exchange
+	n.NotifyQueue = prefix + n.NotifyQueue
+	n.NotifyDLQ = prefix + n.NotifyDLQ
+	return n
+}
+
+// DeclareTopology declares, idempotently, the durable topic exchange, the
+// dead-letter queue and the notification queue bound to its routing key. The
+// dispatcher and the worker both call it at start (and on every reconnect),
+// so no event is lost whichever starts first.
+//
+// NotifyQueue is a quorum queue: RabbitMQ counts its deliveries itself
+// (x-delivery-count) and, once a message has been returned DeliveryLimit-1
+// times, dead-letters the next return through the default exchange to
+// NotifyDLQ. A consumer therefore only nacks with requeue and never counts.
+// Note that a delivery also counts when the consumer's channel dies with the
+// message unacked.
+//
+// Declaring an existing queue with other arguments fails with
+// PRECONDITION_FAILED, and closes ch.
+func DeclareTopology(ch *amqp.Channel, n Names) error {
+	if n.DeliveryLimit <= 0 {
+		return fmt.Errorf("rabbitmq: delivery limit must be positive, got %d", n.DeliveryLimit)
+	}
+	if err := ch.ExchangeDeclare(n.Exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare exchange %s: %w", n.Exchange, err)
+	}
+	if _, err := ch.QueueDeclare(n.NotifyDLQ, true, false, false, false, amqp.Table{
+		amqp.QueueTypeArg: amqp.QueueTypeClassic,
+	}); err != nil {
+		return fmt.Errorf("declare queue %s: %w", n.NotifyDLQ, err)
+	}
+	if _, err := ch.QueueDeclare(n.NotifyQueue, true, false, false, false, amqp.Table{
+		amqp.QueueTypeArg: amqp.QueueTypeQuorum,
+		// x-delivery-limit counts returns, not deliveries: a message is
+		// dead-lettered when returned more than the limit, so limit-1 returns
+		// allow exactly DeliveryLimit deliveries.
+		"x-delivery-limit":          int32(n.DeliveryLimit - 1),
+		"x-dead-letter-exchange":    "",
+		"x-dead-letter-routing-key": n.NotifyDLQ,
+		"x-dead-letter-strategy":    "at-most-once",
+	}); err != nil {
+		return fmt.Errorf("declare queue %s: %w", n.NotifyQueue, err)
+	}
+	if err := ch.QueueBind(n.NotifyQueue, n.NotifyRoutingKey, n.Exchange, false, nil); err != nil {
+		return fmt.Errorf("bind %s to %s: %w", n.NotifyQueue, n.Exchange, err)
+	}
+	return nil
+}
+
+// DeleteTopology deletes the exchange and both queues of n, with whatever
+// messages they hold. Tests call it in t.Cleanup.
+func DeleteTopology(ch *amqp.Channel, n Names) error {
+	if _, err := ch.QueueDelete(n.NotifyQueue, false, false, false); err != nil {
+		return fmt.Errorf("delete queue %s: %w", n.NotifyQueue, err)
+	}
+	if _, err := ch.QueueDelete(n.NotifyDLQ, false, false, false); err != nil {
+		return fmt.Errorf("delete queue %s: %w", n.NotifyDLQ, err)
+	}
+	if err := ch.ExchangeDelete(n.Exchange, false, false); err != nil {
+		return fmt.Errorf("delete exchange %s: %w", n.Exchange, err)
+	}
+	return nil
+}
