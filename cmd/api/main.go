@@ -153,7 +153,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 
 	// Stop accepting, let in-flight checkouts finish (their work runs on
 	// detached contexts), then close.
-	logger.Info("shutting down", "timeout", s.ShutdownTimeout)
+	logger.Info("shutting down", "timeout", s.ShutdownTimeout.String())
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(shutdownCtx); err != nil {

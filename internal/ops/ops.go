@@ -136,12 +136,12 @@ func RunLoops(ctx context.Context, drain time.Duration, logger *slog.Logger, loo
 		return err
 	case <-gctx.Done():
 	}
-	logger.Info("draining", "timeout", drain)
+	logger.Info("draining", "timeout", drain.String())
 	select {
 	case err := <-done:
 		return err
 	case <-time.After(drain):
-		logger.Error("drain timed out; work in flight is left to the durable state", "timeout", drain)
+		logger.Error("drain timed out; work in flight is left to the durable state", "timeout", drain.String())
 		return nil
 	}
 }

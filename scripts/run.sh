@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Runs the whole stack on this machine against the local PostgreSQL, Redis and
+# RabbitMQ: the Stripe emulator (:12111), an SMTP sink (:1025, messages at
+# http://127.0.0.1:8025/messages), the api (:8080), the dispatcher (:9091)
+# and the worker (:9092). Logs go to tmp/<name>.log and, prefixed, here.
+# Ctrl-C (or SIGTERM) stops everything.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p tmp
+pids=()
+cleanup() {
+  trap - INT TERM EXIT
+  echo "stopping..."
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup INT TERM EXIT
+
+start() { # name, binary
+  "bin/$2" > >(tee "tmp/$1.log" | sed -u "s/^/[$1] /") 2>&1 &
+  pids+=($!)
+}
+wait_http() { # name, url
+  for _ in $(seq 1 100); do
+    curl -fsS -o /dev/null "$2" 2>/dev/null && { echo "[run] $1 ready"; return 0; }
+    sleep 0.2
+  done
+  echo "[run] $1 did not become ready at $2" >&2; exit 1
+}
+
+start stripe-emulator stripe-emulator
+start smtp-sink smtp-sink
+wait_http stripe-emulator http://127.0.0.1:12111/healthz
+start api api
+wait_http api http://127.0.0.1:8080/readyz   # the api applies the migrations
+start dispatcher dispatcher
+start worker worker
+wait_http dispatcher http://127.0.0.1:9091/readyz
+wait_http worker http://127.0.0.1:9092/readyz
+cat <<'MSG'
+[run] stack is up. Try, in another terminal:
+  make demo
+  curl -si -X POST localhost:8080/v1/checkouts -H 'Authorization: Bearer sk_test_acme' \
+    -H 'Idempotency-Key: my-first-key' -H 'Content-Type: application/json' \
+    -d '{"email":"buyer@example.com","items":[{"sku":"sku_tee","quantity":2}],"payment_method":"pm_card_visa"}'
+MSG
+wait -n "${pids[@]}" || true
+echo "[run] a process exited; stopping the stack" >&2
