@@ -1,0 +1,118 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/checkout/internal/payments/stripeemu"
+	"github.com/onceonly/checkout/internal/postgres/pgtest"
+	"github.com/onceonly/checkout/internal/testenv"
+)
+
+func env(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+// TestConfigErrorsNameTheVariable: a bad value stops the process at start
+// with a message naming the variable.
+func TestConfigErrorsNameTheVariable(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{"bad duration", map[string]string{"IDEMPOTENCY_TTL": "soon"}, "IDEMPOTENCY_TTL"},
+		{"bad failure mode", map[string]string{"DEDUP_FAILURE_MODE": "maybe"}, "DEDUP_FAILURE_MODE"},
+		{"bad api keys", map[string]string{"CHECKOUT_API_KEYS": "no-colon"}, "CHECKOUT_API_KEYS"},
+		{"default keys in production", map[string]string{"APP_ENV": "production"}, "CHECKOUT_API_KEYS"},
+		{"lease longer than the TTL", map[string]string{"IDEMPOTENCY_TTL": "10s", "IDEMPOTENCY_LEASE": "1m"}, "IDEMPOTENCY_TTL"},
+		{"bad redis url", map[string]string{"REDIS_URL": "http://x"}, "REDIS_URL"},
+		{"bad log level", map[string]string{"LOG_LEVEL": "loud"}, "LOG_LEVEL"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := run(context.Background(), env(tc.env), io.Discard)
+			require.Error(t, err)
+			require.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+// TestGracefulShutdown: on SIGTERM (ctx cancelled) the API stops accepting,
+// finishes the checkout in flight, and run returns nil (exit 0).
+func TestGracefulShutdown(t *testing.T) {
+	t.Parallel()
+	_, dbURL := pgtest.NewDB(t)
+	_, prefix := testenv.Redis(t)
+	emu := stripeemu.New()
+	require.NoError(t, emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultDelay, Count: 1, Before: time.Second}))
+	emuSrv := httptest.NewServer(emu)
+	t.Cleanup(emuSrv.Close)
+
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, env(map[string]string{
+			"HTTP_ADDR":        "127.0.0.1:0",
+			"DATABASE_URL":     dbURL,
+			"REDIS_URL":        testenv.RedisURL(),
+			"REDIS_KEY_PREFIX": prefix,
+			"STRIPE_API_BASE":  emuSrv.URL,
+		}), pw)
+		pw.Close()
+	}()
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			var line struct{ Msg, Addr string }
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" {
+				addr <- line.Addr
+			}
+		}
+	}()
+	var base string
+	select {
+	case a := <-addr:
+		base = "http://" + a
+	case err := <-done:
+		t.Fatalf("run returned early: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("api did not start")
+	}
+
+	result := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, base+"/v1/checkouts", strings.NewReader(
+			`{"email":"buyer@example.com","items":[{"sku":"sku_mug","quantity":1}],"payment_method":"pm_card_visa"}`))
+		req.Header.Set("Authorization", "Bearer sk_test_acme")
+		req.Header.Set("Idempotency-Key", "drain-1")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			result <- 0
+			return
+		}
+		resp.Body.Close()
+		result <- resp.StatusCode
+	}()
+	require.Eventually(t, func() bool { return emu.InFlight() == 1 }, 10*time.Second, 10*time.Millisecond)
+	stop() // SIGTERM
+	require.Equal(t, http.StatusCreated, <-result, "the checkout in flight finishes")
+	require.NoError(t, <-done, "exit 0")
+	require.Equal(t, 1, emu.TotalCreated())
+	_, err := http.Get(base + "/healthz")
+	require.Error(t, err, "no longer accepting")
+}
