@@ -128,7 +128,7 @@ func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.C
 		skus = append(skus, sku)
 	}
 	sort.Strings(skus)
-	products, err := lockProducts(ctx, tx, skus)
+	products, err := loadProducts(ctx, tx, skus)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -150,23 +150,12 @@ func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.C
 		return nil, nil, ValidationError(errs)
 	}
 
-	for _, sku := range skus {
-		if products[sku].Stock < want[sku] {
-			resp := idempotency.ProblemResponse(ErrOutOfStock)
-			if err := s.Keys.Finish(ctx, tx, c, resp); err != nil {
-				return nil, nil, err
-			}
-			return nil, resp, nil
-		}
+	// The order is written before the stock is reserved: a product row is
+	// hot (every checkout of the SKU updates it), so its lock is taken last
+	// and held only until the commit. Out of stock rolls back to here.
+	if err := tx.SavePoint("before_order").Error; err != nil {
+		return nil, nil, fmt.Errorf("savepoint: %w", err)
 	}
-	reserve := make(map[string]int64, len(want))
-	for sku, q := range want {
-		reserve[sku] = -q
-	}
-	if err := adjustStock(ctx, tx, reserve); err != nil {
-		return nil, nil, err
-	}
-
 	now := s.Now().UTC().Truncate(time.Microsecond)
 	o := &Order{
 		ID:            ids.New("ord"),
@@ -192,6 +181,20 @@ func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.C
 	}
 	if err := s.Keys.Advance(ctx, tx, c, RecoveryPointOrderCreated, o.ID); err != nil {
 		return nil, nil, err
+	}
+	reserved, err := reserveStock(ctx, tx, want)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !reserved {
+		if err := tx.RollbackTo("before_order").Error; err != nil {
+			return nil, nil, fmt.Errorf("rollback to savepoint: %w", err)
+		}
+		resp := idempotency.ProblemResponse(ErrOutOfStock)
+		if err := s.Keys.Finish(ctx, tx, c, resp); err != nil {
+			return nil, nil, err
+		}
+		return nil, resp, nil
 	}
 	return o, nil, nil
 }

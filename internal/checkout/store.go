@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"gorm.io/gorm"
-	"gorm.io/gorm/clause"
 )
 
 // orderRow and itemRow are the GORM models of orders and order_items.
@@ -75,21 +74,41 @@ func listProducts(ctx context.Context, db *gorm.DB) ([]Product, error) {
 	return ps, nil
 }
 
-// lockProducts loads and row-locks the products with the given skus, in sku
-// order so that concurrent checkouts lock in the same order and cannot
-// deadlock. Unknown skus are absent from the map.
-func lockProducts(ctx context.Context, tx *gorm.DB, skus []string) (map[string]Product, error) {
+// loadProducts returns the products with the given skus, without locking
+// them: prices and currencies do not change under a checkout, and stock is
+// checked by reserveStock. Unknown skus are absent from the map.
+func loadProducts(ctx context.Context, tx *gorm.DB, skus []string) (map[string]Product, error) {
 	var ps []Product
-	err := tx.WithContext(ctx).Clauses(clause.Locking{Strength: "UPDATE"}).
-		Where("sku IN ?", skus).Order("sku").Find(&ps).Error
-	if err != nil {
-		return nil, fmt.Errorf("lock products: %w", err)
+	if err := tx.WithContext(ctx).Where("sku IN ?", skus).Find(&ps).Error; err != nil {
+		return nil, fmt.Errorf("load products: %w", err)
 	}
 	m := make(map[string]Product, len(ps))
 	for _, p := range ps {
 		m[p.SKU] = p
 	}
 	return m, nil
+}
+
+// reserveStock takes want[sku] units of each product, in sku order so that
+// concurrent checkouts lock rows in the same order and cannot deadlock. It
+// reports false, having changed nothing that the caller's rollback to a
+// savepoint would not undo, when any product has too few units.
+func reserveStock(ctx context.Context, tx *gorm.DB, want map[string]int64) (bool, error) {
+	skus := make([]string, 0, len(want))
+	for sku := range want {
+		skus = append(skus, sku)
+	}
+	sort.Strings(skus)
+	for _, sku := range skus {
+		res := tx.WithContext(ctx).Exec(`UPDATE products SET stock = stock - ? WHERE sku = ? AND stock >= ?`, want[sku], sku, want[sku])
+		if res.Error != nil {
+			return false, fmt.Errorf("reserve stock of %s: %w", sku, res.Error)
+		}
+		if res.RowsAffected == 0 {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // adjustStock adds delta[sku] to each product's stock (negative reserves).
