@@ -1,5 +1,6 @@
 // Command worker runs the background work after a checkout commits: the
-// order.paid consumer and the notification sender (CONTRACT.md, "Events").
+// order.paid consumer and the notification sender (CONTRACT.md, "Events"),
+// the completer (checkouts whose process died) and the reaper (retention).
 // Any number may run at once. It does not migrate: it waits until the API
 // has created the schema.
 package main
@@ -20,9 +21,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/config"
+	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/maintenance"
 	"github.com/onceonly/checkout/internal/notify"
 	"github.com/onceonly/checkout/internal/ops"
+	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/rabbitmq"
 	"github.com/onceonly/checkout/internal/telemetry"
@@ -50,6 +55,17 @@ type settings struct {
 	Prefetch        int           `env:"NOTIFY_PREFETCH" envDefault:"32"`
 	SweepInterval   time.Duration `env:"NOTIFY_SWEEP_INTERVAL" envDefault:"1s"`
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"20s"`
+
+	// The completer runs the checkout state machine, so it needs what the
+	// API needs to call Stripe with the same keys and parameters.
+	StripeAPIBase     string        `env:"STRIPE_API_BASE" envDefault:"http://127.0.0.1:12111"`
+	StripeSecretKey   string        `env:"STRIPE_SECRET_KEY" envDefault:"sk_test_123" secret:"true"`
+	IdempotencyTTL    time.Duration `env:"IDEMPOTENCY_TTL" envDefault:"24h"`
+	IdempotencyLease  time.Duration `env:"IDEMPOTENCY_LEASE" envDefault:"30s"`
+	CompleterInterval time.Duration `env:"COMPLETER_INTERVAL" envDefault:"5s"`
+	ReaperInterval    time.Duration `env:"REAPER_INTERVAL" envDefault:"1m"`
+	InboxRetention    time.Duration `env:"INBOX_RETENTION" envDefault:"168h"`
+	OutboxRetention   time.Duration `env:"OUTBOX_RETENTION" envDefault:"168h"`
 }
 
 // check validates what parsing cannot; each message names its variable.
@@ -81,6 +97,15 @@ func (s *settings) check() error {
 	}
 	if s.ShutdownTimeout <= 0 {
 		errs = append(errs, errors.New("SHUTDOWN_TIMEOUT: must be positive"))
+	}
+	for name, d := range map[string]time.Duration{
+		"IDEMPOTENCY_TTL": s.IdempotencyTTL, "IDEMPOTENCY_LEASE": s.IdempotencyLease,
+		"COMPLETER_INTERVAL": s.CompleterInterval, "REAPER_INTERVAL": s.ReaperInterval,
+		"INBOX_RETENTION": s.InboxRetention, "OUTBOX_RETENTION": s.OutboxRetention,
+	} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s: must be positive", name))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -142,10 +167,39 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return err
 	}
 
+	// The completer pushes forward checkouts whose process died, through the
+	// same state machine and with the same Stripe keys as a client retry.
+	keys := &idempotency.Store{Lease: s.IdempotencyLease, TTL: s.IdempotencyTTL, Now: time.Now,
+		Metrics: idempotency.NewMetrics(reg)}
+	pay := payments.NewClient(payments.Config{APIBase: s.StripeAPIBase, SecretKey: s.StripeSecretKey}, logger, reg)
+	svc := &checkout.Service{DB: db, Keys: keys, Payments: pay, Logger: logger, Now: time.Now}
+	completer, err := maintenance.NewCompleter(db, keys, svc, maintenance.CompleterConfig{
+		Interval:   s.CompleterInterval,
+		Grace:      s.IdempotencyLease,
+		KeyTimeout: 15 * time.Second, // inside the drain; a cut charge stays resumable
+		Logger:     logger.With("loop", "completer"),
+		Registerer: reg,
+	})
+	if err != nil {
+		return err
+	}
+	reaper, err := maintenance.NewReaper(db, maintenance.ReaperConfig{
+		Interval:        s.ReaperInterval,
+		InboxRetention:  s.InboxRetention,
+		OutboxRetention: s.OutboxRetention,
+		Logger:          logger.With("loop", "reaper"),
+		Registerer:      reg,
+	})
+	if err != nil {
+		return err
+	}
+
 	logger.Info("worker running")
 	// One line per background loop; each returns after its work in flight.
 	err = ops.RunLoops(ctx, s.ShutdownTimeout, logger,
 		notifier.Run,
+		completer.Run,
+		reaper.Run,
 	)
 	logger.Info("worker stopped", "err", err)
 	return err

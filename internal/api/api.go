@@ -62,7 +62,8 @@ func New(cfg Config, d Deps) *API {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	store := &idempotency.Store{Lease: cfg.Lease, TTL: cfg.TTL, Now: d.Now}
+	metrics := idempotency.NewMetrics(reg)
+	store := &idempotency.Store{Lease: cfg.Lease, TTL: cfg.TTL, Now: d.Now, Metrics: metrics}
 	svc := &checkout.Service{DB: d.DB, Keys: store, Payments: d.Payments, Logger: d.Logger, Now: d.Now}
 	gateway := &idempotency.Gateway{
 		Config: idempotency.Config{
@@ -76,7 +77,7 @@ func New(cfg Config, d Deps) *API {
 		Store:   store,
 		DB:      d.DB,
 		Logger:  d.Logger,
-		Metrics: idempotency.NewMetrics(reg),
+		Metrics: metrics,
 		Tenant:  auth.TenantOf,
 	}
 	handler := &checkout.Handler{Service: svc, Logger: d.Logger, Tenant: auth.TenantOf}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -53,14 +54,57 @@ type options struct {
 // harness is one test's running API over its own database and Redis prefix,
 // with its own Stripe emulator.
 type harness struct {
-	t      testing.TB
-	db     *gorm.DB
-	rdb    redis.UniversalClient
-	prefix string
-	emu    *stripeemu.Emulator
-	srv    *httptest.Server
-	api    *api.API
-	logs   *syncBuffer
+	t        testing.TB
+	db       *gorm.DB
+	rdb      redis.UniversalClient
+	prefix   string
+	emu      *stripeemu.Emulator
+	srv      *httptest.Server
+	api      *api.API
+	logs     *syncBuffer
+	registry *registry
+}
+
+// registry wraps the API's Prometheus registry for counter lookups.
+type registry struct{ *prometheus.Registry }
+
+// requests returns the checkout_idempotency_requests_total series for
+// outcome on the checkout route.
+func (r *registry) requests(outcome string) prometheus.Collector {
+	return gathered{r.Registry, "checkout_idempotency_requests_total", map[string]string{"route": "POST /v1/checkouts", "outcome": outcome}}
+}
+
+// gathered is one series of a registry, as a Collector for testutil.ToFloat64.
+type gathered struct {
+	reg    *prometheus.Registry
+	name   string
+	labels map[string]string
+}
+
+func (g gathered) Describe(chan<- *prometheus.Desc) {}
+
+func (g gathered) Collect(ch chan<- prometheus.Metric) {
+	mfs, _ := g.reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() != g.name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				have[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range g.labels {
+				if have[k] != v {
+					continue next
+				}
+			}
+			ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(g.name, "", nil, nil), prometheus.CounterValue, m.GetCounter().GetValue())
+			return
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(g.name, "", nil, nil), prometheus.CounterValue, 0)
 }
 
 func setup(t testing.TB, opt ...func(*options)) *harness {
@@ -95,13 +139,15 @@ func setup(t testing.TB, opt ...func(*options)) *harness {
 		stripeCfg.APIBase, stripeCfg.SecretKey = emuSrv.URL, "sk_test_123"
 	}
 	pay := payments.NewClient(stripeCfg, logger, nil)
+	reg := telemetry.NewRegistry()
+	h.registry = &registry{reg}
 	h.api = api.New(api.Config{
 		RedisKeyPrefix: h.prefix,
 		TTL:            o.ttl,
 		Lease:          o.lease,
 		FailureMode:    o.failureMode,
 		WorkTimeout:    30 * time.Second,
-	}, api.Deps{DB: h.db, Redis: h.rdb, Payments: pay, Keys: keys, Logger: logger, Registry: telemetry.NewRegistry(), Now: o.now})
+	}, api.Deps{DB: h.db, Redis: h.rdb, Payments: pay, Keys: keys, Logger: logger, Registry: reg, Now: o.now})
 	h.srv = httptest.NewServer(h.api.Handler)
 	t.Cleanup(h.srv.Close)
 	t.Cleanup(func() {

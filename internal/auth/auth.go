@@ -10,12 +10,14 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 
 	"github.com/gin-gonic/gin"
 
 	"github.com/onceonly/checkout/internal/problem"
+	"github.com/onceonly/checkout/internal/telemetry"
 )
 
 // DefaultKeys is the development value of CHECKOUT_API_KEYS. With
@@ -103,6 +105,7 @@ func Middleware(keys *Keys) gin.HandlerFunc {
 			return
 		}
 		c.Set(tenantKey, tenant)
+		c.Request = c.Request.WithContext(telemetry.WithAttrs(c.Request.Context(), slog.String("tenant", tenant)))
 		c.Next()
 	}
 }

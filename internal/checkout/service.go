@@ -70,7 +70,7 @@ func (s *Service) Checkout(ctx context.Context, req *idempotency.Request, in *Re
 		return claim.Response, true, nil
 	}
 	if claim.TakenOver {
-		s.Logger.Info("resuming checkout after an expired lease", "order_id", order.ID, "recovery_point", claim.RecoveryPoint)
+		s.Logger.InfoContext(ctx, "resuming checkout after an expired lease", "order_id", order.ID, "recovery_point", claim.RecoveryPoint)
 	}
 	resp, err = s.pay(ctx, claim, order)
 	return resp, false, err
@@ -100,7 +100,7 @@ func (s *Service) Complete(ctx context.Context, keyID int64) (bool, error) {
 	if err != nil || claim == nil {
 		return false, err
 	}
-	s.Logger.Info("completing checkout after an expired lease", "order_id", order.ID, "key", claim.Scope.Hash())
+	s.Logger.InfoContext(ctx, "completing checkout after an expired lease", "order_id", order.ID, "key_hash", claim.Scope.Hash()[:16])
 	if _, err := s.pay(ctx, claim, order); err != nil {
 		return false, err
 	}
@@ -308,7 +308,7 @@ func (s *Service) release(c *idempotency.Claim) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := s.Keys.Release(ctx, s.DB, c); err != nil {
-		s.Logger.Warn("release key lease", "err", err, "key", c.Scope.Hash())
+		s.Logger.Warn("release key lease", "err", err, "key_hash", c.Scope.Hash()[:16])
 	}
 }
 

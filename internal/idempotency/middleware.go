@@ -17,6 +17,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/problem"
+	"github.com/onceonly/checkout/internal/telemetry"
 )
 
 // FailureMode is what the gateway does when Redis does not answer
@@ -141,6 +142,8 @@ func (g *Gateway) Middleware(route string) gin.HandlerFunc {
 		// times out retries, and its retry resumes or replays this work.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), g.Config.WorkTimeout)
 		defer cancel()
+		// Logs name the key by a hash of its scope, never by its value.
+		ctx = telemetry.WithAttrs(ctx, slog.String("key_hash", req.Scope.Hash()[:16]))
 
 		redisHeld := true
 		acq, err := g.acquire(ctx, req)
@@ -148,11 +151,11 @@ func (g *Gateway) Middleware(route string) gin.HandlerFunc {
 		case err != nil:
 			g.Metrics.redisError(g.Config.FailureMode)
 			if g.Config.FailureMode != FailOpen {
-				g.Logger.WarnContext(ctx, "redis unavailable; refusing (DEDUP_FAILURE_MODE=closed)", "err", err, "scope", req.Scope.Hash())
+				g.Logger.WarnContext(ctx, "redis unavailable; refusing (DEDUP_FAILURE_MODE=closed)", "err", err)
 				g.reject(c, route, ErrUnavailable)
 				return
 			}
-			g.Logger.WarnContext(ctx, "redis unavailable; continuing on postgres alone (DEDUP_FAILURE_MODE=open)", "err", err, "scope", req.Scope.Hash())
+			g.Logger.WarnContext(ctx, "redis unavailable; continuing on postgres alone (DEDUP_FAILURE_MODE=open)", "err", err)
 			redisHeld = false
 		case acq.Cached != nil:
 			g.Metrics.duplicate("redis")
@@ -189,14 +192,14 @@ func (g *Gateway) Middleware(route string) gin.HandlerFunc {
 				g.Metrics.duplicate("postgres")
 			}
 			if err := g.Leases.Cache(bg, req.Scope, req.Fingerprint, req.final, g.Store.Now()); err != nil {
-				g.Logger.Warn("cache response in redis", "err", err, "scope", req.Scope.Hash())
+				g.Logger.WarnContext(bg, "cache response in redis", "err", err)
 			}
 		} else if req.outcome == OutcomeInUse || req.outcome == OutcomeReused {
 			g.Metrics.duplicate("postgres")
 		}
 		if redisHeld {
 			if _, err := g.Leases.Release(bg, req.Scope, req.Fingerprint, req.Owner); err != nil {
-				g.Logger.Warn("release redis lease", "err", err, "scope", req.Scope.Hash())
+				g.Logger.WarnContext(bg, "release redis lease", "err", err)
 			}
 		}
 		if req.outcome == "" {
@@ -268,7 +271,7 @@ func (g *Gateway) reject(c *gin.Context, route string, err error) {
 		g.Metrics.outcome(route, OutcomeFailed)
 	}
 	if !problem.Write(c.Writer, err) {
-		g.Logger.Error("idempotency gateway", "err", err)
+		g.Logger.ErrorContext(c.Request.Context(), "idempotency gateway", "err", err)
 	}
 	c.Abort()
 }
@@ -292,13 +295,13 @@ func (g *Gateway) keepLease(ctx context.Context, req *Request, redisHeld bool) (
 			}
 			if redisHeld {
 				if ok, err := g.Leases.Extend(ctx, req.Scope, req.Fingerprint, req.Owner, g.Config.Lease); err != nil {
-					g.Logger.Warn("extend redis lease", "err", err, "scope", req.Scope.Hash())
+					g.Logger.WarnContext(ctx, "extend redis lease", "err", err)
 				} else if ok {
 					g.Metrics.extended("redis")
 				}
 			}
 			if ok, err := g.Store.Extend(ctx, g.DB, req.Scope, req.Owner); err != nil {
-				g.Logger.Warn("extend postgres lease", "err", err, "scope", req.Scope.Hash())
+				g.Logger.WarnContext(ctx, "extend postgres lease", "err", err)
 			} else if ok {
 				g.Metrics.extended("postgres")
 			}

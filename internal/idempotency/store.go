@@ -45,6 +45,8 @@ type Store struct {
 	// Now is the clock; lease and TTL comparisons use it, not the
 	// database's, so tests can move time.
 	Now func() time.Time
+	// Metrics counts takeovers; nil counts nothing.
+	Metrics *Metrics
 }
 
 // Claim is a key held by one owner, as loaded or created by Store.Claim.
@@ -171,6 +173,7 @@ func (s *Store) claimExisting(tx *gorm.DB, row *keyRow, fingerprint, owner strin
 	}
 	c.Owner = owner
 	c.TakenOver = true
+	s.Metrics.TakenOver()
 	return c, nil
 }
 
