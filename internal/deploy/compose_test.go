@@ -86,8 +86,11 @@ func TestComposeMatchesTheContract(t *testing.T) {
 			env: map[string]string{
 				"DATABASE_URL": databaseURL, "AMQP_URL": amqpURL, "SMTP_ADDR": "mailpit:1025",
 				"SMTP_FROM": "orders@checkout.local", "METRICS_ADDR": ":9092", "LOG_LEVEL": "info",
+				"STRIPE_API_BASE": "http://stripe-emulator:12111", "STRIPE_SECRET_KEY": "sk_test_123",
+				"IDEMPOTENCY_TTL": "24h", "IDEMPOTENCY_LEASE": "30s",
 			},
-			dependsOn: map[string]string{"postgres": "service_healthy", "rabbitmq": "service_healthy", "mailpit": "service_healthy", "api": "service_healthy"},
+			dependsOn: map[string]string{"postgres": "service_healthy", "rabbitmq": "service_healthy", "mailpit": "service_healthy",
+				"stripe-emulator": "service_healthy", "api": "service_healthy"},
 			readyURL:  "http://127.0.0.1:9092/readyz",
 		},
 	}
