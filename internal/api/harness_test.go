@@ -192,7 +192,9 @@ func (h *harness) send(req *http.Request) reply {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(h.t, err)
-	return reply{status: resp.StatusCode, header: resp.Header, body: b}
+	r := reply{status: resp.StatusCode, header: resp.Header, body: b}
+	checkAgainstSpec(h.t, req, r) // every answer of every test follows api/openapi.yaml
+	return r
 }
 
 func (h *harness) get(apiKey, path string) reply {

@@ -1,0 +1,87 @@
+// Command stripe-emulator serves the in-memory Stripe PaymentIntents emulator
+// (package stripeemu) over HTTP for `make run`, compose and end-to-end tests.
+//
+// Environment:
+//
+//	STRIPE_EMULATOR_ADDR  listen address, default ":12111"
+//
+// Besides the emulator's routes (/v1/payment_intents, /_emulator/faults,
+// /_emulator/reset, /_emulator/stats) it serves GET /healthz. It logs JSON to
+// stdout and on SIGTERM or SIGINT stops accepting connections, lets requests
+// in flight finish (up to 20s) and exits 0.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/onceonly/checkout/internal/payments/stripeemu"
+)
+
+// shutdownTimeout bounds the drain of requests in flight on shutdown.
+const shutdownTimeout = 20 * time.Second
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Getenv, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "stripe-emulator:", err)
+		os.Exit(1)
+	}
+}
+
+// run serves until ctx is done, then drains and returns nil; it returns an
+// error when it cannot listen or the server fails.
+func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
+	logger := slog.New(slog.NewJSONHandler(stdout, nil))
+	addr := getenv("STRIPE_EMULATOR_ADDR")
+	if addr == "" {
+		addr = ":12111"
+	}
+
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen on STRIPE_EMULATOR_ADDR %q: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"status":"ok"}`+"\n")
+	})
+	mux.Handle("/", stripeemu.New(stripeemu.WithLogger(logger)))
+	srv := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+
+	logger.Info("stripe emulator listening", "addr", ln.Addr().String())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+
+	select {
+	case err := <-served:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	logger.Info("stripe emulator shutting down")
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve: %w", err)
+	}
+	logger.Info("stripe emulator stopped")
+	return nil
+}

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// logBuffer is stdout for run, readable while it runs.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// addr returns the address from the "listening" log line, or "".
+func (b *logBuffer) addr() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, line := range strings.Split(b.buf.String(), "\n") {
+		var v struct {
+			Msg  string `json:"msg"`
+			Addr string `json:"addr"`
+		}
+		if json.Unmarshal([]byte(line), &v) == nil && v.Msg == "stripe emulator listening" {
+			return v.Addr
+		}
+	}
+	return ""
+}
+
+// start runs the emulator on a free port and returns its base URL and a stop
+// function that cancels run's context and returns run's result. The test's
+// cleanup calls stop too; only the first call waits.
+func start(t testing.TB) (base string, stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	out := &logBuffer{}
+	env := map[string]string{"STRIPE_EMULATOR_ADDR": "127.0.0.1:0"}
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, func(k string) string { return env[k] }, out) }()
+	stop = sync.OnceValue(func() error {
+		cancel()
+		return <-done
+	})
+	t.Cleanup(func() { _ = stop() })
+	require.Eventually(t, func() bool { return out.addr() != "" }, 5*time.Second, 10*time.Millisecond)
+	return "http://" + out.addr(), stop
+}
+
+func TestRunServesAndDrains(t *testing.T) {
+	t.Parallel()
+	base, stop := start(t)
+
+	res, err := http.Get(base + "/healthz")
+	require.NoError(t, err)
+	res.Body.Close()
+	require.Equal(t, http.StatusOK, res.StatusCode)
+
+	// A charge in flight when shutdown starts still completes.
+	fault, err := http.Post(base+"/_emulator/faults", "application/json",
+		strings.NewReader(`{"kind":"delay","count":1,"before":"300ms"}`))
+	require.NoError(t, err)
+	fault.Body.Close()
+	require.Equal(t, http.StatusNoContent, fault.StatusCode)
+
+	type result struct {
+		status int
+		err    error
+	}
+	charged := make(chan result, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, base+"/v1/payment_intents",
+			strings.NewReader("amount=100&currency=usd&payment_method=pm_card_visa&confirm=true"))
+		req.Header.Set("Authorization", "Bearer sk_test_123")
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Idempotency-Key", "k")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			charged <- result{err: err}
+			return
+		}
+		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		charged <- result{status: res.StatusCode}
+	}()
+	require.Eventually(t, func() bool {
+		res, err := http.Get(base + "/_emulator/stats")
+		if err != nil {
+			return false
+		}
+		defer res.Body.Close()
+		var s struct {
+			InFlight int `json:"in_flight"`
+		}
+		return json.NewDecoder(res.Body).Decode(&s) == nil && s.InFlight == 1
+	}, 5*time.Second, 10*time.Millisecond)
+
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }()
+	r := <-charged
+	require.NoError(t, r.err)
+	require.Equal(t, http.StatusOK, r.status, "the request in flight finished during shutdown")
+	require.NoError(t, <-stopped)
+	http.DefaultClient.CloseIdleConnections()
+}
+
+func TestRunFailsOnBadAddress(t *testing.T) {
+	t.Parallel()
+	err := run(t.Context(), func(string) string { return "not-an-address" }, io.Discard)
+	require.ErrorContains(t, err, "STRIPE_EMULATOR_ADDR")
+}

@@ -1,0 +1,209 @@
+package payments_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"go/build"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/checkout/internal/payments"
+	"github.com/onceonly/checkout/internal/payments/stripeemu"
+)
+
+// The contract: the same client calls and raw requests, run against the
+// emulator and against stripe-mock (Stripe's OpenAPI-validating mock). The
+// emulator is trusted only because both pass. stripe-mock is stateless and
+// answers with fixtures, so the contract checks shapes and status classes,
+// not amounts or idempotent replays.
+
+func TestContractEmulator(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(stripeemu.New())
+	t.Cleanup(srv.Close)
+	runContract(t, srv.URL)
+}
+
+func TestContractStripeMock(t *testing.T) {
+	t.Parallel()
+	runContract(t, startStripeMock(t))
+}
+
+func runContract(t *testing.T, base string) {
+	t.Helper()
+	client := payments.NewClient(payments.Config{APIBase: base, SecretKey: "sk_test_123",
+		Timeout: 5 * time.Second, MaxElapsed: 5 * time.Second}, nil, nil)
+
+	t.Run("charge accepted with payment intent", func(t *testing.T) {
+		t.Parallel()
+		req := chargeReq(t, "pm_card_visa")
+		res, err := client.Charge(t.Context(), req)
+		require.NoError(t, err, "the request shape Charge sends must be accepted")
+		require.Regexp(t, `^pi_`, res.PaymentIntentID)
+		require.False(t, res.Declined)
+		require.NotEmpty(t, res.Status)
+
+		again, err := client.Charge(t.Context(), req)
+		require.NoError(t, err, "the same call with the same key is accepted again")
+		require.Regexp(t, `^pi_`, again.PaymentIntentID)
+
+		r := rawRequest(t, base, http.MethodGet, "/v1/payment_intents/"+res.PaymentIntentID, "sk_test_123", "")
+		require.Equal(t, http.StatusOK, r.status, string(r.body))
+		require.Equal(t, "payment_intent", r.object())
+	})
+
+	t.Run("unknown parameter rejected", func(t *testing.T) {
+		t.Parallel()
+		r := rawRequest(t, base, http.MethodPost, "/v1/payment_intents", "sk_test_123",
+			"amount=2500&currency=usd&colour=red")
+		require.Equal(t, http.StatusBadRequest, r.status, string(r.body))
+		require.Equal(t, "invalid_request_error", r.errorType())
+	})
+
+	t.Run("non integer amount rejected", func(t *testing.T) {
+		t.Parallel()
+		r := rawRequest(t, base, http.MethodPost, "/v1/payment_intents", "sk_test_123", "amount=abc&currency=usd")
+		require.Equal(t, http.StatusBadRequest, r.status, string(r.body))
+		require.Equal(t, "invalid_request_error", r.errorType())
+	})
+
+	t.Run("missing api key unauthorized", func(t *testing.T) {
+		t.Parallel()
+		r := rawRequest(t, base, http.MethodPost, "/v1/payment_intents", "", "amount=2500&currency=usd")
+		require.Equal(t, http.StatusUnauthorized, r.status, string(r.body))
+		require.Equal(t, "invalid_request_error", r.errorType())
+	})
+}
+
+// rawReply is a raw HTTP response.
+type rawReply struct {
+	status int
+	body   []byte
+}
+
+func (r rawReply) errorType() string {
+	var v struct {
+		Error struct {
+			Type string `json:"type"`
+		} `json:"error"`
+	}
+	_ = json.Unmarshal(r.body, &v)
+	return v.Error.Type
+}
+
+func (r rawReply) object() string {
+	var v struct {
+		Object string `json:"object"`
+	}
+	_ = json.Unmarshal(r.body, &v)
+	return v.Object
+}
+
+func rawRequest(t testing.TB, base, method, path, apiKey, form string) rawReply {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), method, base+path, strings.NewReader(form))
+	require.NoError(t, err)
+	if form != "" {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	if apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+	}
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	return rawReply{status: res.StatusCode, body: body}
+}
+
+// stripeMockBin finds stripe-mock: $STRIPE_MOCK_BIN, then PATH, then
+// $(go env GOPATH)/bin.
+func stripeMockBin(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv("STRIPE_MOCK_BIN"); p != "" {
+		return p
+	}
+	if p, err := exec.LookPath("stripe-mock"); err == nil {
+		return p
+	}
+	for _, dir := range filepath.SplitList(build.Default.GOPATH) {
+		p := filepath.Join(dir, "bin", "stripe-mock")
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	t.Fatal("stripe-mock not found in $STRIPE_MOCK_BIN, PATH or $(go env GOPATH)/bin; `make tools` installs it " +
+		"(go install github.com/stripe/stripe-mock@v0.203.0)")
+	return ""
+}
+
+// lockedBuffer collects a process's output while the test reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+var listeningRE = regexp.MustCompile(`Listening for HTTP at address: (\S+)`)
+
+// startStripeMock runs stripe-mock on free ports (it picks them; HTTPS too,
+// so parallel runs never collide on its default 12112), waits until it
+// answers and kills it when the test ends. It returns its base URL.
+func startStripeMock(t testing.TB) string {
+	t.Helper()
+	out := &lockedBuffer{}
+	cmd := exec.Command(stripeMockBin(t), "-http-addr", "127.0.0.1:", "-https-addr", "127.0.0.1:")
+	cmd.Stdout, cmd.Stderr = out, out
+	require.NoError(t, cmd.Start(), "start stripe-mock")
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+
+	var base string
+	require.Eventually(t, func() bool {
+		if m := listeningRE.FindStringSubmatch(out.String()); m != nil {
+			base = "http://" + m[1]
+			return true
+		}
+		return false
+	}, 60*time.Second, 20*time.Millisecond, "stripe-mock did not start; output:\n%s", out)
+
+	require.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/payment_intents/pi_123", nil)
+		req.Header.Set("Authorization", "Bearer sk_test_123")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		res.Body.Close()
+		return res.StatusCode == http.StatusOK
+	}, 30*time.Second, 50*time.Millisecond, "stripe-mock did not answer; output:\n%s", out)
+	return base
+}

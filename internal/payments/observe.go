@@ -1,0 +1,60 @@
+package payments
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// registerCalls creates the counter checkout_stripe_calls_total{result},
+// incremented once per HTTP attempt (not per Charge), so retries show up as
+// "transient" increments. result is one of succeeded, declined, transient,
+// rejected. It is registered on reg unless reg is nil; when reg already has
+// it, the registered one is used.
+func registerCalls(reg prometheus.Registerer) *prometheus.CounterVec {
+	calls := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "checkout_stripe_calls_total",
+		Help: "Stripe PaymentIntent HTTP attempts by result (succeeded, declined, transient, rejected); retries count once each.",
+	}, []string{"result"})
+	if reg != nil {
+		if err := reg.Register(calls); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				panic(fmt.Sprintf("payments: register metrics: %v", err))
+			}
+			calls = are.ExistingCollector.(*prometheus.CounterVec)
+		}
+	}
+	for _, o := range []outcome{outcomeSucceeded, outcomeDeclined, outcomeTransient, outcomeRejected} {
+		calls.WithLabelValues(string(o)) // export zeros so rates work from the start
+	}
+	return calls
+}
+
+// stripeLogger adapts slog to stripe-go's LeveledLoggerInterface. Everything
+// goes to Debug: the Client logs each failed attempt itself, once, and
+// stripe-go's Debugf lines carry whole response bodies (client secrets), so
+// they are dropped.
+type stripeLogger struct{ l *slog.Logger }
+
+// Debugf drops the message; see stripeLogger.
+func (s stripeLogger) Debugf(string, ...any) {}
+
+// Infof logs at Debug.
+func (s stripeLogger) Infof(format string, v ...any) { s.log(format, v) }
+
+// Warnf logs at Debug.
+func (s stripeLogger) Warnf(format string, v ...any) { s.log(format, v) }
+
+// Errorf logs at Debug.
+func (s stripeLogger) Errorf(format string, v ...any) { s.log(format, v) }
+
+func (s stripeLogger) log(format string, v []any) {
+	if !s.l.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	s.l.Debug(fmt.Sprintf(format, v...), "source", "stripe-go")
+}
