@@ -91,7 +91,7 @@ func TestComposeMatchesTheContract(t *testing.T) {
 			},
 			dependsOn: map[string]string{"postgres": "service_healthy", "rabbitmq": "service_healthy", "mailpit": "service_healthy",
 				"stripe-emulator": "service_healthy", "api": "service_healthy"},
-			readyURL:  "http://127.0.0.1:9092/readyz",
+			readyURL: "http://127.0.0.1:9092/readyz",
 		},
 	}
 	for _, tt := range tests {
