@@ -1,0 +1,517 @@
+// Command chaos runs N checkouts against a full stack (package
+// tests/e2e/stack) from concurrent clients while it injects faults at
+// random: Stripe failures, delays and dropped answers, gateway 504s, SIGKILL
+// and restart of the api, the dispatcher and the worker, and cut or stalled
+// connections to Postgres, Redis and RabbitMQ. Then it turns the faults off,
+// lets every client retry its key until it gets a final answer, waits for
+// the outbox and the notifications to drain, and checks every invariant:
+// one charge per key, one order per key, one email per paid order, every
+// 201 a client saw is a paid order, no key left unfinished, no outbox row
+// unpublished. It prints a table and, as its last line,
+// "chaos: R requests, F faults, V violations", and exits 1 on a violation.
+//
+//	go run ./tests/chaos -n 2000
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/onceonly/checkout/internal/payments/stripeemu"
+	"github.com/onceonly/checkout/tests/e2e/stack"
+)
+
+func main() {
+	n := flag.Int("n", 2000, "number of checkouts (distinct idempotency keys)")
+	clients := flag.Int("c", 24, "concurrent clients")
+	dup := flag.Float64("dup", 0.3, "share of keys sent by a second, concurrent client as a duplicate retry")
+	seed := flag.Uint64("seed", uint64(time.Now().UnixNano()), "random seed")
+	flag.Parse()
+
+	r := &runner{}
+	code := r.run(func() int { return chaos(r, *n, *clients, *dup, *seed) })
+	os.Exit(code)
+}
+
+// runner is the stack.TB of a program: cleanups run at the end, Fatalf
+// stops the run.
+type runner struct {
+	mu       sync.Mutex
+	cleanups []func()
+	failed   bool
+}
+
+type fatal struct{ msg string }
+
+func (r *runner) Helper()                         {}
+func (r *runner) Cleanup(f func())                { r.mu.Lock(); r.cleanups = append(r.cleanups, f); r.mu.Unlock() }
+func (r *runner) Logf(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
+func (r *runner) Failed() bool                    { r.mu.Lock(); defer r.mu.Unlock(); return r.failed }
+func (r *runner) Fatalf(format string, args ...any) {
+	r.fail()
+	panic(fatal{fmt.Sprintf(format, args...)})
+}
+func (r *runner) fail() { r.mu.Lock(); r.failed = true; r.mu.Unlock() }
+
+// run calls f, then the cleanups in reverse order, also after a Fatalf or
+// an interrupt.
+func (r *runner) run(f func() int) (code int) {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt)
+	go func() {
+		<-sig
+		fmt.Fprintln(os.Stderr, "chaos: interrupted; cleaning up")
+		r.fail()
+		r.cleanup()
+		os.Exit(130)
+	}()
+	defer func() {
+		if p := recover(); p != nil {
+			if f, ok := p.(fatal); ok {
+				fmt.Fprintln(os.Stderr, "chaos:", f.msg)
+				code = 2
+			} else {
+				r.fail()
+				r.cleanup()
+				panic(p)
+			}
+		}
+		r.cleanup()
+	}()
+	return f()
+}
+
+func (r *runner) cleanup() {
+	r.mu.Lock()
+	cs := r.cleanups
+	r.cleanups = nil
+	r.mu.Unlock()
+	for i := len(cs) - 1; i >= 0; i-- {
+		cs[i]()
+	}
+}
+
+// keyState is what the clients saw for one key.
+type keyState struct {
+	key    string
+	mu     sync.Mutex
+	finals []stack.Result
+}
+
+// tally counts client answers by kind and faults by kind.
+type tally struct {
+	mu sync.Mutex
+	m  map[string]int
+}
+
+func (t *tally) add(k string, n int) {
+	t.mu.Lock()
+	if t.m == nil {
+		t.m = map[string]int{}
+	}
+	t.m[k] += n
+	t.mu.Unlock()
+}
+
+func (t *tally) sorted() ([]string, map[string]int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	keys := make([]string, 0, len(t.m))
+	m := make(map[string]int, len(t.m))
+	for k, v := range t.m {
+		keys = append(keys, k)
+		m[k] = v
+	}
+	sort.Strings(keys)
+	return keys, m
+}
+
+func answerKind(r stack.Result) string {
+	switch {
+	case r.Status == 0:
+		return "no answer"
+	case r.Status == 201 && r.Replayed:
+		return "201 replayed"
+	case r.Status == 201:
+		return "201 new"
+	case r.Code != "":
+		return fmt.Sprintf("%d %s", r.Status, r.Code)
+	}
+	return fmt.Sprintf("%d", r.Status)
+}
+
+func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
+	start := time.Now()
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	fmt.Fprintf(os.Stderr, "chaos: seed %d, building binaries\n", seed)
+	binDir, err := os.MkdirTemp("", "chaos-bin-")
+	if err != nil {
+		r.Fatalf("%v", err)
+	}
+	r.Cleanup(func() { os.RemoveAll(binDir) })
+	if err := stack.Build(binDir); err != nil {
+		r.Fatalf("%v", err)
+	}
+	logDir, _ := os.MkdirTemp("", "chaos-logs-")
+	s := stack.Start(r, stack.Options{
+		BinDir:           binDir,
+		LogDir:           logDir,
+		Lease:            2 * time.Second,
+		StripeTimeout:    time.Second,
+		StripeMaxElapsed: 3 * time.Second,
+		GatewayTimeout:   1500 * time.Millisecond,
+	})
+	fmt.Fprintf(os.Stderr, "chaos: stack up (logs in %s); %d checkouts, %d clients\n", logDir, n, clients)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	prefix := fmt.Sprintf("chaos-%d-", seed%1_000_000)
+	keys := make([]*keyState, n)
+	for i := range keys {
+		keys[i] = &keyState{key: fmt.Sprintf("%s%d", prefix, i)}
+	}
+
+	var (
+		answers  tally
+		faults   tally
+		layers   tally
+		requests atomic.Int64
+	)
+	// The duplicate counters live in the processes: read them before every
+	// kill and at the end, and add up.
+	layerSnapshot := func(url, name, label string, values ...string) {
+		for _, v := range values {
+			if x, err := stack.Metric(url, name, fmt.Sprintf(`%s="%s"`, label, v)); err == nil {
+				layers.add(v, int(x))
+			}
+		}
+	}
+	apiLayers := func() {
+		layerSnapshot(s.APIURL+"/metrics", "checkout_idempotency_duplicates_total", "layer", "redis", "postgres")
+	}
+	workerLayer := func() {
+		if x, err := stack.Metric(s.WorkerOps+"/metrics", "checkout_notify_events_duplicate_total"); err == nil {
+			layers.add("inbox (worker)", int(x))
+		}
+	}
+
+	// Clients: each takes the next key and retries it until a final
+	// answer; a share of the keys gets a second client at the same time.
+	send := func(k *keyState, body stack.Body) {
+		c := s.Client()
+		for ctx.Err() == nil {
+			res := c.Checkout(ctx, k.key, body)
+			requests.Add(1)
+			answers.add(answerKind(res), 1)
+			if res.Final() {
+				k.mu.Lock()
+				k.finals = append(k.finals, res)
+				k.mu.Unlock()
+				return
+			}
+			time.Sleep(time.Duration(100+rand.IntN(200)) * time.Millisecond)
+		}
+	}
+	next := atomic.Int64{}
+	var (
+		wg      sync.WaitGroup
+		started atomic.Int64
+	)
+	methods := []string{"pm_card_visa", "pm_card_visa", "pm_card_visa", "pm_card_visa", "pm_card_chargeDeclined"}
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				k := keys[i]
+				body := stack.TeeBody(fmt.Sprintf("buyer%d@example.com", i), 1+i%3)
+				body.PaymentMethod = methods[i%len(methods)]
+				started.Add(1)
+				var dw sync.WaitGroup
+				if rand.Float64() < dupShare {
+					answers.add("(duplicate clients)", 1)
+					dw.Add(1)
+					go func() {
+						defer dw.Done()
+						time.Sleep(time.Duration(rand.IntN(300)) * time.Millisecond)
+						send(k, body)
+					}()
+				}
+				send(k, body)
+				dw.Wait()
+			}
+		}()
+	}
+
+	// Faults, while keys are still being started.
+	proxies := []*stack.Proxy{s.Redis, s.PGAPI, s.PGDispatcher, s.PGWorker, s.AMQPDispatcher, s.AMQPWorker}
+	restart := func(p *stack.Process) {
+		if err := p.Restart(); err != nil {
+			r.Fatalf("restart %s: %v", p.Name, err)
+		}
+	}
+	for started.Load() < int64(n) && ctx.Err() == nil {
+		time.Sleep(time.Duration(200+rng.IntN(500)) * time.Millisecond)
+		switch k := rng.IntN(13); k {
+		case 0:
+			s.Fault(stripeemu.Fault{Kind: stripeemu.FaultFail, Count: 1 + rng.IntN(3), Status: []int{500, 503, 429}[rng.IntN(3)]})
+			faults.add("stripe 5xx/429", 1)
+		case 1:
+			// Slower than the gateway: the client gets a 504, the charge
+			// goes through.
+			s.Fault(stripeemu.Fault{Kind: stripeemu.FaultDelay, Count: 1 + rng.IntN(2), After: 1800 * time.Millisecond})
+			faults.add("stripe slow answer (gateway 504)", 1)
+		case 2:
+			s.Fault(stripeemu.Fault{Kind: stripeemu.FaultDelay, Count: 1, Before: 1500 * time.Millisecond})
+			faults.add("stripe timeout, in flight (409)", 1)
+		case 3:
+			s.Fault(stripeemu.Fault{Kind: stripeemu.FaultDrop, Count: 1})
+			faults.add("stripe dropped answer", 1)
+		case 4:
+			apiLayers()
+			s.API.Kill()
+			faults.add("SIGKILL api", 1)
+			restart(s.API)
+		case 5:
+			s.Dispatcher.Kill()
+			faults.add("SIGKILL dispatcher", 1)
+			restart(s.Dispatcher)
+		case 6:
+			workerLayer()
+			s.Worker.Kill()
+			faults.add("SIGKILL worker", 1)
+			restart(s.Worker)
+		case 7, 8:
+			p := proxies[rng.IntN(len(proxies))]
+			p.Cut()
+			faults.add("cut "+p.Name, 1)
+			time.Sleep(time.Duration(100+rng.IntN(400)) * time.Millisecond)
+			if err := p.Restore(); err != nil {
+				r.Fatalf("restore %s: %v", p.Name, err)
+			}
+		case 9:
+			p := proxies[rng.IntN(len(proxies))]
+			if err := p.Stall(); err != nil {
+				r.Fatalf("%v", err)
+			}
+			faults.add("stall "+p.Name, 1)
+			time.Sleep(time.Duration(200+rng.IntN(600)) * time.Millisecond)
+			p.Heal()
+		case 10:
+			// A gateway that gives up early on a request that is not slow.
+			s.Gateway.SetTimeout(time.Duration(20+rng.IntN(60)) * time.Millisecond)
+			faults.add("gateway timeout spike", 1)
+			time.Sleep(time.Duration(100+rng.IntN(200)) * time.Millisecond)
+			s.Gateway.SetTimeout(1500 * time.Millisecond)
+		default:
+			// Quiet period.
+		}
+	}
+
+	// Quiesce: faults off, every link and process back, clients finish.
+	fmt.Fprintf(os.Stderr, "chaos: %d keys started after %s; faults off, quiescing\n", n, time.Since(start).Round(time.Second))
+	s.ClearFaults()
+	s.Gateway.SetTimeout(5 * time.Second)
+	for _, p := range proxies {
+		p.Heal()
+		if err := p.Restore(); err != nil {
+			r.Fatalf("restore %s: %v", p.Name, err)
+		}
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		r.Fatalf("clients did not finish: %v", ctx.Err())
+	}
+	quiesceErr := s.Quiesce(2 * time.Minute)
+	apiLayers()
+	workerLayer()
+
+	violations := check(s, keys, quiesceErr)
+	stats := s.Stats()
+	stripeReplays := 0
+	stripe409 := 0
+	for _, rq := range stats.Requests {
+		if rq.Replayed {
+			stripeReplays++
+		}
+		if rq.Status == 409 {
+			stripe409++
+		}
+	}
+	layers.add("stripe (replayed)", stripeReplays)
+	layers.add("stripe (409 in flight)", stripe409)
+
+	// The table.
+	w := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "checkouts (keys)\t%d\n", n)
+	fmt.Fprintf(w, "HTTP requests sent\t%d\n", requests.Load())
+	fmt.Fprintf(w, "orders\t%d (paid %d, payment_failed %d)\n", s.Orders(),
+		s.Count(`SELECT count(*) FROM orders WHERE status = 'paid'`),
+		s.Count(`SELECT count(*) FROM orders WHERE status = 'payment_failed'`))
+	fmt.Fprintf(w, "PaymentIntents created\t%d\n", stats.PaymentIntentsCreated)
+	fmt.Fprintf(w, "emails\t%d\n", len(s.Messages()))
+	fmt.Fprintf(w, "gateway 504s\t%d\n", s.Gateway.Timeouts())
+	fmt.Fprintf(w, "duration\t%s\n", time.Since(start).Round(time.Second))
+	fmt.Fprintln(w, "\t")
+	fmt.Fprintln(w, "answers seen by clients\tcount")
+	ks, m := answers.sorted()
+	for _, k := range ks {
+		fmt.Fprintf(w, "  %s\t%d\n", k, m[k])
+	}
+	fmt.Fprintln(w, "\t")
+	fmt.Fprintln(w, "faults injected\tcount")
+	ks, m = faults.sorted()
+	totalFaults := 0
+	for _, k := range ks {
+		fmt.Fprintf(w, "  %s\t%d\n", k, m[k])
+		totalFaults += m[k]
+	}
+	fmt.Fprintln(w, "\t")
+	fmt.Fprintln(w, "duplicates absorbed, by layer\tcount")
+	ks, m = layers.sorted()
+	for _, k := range ks {
+		fmt.Fprintf(w, "  %s\t%d\n", k, m[k])
+	}
+	fmt.Fprintln(w, "\t")
+	fmt.Fprintln(w, "invariant\tviolations")
+	total := 0
+	for _, v := range violations {
+		fmt.Fprintf(w, "  %s\t%d\n", v.name, len(v.examples))
+		total += len(v.examples)
+	}
+	w.Flush()
+	for _, v := range violations {
+		for i, e := range v.examples {
+			if i == 5 {
+				fmt.Printf("  ... %d more\n", len(v.examples)-5)
+				break
+			}
+			fmt.Printf("  %s: %s\n", v.name, e)
+		}
+	}
+	fmt.Printf("chaos: %d requests, %d faults, %d violations\n", requests.Load(), totalFaults, total)
+	if total > 0 {
+		r.fail() // keep the logs
+		return 1
+	}
+	os.RemoveAll(logDir)
+	return 0
+}
+
+// violation is one invariant and the cases that break it.
+type violation struct {
+	name     string
+	examples []string
+}
+
+// check verifies every invariant against the database, the emulator and
+// the sink.
+func check(s *stack.Stack, keys []*keyState, quiesceErr error) []*violation {
+	inv := func(name string) *violation { return &violation{name: name} }
+	var (
+		oneCharge   = inv("one charge per key")
+		oneOrder    = inv("one order per key")
+		oneEmail    = inv("one email per paid order")
+		seen201     = inv("every 201 seen is a paid order")
+		sameAnswer  = inv("one final answer per key")
+		finished    = inv("no key left unfinished")
+		unpublished = inv("no outbox row unpublished")
+		quiet       = inv("quiescence reached")
+	)
+	if quiesceErr != nil {
+		quiet.examples = append(quiet.examples, quiesceErr.Error())
+	}
+	stats := s.Stats()
+	msgs := s.Messages()
+
+	type keyRow struct{ recoveryPoint, orderID, orderStatus, pi string }
+	rows := map[string]keyRow{}
+	q, err := s.DB.Query(context.Background(), `
+		SELECT k.key, k.recovery_point, coalesce(k.order_id, ''), coalesce(o.status, ''), coalesce(o.payment_intent_id, '')
+		FROM idempotency_keys k LEFT JOIN orders o ON o.id = k.order_id`)
+	if err != nil {
+		panic(err)
+	}
+	for q.Next() {
+		var k string
+		var r keyRow
+		if err := q.Scan(&k, &r.recoveryPoint, &r.orderID, &r.orderStatus, &r.pi); err != nil {
+			panic(err)
+		}
+		rows[k] = r
+	}
+	q.Close()
+
+	for _, k := range keys {
+		row, ok := rows[k.key]
+		switch {
+		case len(k.finals) == 0:
+			finished.examples = append(finished.examples, k.key+": no final answer")
+			continue
+		case !ok:
+			if k.finals[0].Status == 201 {
+				seen201.examples = append(seen201.examples, k.key+": a 201 but no key row")
+			}
+			continue
+		case row.recoveryPoint != "finished":
+			finished.examples = append(finished.examples, fmt.Sprintf("%s: at %s", k.key, row.recoveryPoint))
+		}
+		for _, f := range k.finals {
+			if f.Status != k.finals[0].Status || string(f.Body) != string(k.finals[0].Body) {
+				sameAnswer.examples = append(sameAnswer.examples, fmt.Sprintf("%s: %s vs %s", k.key, k.finals[0], f))
+			}
+			if f.Status == 201 && (f.Order == nil || f.Order.ID != row.orderID || row.orderStatus != "paid") {
+				seen201.examples = append(seen201.examples, fmt.Sprintf("%s: 201 for order %v, key's order %s is %q", k.key, f.Order, row.orderID, row.orderStatus))
+			}
+		}
+		if row.orderID == "" {
+			continue
+		}
+		if n := stats.CreatedByKey[stack.StepKey(k.key, row.orderID)]; n != 1 {
+			oneCharge.examples = append(oneCharge.examples, fmt.Sprintf("%s: %d PaymentIntents", k.key, n))
+		}
+		if row.orderStatus == "paid" {
+			if n := stack.EmailsFor(msgs, row.orderID); n != 1 {
+				oneEmail.examples = append(oneEmail.examples, fmt.Sprintf("order %s: %d emails", row.orderID, n))
+			}
+		}
+	}
+	// Charges and orders nobody's key accounts for.
+	for sk, n := range stats.CreatedByKey {
+		if n > 1 {
+			oneCharge.examples = append(oneCharge.examples, fmt.Sprintf("Stripe key %s…: %d PaymentIntents", sk[:12], n))
+		}
+	}
+	if n := s.Count(`SELECT count(*) FROM orders o WHERE NOT EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.order_id = o.id)`); n > 0 {
+		oneOrder.examples = append(oneOrder.examples, fmt.Sprintf("%d orders without a key", n))
+	}
+	if n := s.Count(`SELECT count(*) FROM (SELECT order_id FROM idempotency_keys WHERE order_id IS NOT NULL GROUP BY order_id HAVING count(*) > 1) d`); n > 0 {
+		oneOrder.examples = append(oneOrder.examples, fmt.Sprintf("%d orders shared by keys", n))
+	}
+	if withPI := s.Count(`SELECT count(*) FROM orders WHERE payment_intent_id IS NOT NULL`); withPI != stats.PaymentIntentsCreated {
+		oneCharge.examples = append(oneCharge.examples, fmt.Sprintf("%d PaymentIntents for %d settled orders", stats.PaymentIntentsCreated, withPI))
+	}
+	if paid := s.Count(`SELECT count(*) FROM orders WHERE status = 'paid'`); len(msgs) != paid {
+		oneEmail.examples = append(oneEmail.examples, fmt.Sprintf("%d emails for %d paid orders", len(msgs), paid))
+	}
+	if n := s.Count(`SELECT count(*) FROM idempotency_keys WHERE recovery_point <> 'finished'`); n > 0 {
+		finished.examples = append(finished.examples, fmt.Sprintf("%d keys unfinished in Postgres", n))
+	}
+	if n := s.Unpublished(); n > 0 {
+		unpublished.examples = append(unpublished.examples, fmt.Sprintf("%d rows", n))
+	}
+	return []*violation{oneCharge, oneOrder, oneEmail, seen201, sameAnswer, finished, unpublished, quiet}
+}

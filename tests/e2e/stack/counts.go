@@ -1,0 +1,254 @@
+package stack
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceonly/checkout/internal/checkout"
+	"github.com/onceonly/checkout/internal/notify/smtpsink"
+	"github.com/onceonly/checkout/internal/payments/stripeemu"
+)
+
+// Tenant is the tenant of Client and DirectClient (API key sk_test_acme).
+const Tenant = "acme"
+
+// Fault injects faults at the Stripe emulator (POST /_emulator/faults).
+func (s *Stack) Fault(faults ...stripeemu.Fault) {
+	s.t.Helper()
+	b, _ := json.Marshal(faults)
+	s.adminCall(http.MethodPost, "/_emulator/faults", b)
+}
+
+// ClearFaults removes every fault still active at the emulator.
+func (s *Stack) ClearFaults() {
+	s.t.Helper()
+	s.adminCall(http.MethodDelete, "/_emulator/faults", nil)
+}
+
+func (s *Stack) adminCall(method, path string, body []byte) {
+	s.t.Helper()
+	req, _ := http.NewRequest(method, s.EmulatorURL+path, bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http30.Do(req)
+	if err != nil {
+		s.t.Fatalf("stack: emulator %s %s: %v", method, path, err)
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		b, _ := io.ReadAll(resp.Body)
+		s.t.Fatalf("stack: emulator %s %s: %s %s", method, path, resp.Status, b)
+	}
+}
+
+// Stats returns the emulator's GET /_emulator/stats.
+func (s *Stack) Stats() stripeemu.Stats {
+	s.t.Helper()
+	var st stripeemu.Stats
+	s.getJSON(s.EmulatorURL+"/_emulator/stats", &st)
+	return st
+}
+
+// Charges returns how many PaymentIntents the emulator created with the
+// Stripe idempotency key of the checkout (Tenant, key) whose order is
+// orderID (checkout.StepKey).
+func (s *Stack) Charges(key, orderID string) int {
+	s.t.Helper()
+	return s.Stats().CreatedByKey[StepKey(key, orderID)]
+}
+
+// StepKey is the Stripe idempotency key of the checkout (Tenant, key,
+// orderID).
+func StepKey(key, orderID string) string {
+	return checkout.StepKey(Tenant, key, orderID, checkout.StepPaymentIntent)
+}
+
+// Messages returns the emails the SMTP sink accepted.
+func (s *Stack) Messages() []smtpsink.Message {
+	s.t.Helper()
+	var ms []smtpsink.Message
+	s.getJSON(s.SinkURL+"/messages", &ms)
+	return ms
+}
+
+// EmailsFor counts the emails about order id in ms (by their subject,
+// "Your order <id> is paid").
+func EmailsFor(ms []smtpsink.Message, id string) int {
+	n := 0
+	for _, m := range ms {
+		if m.Subject == "Your order "+id+" is paid" {
+			n++
+		}
+	}
+	return n
+}
+
+// Emails counts the emails the sink accepted about order id.
+func (s *Stack) Emails(id string) int {
+	s.t.Helper()
+	return EmailsFor(s.Messages(), id)
+}
+
+func (s *Stack) getJSON(url string, v any) {
+	s.t.Helper()
+	resp, err := http30.Get(url)
+	if err != nil {
+		s.t.Fatalf("stack: GET %s: %v", url, err)
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		s.t.Fatalf("stack: GET %s: %s", url, resp.Status)
+		return
+	}
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		s.t.Fatalf("stack: GET %s: %v", url, err)
+	}
+}
+
+// Key is the row of an idempotency key in Postgres.
+type Key struct {
+	RecoveryPoint string
+	OrderID       string
+	Status        int // the stored response's status, 0 while unfinished
+}
+
+// Key returns the row of the checkout key of Tenant, and whether it exists.
+func (s *Stack) Key(key string) (Key, bool) {
+	s.t.Helper()
+	var k Key
+	var orderID *string
+	var status *int
+	err := s.DB.QueryRow(context.Background(), `
+		SELECT recovery_point, order_id, response_status FROM idempotency_keys
+		WHERE tenant_id = $1 AND route = $2 AND key = $3`, Tenant, checkout.Route, key).
+		Scan(&k.RecoveryPoint, &orderID, &status)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return k, false
+	}
+	if err != nil {
+		s.t.Fatalf("stack: key %s: %v", key, err)
+	}
+	if orderID != nil {
+		k.OrderID = *orderID
+	}
+	if status != nil {
+		k.Status = *status
+	}
+	return k, true
+}
+
+// Count runs a SELECT count(*) … and returns its result.
+func (s *Stack) Count(query string, args ...any) int {
+	s.t.Helper()
+	var n int
+	if err := s.DB.QueryRow(context.Background(), query, args...).Scan(&n); err != nil {
+		s.t.Fatalf("stack: %s: %v", query, err)
+	}
+	return n
+}
+
+// Orders is the number of orders in the database.
+func (s *Stack) Orders() int {
+	s.t.Helper()
+	return s.Count(`SELECT count(*) FROM orders`)
+}
+
+// OrderStatus returns the status of order id ("" when there is none).
+func (s *Stack) OrderStatus(id string) string {
+	s.t.Helper()
+	var st string
+	err := s.DB.QueryRow(context.Background(), `SELECT status FROM orders WHERE id = $1`, id).Scan(&st)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		s.t.Fatalf("stack: order %s: %v", id, err)
+	}
+	return st
+}
+
+// Unpublished is the number of outbox rows not published yet.
+func (s *Stack) Unpublished() int {
+	s.t.Helper()
+	return s.Count(`SELECT count(*) FROM outbox WHERE published_at IS NULL`)
+}
+
+// Quiesce waits until the background work is done: every outbox row
+// published, every paid order's notification sent and its email at the
+// sink. It returns an error naming what is left when timeout passes.
+func (s *Stack) Quiesce(timeout time.Duration) error {
+	s.t.Helper()
+	deadline := time.Now().Add(timeout)
+	var left string
+	for {
+		unpublished := s.Unpublished()
+		unsent := s.Count(`SELECT count(*) FROM orders o WHERE o.status = 'paid' AND NOT EXISTS
+			(SELECT 1 FROM notifications n WHERE n.order_id = o.id AND n.status = 'sent')`)
+		paid := s.Count(`SELECT count(*) FROM orders WHERE status = 'paid'`)
+		emailed := map[string]bool{}
+		for _, m := range s.Messages() {
+			emailed[m.Subject] = true
+		}
+		if unpublished == 0 && unsent == 0 && len(emailed) >= paid {
+			return nil
+		}
+		left = fmt.Sprintf("%d outbox rows unpublished, %d paid orders without a sent notification, %d of %d paid orders emailed",
+			unpublished, unsent, len(emailed), paid)
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not quiet after %s: %s", timeout, left)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Metric returns the sum of the samples of a Prometheus counter or gauge
+// named name whose labels include every label="value" pair given, from
+// the text exposition at metricsURL (e.g. s.APIURL+"/metrics").
+func Metric(metricsURL, name string, labels ...string) (float64, error) {
+	resp, err := http30.Get(metricsURL)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var sum float64
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name) {
+			continue
+		}
+		rest := line[len(name):]
+		if rest == "" || (rest[0] != '{' && rest[0] != ' ') {
+			continue
+		}
+		match := true
+		for _, l := range labels {
+			if !strings.Contains(rest, l) {
+				match = false
+			}
+		}
+		if !match {
+			continue
+		}
+		f := strings.Fields(rest[strings.LastIndex(rest, "}")+1:])
+		if len(f) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[0], 64)
+		if err != nil {
+			return 0, fmt.Errorf("metric %s: %w", line, err)
+		}
+		sum += v
+	}
+	return sum, sc.Err()
+}

@@ -1,0 +1,431 @@
+// Package stack runs the whole checkout service as real processes for
+// end-to-end and chaos tests: the Stripe emulator, the SMTP sink, the api,
+// the dispatcher and the worker, each on free ports, with its own database,
+// Redis key prefix and RabbitMQ names, every dependency link going through a
+// toxiproxy proxy, and a gateway that answers 504 like a load balancer.
+//
+// It reads the exact counts the service's guarantees are stated in: the
+// PaymentIntents created per Stripe idempotency key, the orders and keys in
+// Postgres, the emails per order at the sink, the unpublished outbox rows.
+package stack
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceonly/checkout/internal/postgres/pgtest"
+	"github.com/onceonly/checkout/internal/rabbitmq"
+	"github.com/onceonly/checkout/internal/rabbitmq/rabbitmqtest"
+	"github.com/onceonly/checkout/internal/testenv"
+)
+
+// TB is the part of testing.TB the stack needs; *testing.T satisfies it,
+// and so can a plain program (tests/chaos).
+type TB interface {
+	Helper()
+	Cleanup(func())
+	Logf(format string, args ...any)
+	Fatalf(format string, args ...any)
+	Failed() bool
+}
+
+// Binaries are the commands a stack runs, built by Build.
+var Binaries = []string{"api", "dispatcher", "worker", "stripe-emulator", "smtp-sink"}
+
+// ModuleRoot returns the directory of the checkout module's go.mod, found
+// from the working directory upwards.
+func ModuleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil &&
+			strings.Contains(string(b), "module github.com/onceonly/checkout\n") {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("go.mod of github.com/onceonly/checkout not found above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// Build compiles the Binaries into dir with `go build`. Call it once per
+// test binary (TestMain): the machine is small and every stack shares them.
+func Build(dir string) error {
+	root, err := ModuleRoot()
+	if err != nil {
+		return err
+	}
+	args := []string{"build", "-o", dir + string(os.PathSeparator)}
+	for _, b := range Binaries {
+		args = append(args, "./cmd/"+b)
+	}
+	cmd := exec.Command("go", args...)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// Options configure a Stack. Zero values are the service's defaults, except
+// where noted.
+type Options struct {
+	// BinDir holds the binaries (Build). Required.
+	BinDir string
+	// Lease and TTL are IDEMPOTENCY_LEASE and IDEMPOTENCY_TTL.
+	Lease, TTL time.Duration
+	// StripeTimeout and StripeMaxElapsed are STRIPE_TIMEOUT and
+	// STRIPE_MAX_ELAPSED.
+	StripeTimeout, StripeMaxElapsed time.Duration
+	// DedupFailureMode is DEDUP_FAILURE_MODE ("closed" by default).
+	DedupFailureMode string
+	// RedisAddr is the Redis the api's proxy forwards to; empty means the
+	// shared Redis (under a key prefix of the stack's own). A test that
+	// kills or flushes Redis passes a server of its own (testenv.StartRedis).
+	RedisAddr string
+	// GatewayTimeout is how long the gateway waits for the api before it
+	// answers 504 (default 5s).
+	GatewayTimeout time.Duration
+	// NoBackground leaves the dispatcher and the worker stopped.
+	NoBackground bool
+	// Env adds or overrides variables per process name ("api", "worker",
+	// ...), e.g. for a setting a scenario needs.
+	Env map[string]map[string]string
+	// LogDir receives one log file per process (default: a temporary
+	// directory removed at the end).
+	LogDir string
+}
+
+// Stack is a running checkout service. Every part is stopped and every
+// resource it created (database, Redis keys, RabbitMQ exchange and queues)
+// removed in the TB's cleanup.
+type Stack struct {
+	t    TB
+	opts Options
+
+	// DB is a pool on the stack's database, straight to PostgreSQL (not
+	// through a proxy), for the counts.
+	DB *pgxpool.Pool
+	// DatabaseURL is the stack's database, straight to PostgreSQL.
+	DatabaseURL string
+	// RedisPrefix is REDIS_KEY_PREFIX.
+	RedisPrefix string
+	// Names are the RabbitMQ exchange and queues of this stack.
+	Names rabbitmq.Names
+
+	// The processes.
+	Emulator, Sink, API, Dispatcher, Worker *Process
+	// The dependency links: Redis and Postgres of the api, Postgres of the
+	// dispatcher and of the worker, RabbitMQ of the dispatcher and of the
+	// worker.
+	Redis, PGAPI, PGDispatcher, PGWorker, AMQPDispatcher, AMQPWorker *Proxy
+	// Gateway is the load balancer in front of the api.
+	Gateway *Gateway
+
+	// APIURL, EmulatorURL and SinkURL are the processes' HTTP base URLs;
+	// DispatcherOps and WorkerOps serve /metrics, /healthz and /readyz.
+	APIURL, EmulatorURL, SinkURL, DispatcherOps, WorkerOps string
+
+	proxies *Proxies
+}
+
+// Start starts a stack and registers its teardown with t.
+func Start(t TB, opts Options) *Stack {
+	t.Helper()
+	s, err := start(t, opts)
+	if err != nil {
+		t.Fatalf("stack: %v", err)
+	}
+	return s
+}
+
+func start(t TB, opts Options) (*Stack, error) {
+	if opts.BinDir == "" {
+		return nil, fmt.Errorf("Options.BinDir is required")
+	}
+	if opts.GatewayTimeout == 0 {
+		opts.GatewayTimeout = 5 * time.Second
+	}
+	if opts.LogDir == "" {
+		d, err := os.MkdirTemp("", "e2e-logs-")
+		if err != nil {
+			return nil, err
+		}
+		opts.LogDir = d
+		t.Cleanup(func() {
+			if !t.Failed() {
+				os.RemoveAll(d)
+			}
+		})
+	}
+	id := testenv.Random(5)
+	s := &Stack{t: t, opts: opts, proxies: newProxies()}
+	t.Cleanup(s.proxies.Close)
+
+	// The processes are stopped before anything they use is removed
+	// (cleanups run last registered, first).
+	if err := s.createDatabase(id); err != nil {
+		return nil, err
+	}
+	if err := s.redisPrefix(id); err != nil {
+		return nil, err
+	}
+	s.Names = rabbitmq.DefaultNames().WithPrefix("e2e." + id + ".")
+	t.Cleanup(s.deleteTopology)
+
+	pgAddr, err := hostPort(pgtest.AdminURL())
+	if err != nil {
+		return nil, err
+	}
+	amqpAddr, err := hostPort(rabbitmqtest.URL())
+	if err != nil {
+		return nil, err
+	}
+	redisAddr := opts.RedisAddr
+	if redisAddr == "" {
+		if redisAddr, err = hostPort(testenv.RedisURL()); err != nil {
+			return nil, err
+		}
+	}
+	for _, l := range []struct {
+		p        **Proxy
+		name     string
+		upstream string
+	}{
+		{&s.Redis, "redis-api", redisAddr},
+		{&s.PGAPI, "pg-api", pgAddr},
+		{&s.PGDispatcher, "pg-dispatcher", pgAddr},
+		{&s.PGWorker, "pg-worker", pgAddr},
+		{&s.AMQPDispatcher, "amqp-dispatcher", amqpAddr},
+		{&s.AMQPWorker, "amqp-worker", amqpAddr},
+	} {
+		if *l.p, err = s.proxies.Add(l.name, l.upstream); err != nil {
+			return nil, err
+		}
+	}
+
+	ports := map[string]string{}
+	for _, name := range []string{"api", "emulator", "smtp", "sink", "dispatcher", "worker"} {
+		p, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		ports[name] = "127.0.0.1:" + strconv.Itoa(p)
+	}
+	s.APIURL = "http://" + ports["api"]
+	s.EmulatorURL = "http://" + ports["emulator"]
+	s.SinkURL = "http://" + ports["sink"]
+	s.DispatcherOps = "http://" + ports["dispatcher"]
+	s.WorkerOps = "http://" + ports["worker"]
+
+	dbName := strings.TrimPrefix(mustParse(s.DatabaseURL).Path, "/")
+	pgVia := func(p *Proxy) string {
+		return "postgres://postgres@" + p.Addr() + "/" + dbName + "?sslmode=disable"
+	}
+	amqpVia := func(p *Proxy) string {
+		u := mustParse(rabbitmqtest.URL())
+		u.Host = p.Addr()
+		return u.String()
+	}
+	base := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "LOG_LEVEL=info", "SHUTDOWN_TIMEOUT=5s"}
+	env := func(name string, kv ...string) []string {
+		e := append(append([]string{}, base...), kv...)
+		for k, v := range opts.Env[name] {
+			e = append(e, k+"="+v)
+		}
+		return e
+	}
+	apiEnv := []string{
+		"HTTP_ADDR=" + ports["api"],
+		"DATABASE_URL=" + pgVia(s.PGAPI),
+		"REDIS_URL=redis://" + s.Redis.Addr() + "/0",
+		"REDIS_KEY_PREFIX=" + s.RedisPrefix,
+		"STRIPE_API_BASE=" + s.EmulatorURL,
+		"DATABASE_MAX_CONNS=30",
+	}
+	for k, v := range map[string]time.Duration{"IDEMPOTENCY_LEASE": opts.Lease, "IDEMPOTENCY_TTL": opts.TTL,
+		"STRIPE_TIMEOUT": opts.StripeTimeout, "STRIPE_MAX_ELAPSED": opts.StripeMaxElapsed} {
+		if v > 0 {
+			apiEnv = append(apiEnv, k+"="+v.String())
+		}
+	}
+	if opts.DedupFailureMode != "" {
+		apiEnv = append(apiEnv, "DEDUP_FAILURE_MODE="+opts.DedupFailureMode)
+	}
+	topology := []string{"AMQP_EXCHANGE=" + s.Names.Exchange, "NOTIFY_QUEUE=" + s.Names.NotifyQueue}
+
+	s.Emulator = newProcess("stripe-emulator", opts.BinDir, opts.LogDir, s.EmulatorURL+"/healthz",
+		env("stripe-emulator", "STRIPE_EMULATOR_ADDR="+ports["emulator"]))
+	s.Sink = newProcess("smtp-sink", opts.BinDir, opts.LogDir, s.SinkURL+"/messages",
+		env("smtp-sink", "SMTP_SINK_ADDR="+ports["smtp"], "SMTP_SINK_HTTP_ADDR="+ports["sink"]))
+	s.API = newProcess("api", opts.BinDir, opts.LogDir, s.APIURL+"/readyz", env("api", apiEnv...))
+	s.Dispatcher = newProcess("dispatcher", opts.BinDir, opts.LogDir, s.DispatcherOps+"/readyz",
+		env("dispatcher", append([]string{"DATABASE_URL=" + pgVia(s.PGDispatcher), "AMQP_URL=" + amqpVia(s.AMQPDispatcher),
+			"METRICS_ADDR=" + ports["dispatcher"], "OUTBOX_POLL_INTERVAL=200ms"}, topology...)...))
+	s.Worker = newProcess("worker", opts.BinDir, opts.LogDir, s.WorkerOps+"/readyz",
+		env("worker", append([]string{"DATABASE_URL=" + pgVia(s.PGWorker), "AMQP_URL=" + amqpVia(s.AMQPWorker),
+			"METRICS_ADDR=" + ports["worker"], "SMTP_ADDR=" + ports["smtp"], "NOTIFY_SWEEP_INTERVAL=200ms"}, topology...)...))
+
+	procs := []*Process{s.Emulator, s.Sink, s.API}
+	if !opts.NoBackground {
+		procs = append(procs, s.Dispatcher, s.Worker)
+	}
+	for _, p := range procs {
+		p := p
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("---- %s log (last lines, full log in %s) ----\n%s", p.Name, opts.LogDir, p.LogTail(40))
+			}
+			p.Kill()
+		})
+		if err := p.Start(); err != nil {
+			return nil, err
+		}
+	}
+
+	g, err := newGateway(s.APIURL, opts.GatewayTimeout)
+	if err != nil {
+		return nil, err
+	}
+	s.Gateway = g
+	t.Cleanup(g.close)
+	return s, nil
+}
+
+// createDatabase creates an empty database (the api migrates it at start)
+// and drops it, with FORCE for connections a killed process left behind.
+func (s *Stack) createDatabase(id string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, pgtest.AdminURL())
+	if err != nil {
+		return fmt.Errorf("connect %s: %w", pgtest.AdminURL(), err)
+	}
+	defer admin.Close(ctx)
+	name := "e2e_" + id
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		return fmt.Errorf("create database: %w", err)
+	}
+	s.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		admin, err := pgx.Connect(ctx, pgtest.AdminURL())
+		if err != nil {
+			s.t.Logf("stack: drop %s: %v", name, err)
+			return
+		}
+		defer admin.Close(ctx)
+		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			s.t.Logf("stack: drop %s: %v", name, err)
+		}
+	})
+	u := mustParse(pgtest.AdminURL())
+	u.Path = "/" + name
+	s.DatabaseURL = u.String()
+	pool, err := pgxpool.New(ctx, s.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	s.DB = pool
+	s.t.Cleanup(pool.Close)
+	return nil
+}
+
+// redisPrefix picks the stack's REDIS_KEY_PREFIX and, on the shared Redis,
+// deletes its keys at the end.
+func (s *Stack) redisPrefix(id string) error {
+	s.RedisPrefix = "e2e:" + id + ":"
+	if s.opts.RedisAddr != "" {
+		return nil
+	}
+	opts, err := redis.ParseURL(testenv.RedisURL())
+	if err != nil {
+		return err
+	}
+	s.t.Cleanup(func() {
+		rdb := redis.NewClient(opts)
+		defer rdb.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		iter := rdb.Scan(ctx, 0, s.RedisPrefix+"*", 500).Iterator()
+		for iter.Next(ctx) {
+			rdb.Del(ctx, iter.Val())
+		}
+	})
+	return nil
+}
+
+func (s *Stack) deleteTopology() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := rabbitmq.Dial(ctx, rabbitmq.Config{URL: rabbitmqtest.URL(), Name: "e2e-cleanup"})
+	if err != nil {
+		s.t.Logf("stack: cleanup rabbitmq: %v", err)
+		return
+	}
+	defer c.Close()
+	ch, err := c.Channel(ctx)
+	if err != nil {
+		s.t.Logf("stack: cleanup rabbitmq: %v", err)
+		return
+	}
+	defer ch.Close()
+	if err := rabbitmq.DeleteTopology(ch, s.Names); err != nil {
+		s.t.Logf("stack: cleanup rabbitmq: %v", err)
+	}
+}
+
+// Client returns a client of tenant acme that goes through the gateway;
+// one attempt is bounded by 30s (the gateway answers before).
+func (s *Stack) Client() *Client {
+	return &Client{BaseURL: s.Gateway.URL, APIKey: "sk_test_acme", HTTP: &http30}
+}
+
+// DirectClient returns a client of tenant acme that calls the api itself.
+func (s *Stack) DirectClient() *Client {
+	return &Client{BaseURL: s.APIURL, APIKey: "sk_test_acme", HTTP: &http30}
+}
+
+func hostPort(raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", err
+	}
+	if _, _, err := net.SplitHostPort(u.Host); err != nil {
+		return "", fmt.Errorf("%s: %w", raw, err)
+	}
+	return u.Host, nil
+}
+
+func mustParse(raw string) *url.URL {
+	u, err := url.Parse(raw)
+	if err != nil {
+		panic(err)
+	}
+	return u
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
