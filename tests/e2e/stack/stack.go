@@ -429,3 +429,28 @@ func freePort() (int, error) {
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
+
+// AddWorker starts another worker process beside s.Worker, a second
+// replica with the same settings and its own metrics port, and returns it
+// with its ops URL. It is killed in the TB's cleanup.
+func (s *Stack) AddWorker() (*Process, string, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, "", err
+	}
+	ops := "http://127.0.0.1:" + strconv.Itoa(port)
+	env := make([]string, 0, len(s.Worker.env))
+	for _, kv := range s.Worker.env {
+		if !strings.HasPrefix(kv, "METRICS_ADDR=") {
+			env = append(env, kv)
+		}
+	}
+	env = append(env, "METRICS_ADDR=127.0.0.1:"+strconv.Itoa(port))
+	p := newProcess("worker", s.opts.BinDir, s.opts.LogDir, ops+"/readyz", env)
+	p.logPath = filepath.Join(s.opts.LogDir, "worker-"+strconv.Itoa(port)+".log")
+	s.t.Cleanup(p.Kill)
+	if err := p.Start(); err != nil {
+		return nil, "", err
+	}
+	return p, ops, nil
+}
