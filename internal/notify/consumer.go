@@ -14,6 +14,7 @@ import (
 	"github.com/onceonly/checkout/internal/ids"
 	"github.com/onceonly/checkout/internal/inbox"
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/rabbitmq"
 )
 
 // ConsumerConfig configures a Consumer.
@@ -131,7 +132,13 @@ func (c *Consumer) Handle(ctx context.Context, d amqp.Delivery) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("notify: handle %s: %w", messageID, err)
+		err = fmt.Errorf("notify: handle %s: %w", messageID, err)
+		if postgres.IsTransient(err) {
+			// The database is away, not the message: hold the delivery and
+			// retry rather than spend its deliveries toward the DLQ.
+			return rabbitmq.Transient(err)
+		}
+		return err
 	}
 	if !first {
 		c.duplicates.Inc()

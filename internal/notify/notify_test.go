@@ -2,6 +2,7 @@ package notify_test
 
 import (
 	"context"
+	"database/sql/driver"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -366,4 +367,59 @@ func TestFormatHasDeterministicMessageIDAndNoHeaderInjection(t *testing.T) {
 	require.Contains(t, raw, "Subject: paid Bcc: evil@example.com\r\n")
 	require.NotContains(t, raw, "\r\nBcc:")
 	require.True(t, strings.HasSuffix(raw, "\r\n\r\nline 1\r\nline 2\r\n"))
+}
+
+// TestDatabaseOutageDoesNotDeadLetter: while the consumer's database is
+// unreachable its errors are transient, so the delivery is held and retried
+// instead of being spent toward the dead-letter queue; an unknown order is
+// not transient and goes the poison way.
+func TestDatabaseOutageDoesNotDeadLetter(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	_, msg := f.paidOrder(t)
+
+	// A handle on a database that is gone (a closed pool fails like a
+	// refused connection: not an answer from the server).
+	down, _ := pgtest.NewDB(t)
+	sqlDB, err := down.DB()
+	require.NoError(t, err)
+	require.NoError(t, sqlDB.Close())
+	c, err := notify.NewConsumer(down, notify.ConsumerConfig{})
+	require.NoError(t, err)
+	err = c.Handle(context.Background(), amqp.Delivery{MessageId: msg.MessageID, Body: msg.Body})
+	require.Error(t, err)
+	require.True(t, rabbitmq.IsTransient(err), "a database outage is transient: %v", err)
+
+	unknown := msg
+	unknown.Body = []byte(strings.Replace(string(msg.Body), `"id":"ord_`, `"id":"ord_unknown`, 1))
+	err = f.newConsumer(t).Handle(context.Background(), amqp.Delivery{MessageId: "evt_unknown", Body: unknown.Body})
+	require.Error(t, err)
+	require.False(t, rabbitmq.IsTransient(err), "an unknown order is the message's fault: %v", err)
+}
+
+// TestMarkSentSurvivesADatabaseBlip: the email has left when the database
+// briefly fails the "sent" update; the update is retried, so the claim does
+// not expire into a second email.
+func TestMarkSentSurvivesADatabaseBlip(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	orderID, msg := f.paidOrder(t)
+	var failures atomic.Int32
+	require.NoError(t, f.db.Callback().Raw().Before("gorm:raw").Register("test:blip", func(tx *gorm.DB) {
+		if strings.Contains(tx.Statement.SQL.String(), "SET status = 'sent'") && failures.Add(1) <= 3 {
+			tx.AddError(driver.ErrBadConn)
+		}
+	}))
+	stop := f.consume(t, f.newConsumer(t).Handle)
+	f.publish(t, msg)
+	waitFor(t, func() bool { return len(f.notifications(t, orderID)) == 1 }, "notification recorded")
+	stop()
+
+	cfg := f.senderConfig()
+	cfg.ClaimTTL, cfg.SendTimeout = 2*time.Second, time.Second // without the retry, the claim expires and the email goes again
+	run(t, f.newSender(t, cfg).Run)
+	f.requireOneEmailSent(t, orderID)
+	time.Sleep(cfg.ClaimTTL + 500*time.Millisecond) // a whole claim: no second send may follow
+	require.Equal(t, 1, f.sink.Len(), "one email")
+	require.GreaterOrEqual(t, failures.Load(), int32(4), "the update failed three times, then succeeded")
 }

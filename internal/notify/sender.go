@@ -8,8 +8,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
+
+	"github.com/onceonly/checkout/internal/postgres"
 )
 
 // SenderConfig configures a Sender. Zero values get the defaults shown.
@@ -220,19 +223,7 @@ func (s *Sender) send(ctx context.Context, n due) {
 	err := s.mailer.Send(sctx, s.email(n))
 	cancel()
 	if err == nil {
-		res := s.db.WithContext(ctx).Exec(`UPDATE notifications
-			SET status = 'sent', sent_at = now(), claimed_until = NULL, last_error = NULL
-			WHERE id = ? AND status = 'sending' AND attempts = ?`, n.ID, n.Attempts)
-		switch {
-		case res.Error != nil:
-			// The claim expires and the email goes again, with the same
-			// Message-ID: at least once, never zero.
-			s.logger.Error("notify: mark sent", "notification", n.ID, "err", res.Error)
-		case res.RowsAffected == 0:
-			s.logger.Warn("notify: claim lost before mark sent", "notification", n.ID)
-		default:
-			s.sent.Inc()
-		}
+		s.markSent(ctx, n)
 		return
 	}
 
@@ -251,6 +242,40 @@ func (s *Sender) send(ctx context.Context, n due) {
 	}
 	if final && res.RowsAffected == 1 {
 		s.failed.Inc()
+	}
+}
+
+// markSent records that n's email left. The email is already out, so a
+// database that is briefly unreachable must not turn into a second email when
+// the claim expires: the update is retried with backoff for up to half the
+// claim's life. Only a process that dies between the SMTP server's "250 OK"
+// and this update resends (with the same Message-ID, which receivers such as
+// Gmail use to drop duplicates).
+func (s *Sender) markSent(ctx context.Context, n due) {
+	mark := func() (int64, error) {
+		res := s.db.WithContext(ctx).Exec(`UPDATE notifications
+			SET status = 'sent', sent_at = now(), claimed_until = NULL, last_error = NULL
+			WHERE id = ? AND status = 'sending' AND attempts = ?`, n.ID, n.Attempts)
+		return res.RowsAffected, res.Error
+	}
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval = 50*time.Millisecond, 2*time.Second
+	rows, err := backoff.Retry(ctx, func() (int64, error) {
+		rows, err := mark()
+		if err != nil && !postgres.IsTransient(err) {
+			return 0, backoff.Permanent(err)
+		}
+		return rows, err
+	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(s.cfg.ClaimTTL/2))
+	switch {
+	case err != nil:
+		// The claim expires and the email goes again, with the same
+		// Message-ID: at least once, never zero.
+		s.logger.Error("notify: mark sent", "notification", n.ID, "err", err)
+	case rows == 0:
+		s.logger.Warn("notify: claim lost before mark sent", "notification", n.ID)
+	default:
+		s.sent.Inc()
 	}
 }
 

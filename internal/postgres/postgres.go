@@ -149,3 +149,32 @@ func IsSerializationFailure(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
 }
+
+// IsTransient reports whether err is a passing condition of the database or
+// the connection to it rather than of the statement: the server unreachable
+// or restarting, a connection lost, a deadline, a serialization failure or a
+// deadlock. Retrying the same work later may succeed. Errors about the data
+// itself (SQLSTATE classes 22 data exception, 23 integrity constraint
+// violation, 42 syntax or access rule) are not transient: retrying them
+// fails the same way.
+func IsTransient(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code[:2] {
+		case "08", // connection exception
+			"40", // transaction rollback: serialization failure, deadlock
+			"53", // insufficient resources
+			"57", // operator intervention: admin shutdown, query canceled
+			"58": // system error
+			return true
+		}
+		return false
+	}
+	// Anything that is not an answer from the server (dial errors, a
+	// connection closed under us, timeouts, context deadlines) is the
+	// connection's trouble, not the statement's.
+	return true
+}

@@ -164,13 +164,54 @@ func (c *Consumer) session(ctx context.Context) error {
 	return result
 }
 
+// Transient marks a handler error as a passing condition of the consumer's
+// own dependencies (its database is unreachable), not of the message. The
+// Consumer then retries the handler in place with backoff, keeping the
+// delivery unacknowledged, instead of requeueing it: every requeue counts
+// toward the queue's delivery limit, and an outage of a few seconds would
+// otherwise dead-letter good messages.
+func Transient(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &transientError{err}
+}
+
+type transientError struct{ err error }
+
+func (e *transientError) Error() string { return "transient: " + e.err.Error() }
+func (e *transientError) Unwrap() error { return e.err }
+
+// IsTransient reports whether err was marked with Transient.
+func IsTransient(err error) bool {
+	var t *transientError
+	return errors.As(err, &t)
+}
+
 // handle runs the handler on a context that survives ctx's cancellation, so
 // shutdown finishes the message instead of abandoning a half-done effect,
-// then acks or nacks.
+// then acks or nacks. A Transient error is retried in place (backoff up to
+// MaxBackoff) until the handler succeeds, fails for good, or the consumer
+// stops; then the message is nacked and requeued.
 func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) {
-	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.HandlerTimeout)
-	defer cancel()
-	err := c.callHandler(hctx, d)
+	retry := backoff.NewExponentialBackOff()
+	retry.InitialInterval = c.cfg.MinBackoff
+	retry.MaxInterval = c.cfg.MaxBackoff
+	var err error
+	for {
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.HandlerTimeout)
+		err = c.callHandler(hctx, d)
+		cancel()
+		if !IsTransient(err) || ctx.Err() != nil {
+			break
+		}
+		wait := retry.NextBackOff()
+		c.logger.Warn("rabbitmq: handler failed transiently, retrying in place", "message_id", d.MessageId, "in", wait, "err", err)
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+		}
+	}
 	if err != nil {
 		c.logger.Warn("rabbitmq: handler failed, requeueing", "message_id", d.MessageId,
 			"redelivered", d.Redelivered, "delivery_count", d.Headers["x-delivery-count"], "err", err)

@@ -254,3 +254,48 @@ func proxiedURL(t *testing.T, p *rabbitmqtest.Proxy) string {
 	u.Host = p.Addr()
 	return u.String()
 }
+
+// TestTransientFailureIsRetriedInPlace: a handler whose dependency is down
+// for longer than the delivery limit's worth of requeues keeps the delivery
+// and retries it; the message is handled once it recovers and never reaches
+// the dead-letter queue. Without in-place retries, ten failures would spend
+// the five deliveries and dead-letter a good message.
+func TestTransientFailureIsRetriedInPlace(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	pub := rabbitmq.NewPublisher(f.conn, rabbitmq.PublisherConfig{Exchange: f.names.Exchange})
+	defer pub.Close()
+	require.Equal(t, []error{nil}, pub.Publish(context.Background(), []rabbitmq.Message{paid("evt_outage")}))
+
+	var calls atomic.Int32
+	rec := &recorder{fail: func(d amqp.Delivery) error {
+		if calls.Add(1) <= 10 {
+			return rabbitmq.Transient(errors.New("database unreachable"))
+		}
+		return nil
+	}}
+	runConsumer(t, rabbitmq.NewConsumer(f.conn, rabbitmq.ConsumerConfig{
+		Queue: f.names.NotifyQueue, Concurrency: 1, MinBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond,
+	}, rec.handle))
+	eventually(t, 10*time.Second, func() bool { return calls.Load() == 11 }, "the handler to succeed after 10 transient failures")
+
+	rec.mu.Lock()
+	deliveries := map[bool]int{}
+	for _, d := range rec.msgs {
+		deliveries[d.Redelivered]++
+	}
+	rec.mu.Unlock()
+	require.Equal(t, map[bool]int{false: 11}, deliveries, "one delivery, handled 11 times in place, never redelivered")
+	require.Equal(t, 0, queueDepth(t, f, f.names.NotifyDLQ), "nothing dead-lettered")
+	require.Eventually(t, func() bool { return queueDepth(t, f, f.names.NotifyQueue) == 0 }, 5*time.Second, 20*time.Millisecond, "acked")
+}
+
+func queueDepth(t *testing.T, f fixture, queue string) int {
+	t.Helper()
+	ch, err := f.conn.Channel(context.Background())
+	require.NoError(t, err)
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	require.NoError(t, err)
+	return q.Messages
+}
