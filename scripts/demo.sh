@@ -30,7 +30,15 @@ for _ in $(seq 1 50); do
 done
 echo "GET /v1/orders/$order"; echo "$view"
 
-step "5. Emails in the SMTP sink for this order (expect exactly 1)"
+step "5. The events of the order in the outbox, published to RabbitMQ exactly as stored"
+if command -v psql >/dev/null 2>&1 && psql "${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable}" -Atc 'SELECT 1' >/dev/null 2>&1; then
+  psql "${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable}" -c \
+    "SELECT id AS message_id, type AS routing_key, published_at IS NOT NULL AS published, attempts FROM outbox WHERE aggregate_id = '$order' ORDER BY seq"
+else
+  echo "(psql not available: see the dispatcher's checkout_outbox_published_total at http://127.0.0.1:9091/metrics)"
+fi
+
+step "6. Emails in the SMTP sink for this order (expect exactly 1)"
 if msgs=$(curl -fsS "$SINK/messages" 2>/dev/null); then            # make run: cmd/smtp-sink
   n=$(echo "$msgs" | grep -o "\"subject\":\"Your order $order is paid\"" | wc -l)
 else                                                             # docker compose: mailpit

@@ -94,6 +94,18 @@ func EmailsFor(ms []smtpsink.Message, id string) int {
 	return n
 }
 
+// MessageIDsFor returns, for the emails about order id in ms, how many
+// times each Message-ID was accepted.
+func MessageIDsFor(ms []smtpsink.Message, id string) map[string]int {
+	ids := map[string]int{}
+	for _, m := range ms {
+		if m.Subject == "Your order "+id+" is paid" {
+			ids[m.MessageID]++
+		}
+	}
+	return ids
+}
+
 // Emails counts the emails the sink accepted about order id.
 func (s *Stack) Emails(id string) int {
 	s.t.Helper()
