@@ -10,15 +10,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/onceonly/checkout/internal/config"
 	"github.com/onceonly/checkout/internal/ops"
@@ -39,31 +35,17 @@ func main() {
 
 // settings are the dispatcher's environment variables (CONTRACT.md).
 type settings struct {
-	DatabaseURL     string        `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable"`
-	AMQPURL         string        `env:"AMQP_URL" envDefault:"amqp://guest:guest@127.0.0.1:5672/"`
-	MetricsAddr     string        `env:"METRICS_ADDR" envDefault:":9091"`
-	LogLevel        slog.Level    `env:"LOG_LEVEL" envDefault:"info"`
-	Exchange        string        `env:"AMQP_EXCHANGE" envDefault:"checkout.events"`
-	NotifyQueue     string        `env:"NOTIFY_QUEUE" envDefault:"notify.order_paid"`
-	PollInterval    time.Duration `env:"OUTBOX_POLL_INTERVAL" envDefault:"1s"`
-	BatchSize       int           `env:"OUTBOX_BATCH_SIZE" envDefault:"100"`
-	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"20s"`
+	ops.Settings
+	MetricsAddr  string        `env:"METRICS_ADDR" envDefault:":9091"`
+	PollInterval time.Duration `env:"OUTBOX_POLL_INTERVAL" envDefault:"1s"`
+	BatchSize    int           `env:"OUTBOX_BATCH_SIZE" envDefault:"100"`
 }
 
 // check validates what parsing cannot; each message names its variable.
 func (s *settings) check() error {
-	var errs []error
-	if _, err := pgx.ParseConfig(s.DatabaseURL); err != nil {
-		errs = append(errs, fmt.Errorf("DATABASE_URL: %w", err))
-	}
-	if _, err := amqp.ParseURI(s.AMQPURL); err != nil {
-		errs = append(errs, fmt.Errorf("AMQP_URL: %w", err))
-	}
+	errs := s.Settings.Check()
 	if _, _, err := net.SplitHostPort(s.MetricsAddr); err != nil {
 		errs = append(errs, fmt.Errorf("METRICS_ADDR: %w", err))
-	}
-	if s.Exchange == "" || s.NotifyQueue == "" {
-		errs = append(errs, errors.New("AMQP_EXCHANGE, NOTIFY_QUEUE: must not be empty"))
 	}
 	if s.PollInterval <= 0 {
 		errs = append(errs, errors.New("OUTBOX_POLL_INTERVAL: must be positive"))
@@ -71,19 +53,7 @@ func (s *settings) check() error {
 	if s.BatchSize < 1 || s.BatchSize > 1000 {
 		errs = append(errs, errors.New("OUTBOX_BATCH_SIZE: must be between 1 and 1000"))
 	}
-	if s.ShutdownTimeout <= 0 {
-		errs = append(errs, errors.New("SHUTDOWN_TIMEOUT: must be positive"))
-	}
 	return errors.Join(errs...)
-}
-
-// names is the topology this process declares.
-func (s *settings) names() rabbitmq.Names {
-	n := rabbitmq.DefaultNames()
-	n.Exchange = s.Exchange
-	n.NotifyQueue = s.NotifyQueue
-	n.NotifyDLQ = s.NotifyQueue + ".dlq"
-	return n
 }
 
 func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
@@ -110,7 +80,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		srv.Shutdown(shutdownCtx)
 	}()
 
-	db, conn, err := deps.Open(ctx, s.DatabaseURL, rabbitmq.Config{URL: s.AMQPURL, Name: "dispatcher", Logger: logger}, s.names(), logger, "outbox")
+	db, conn, err := deps.Open(ctx, s.DatabaseURL, rabbitmq.Config{URL: s.AMQPURL, Name: "dispatcher", Logger: logger}, s.Names(), logger, "outbox")
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped while waiting for dependencies

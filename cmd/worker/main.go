@@ -10,16 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/mail"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/config"
@@ -44,17 +40,12 @@ func main() {
 
 // settings are the worker's environment variables (CONTRACT.md).
 type settings struct {
-	DatabaseURL     string        `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable"`
-	AMQPURL         string        `env:"AMQP_URL" envDefault:"amqp://guest:guest@127.0.0.1:5672/"`
-	SMTPAddr        string        `env:"SMTP_ADDR" envDefault:"127.0.0.1:1025"`
-	SMTPFrom        string        `env:"SMTP_FROM" envDefault:"orders@checkout.local"`
-	MetricsAddr     string        `env:"METRICS_ADDR" envDefault:":9092"`
-	LogLevel        slog.Level    `env:"LOG_LEVEL" envDefault:"info"`
-	Exchange        string        `env:"AMQP_EXCHANGE" envDefault:"checkout.events"`
-	NotifyQueue     string        `env:"NOTIFY_QUEUE" envDefault:"notify.order_paid"`
-	Prefetch        int           `env:"NOTIFY_PREFETCH" envDefault:"32"`
-	SweepInterval   time.Duration `env:"NOTIFY_SWEEP_INTERVAL" envDefault:"1s"`
-	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"20s"`
+	ops.Settings
+	SMTPAddr      string        `env:"SMTP_ADDR" envDefault:"127.0.0.1:1025"`
+	SMTPFrom      string        `env:"SMTP_FROM" envDefault:"orders@checkout.local"`
+	MetricsAddr   string        `env:"METRICS_ADDR" envDefault:":9092"`
+	Prefetch      int           `env:"NOTIFY_PREFETCH" envDefault:"32"`
+	SweepInterval time.Duration `env:"NOTIFY_SWEEP_INTERVAL" envDefault:"1s"`
 
 	// The completer runs the checkout state machine, so it needs what the
 	// API needs to call Stripe with the same keys and parameters.
@@ -70,13 +61,7 @@ type settings struct {
 
 // check validates what parsing cannot; each message names its variable.
 func (s *settings) check() error {
-	var errs []error
-	if _, err := pgx.ParseConfig(s.DatabaseURL); err != nil {
-		errs = append(errs, fmt.Errorf("DATABASE_URL: %w", err))
-	}
-	if _, err := amqp.ParseURI(s.AMQPURL); err != nil {
-		errs = append(errs, fmt.Errorf("AMQP_URL: %w", err))
-	}
+	errs := s.Settings.Check()
 	if _, _, err := net.SplitHostPort(s.SMTPAddr); err != nil {
 		errs = append(errs, fmt.Errorf("SMTP_ADDR: %w", err))
 	}
@@ -86,17 +71,11 @@ func (s *settings) check() error {
 	if _, _, err := net.SplitHostPort(s.MetricsAddr); err != nil {
 		errs = append(errs, fmt.Errorf("METRICS_ADDR: %w", err))
 	}
-	if s.Exchange == "" || s.NotifyQueue == "" {
-		errs = append(errs, errors.New("AMQP_EXCHANGE, NOTIFY_QUEUE: must not be empty"))
-	}
 	if s.Prefetch < 1 || s.Prefetch > 1000 {
 		errs = append(errs, errors.New("NOTIFY_PREFETCH: must be between 1 and 1000"))
 	}
 	if s.SweepInterval <= 0 {
 		errs = append(errs, errors.New("NOTIFY_SWEEP_INTERVAL: must be positive"))
-	}
-	if s.ShutdownTimeout <= 0 {
-		errs = append(errs, errors.New("SHUTDOWN_TIMEOUT: must be positive"))
 	}
 	for name, d := range map[string]time.Duration{
 		"IDEMPOTENCY_TTL": s.IdempotencyTTL, "IDEMPOTENCY_LEASE": s.IdempotencyLease,
@@ -108,15 +87,6 @@ func (s *settings) check() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// names is the topology this process declares.
-func (s *settings) names() rabbitmq.Names {
-	n := rabbitmq.DefaultNames()
-	n.Exchange = s.Exchange
-	n.NotifyQueue = s.NotifyQueue
-	n.NotifyDLQ = s.NotifyQueue + ".dlq"
-	return n
 }
 
 func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
@@ -143,7 +113,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		srv.Shutdown(shutdownCtx)
 	}()
 
-	db, conn, err := deps.Open(ctx, s.DatabaseURL, rabbitmq.Config{URL: s.AMQPURL, Name: "worker", Logger: logger}, s.names(), logger, "notifications", "inbox")
+	db, conn, err := deps.Open(ctx, s.DatabaseURL, rabbitmq.Config{URL: s.AMQPURL, Name: "worker", Logger: logger}, s.Names(), logger, "notifications", "inbox")
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped while waiting for dependencies

@@ -49,15 +49,23 @@ func Load(getenv func(string) string, dst any) error {
 	return errors.New(strings.Join(msgs, "; "))
 }
 
-// envNames maps each field name of *dst to its variable name.
+// envNames maps each field name of *dst, embedded structs included, to its
+// variable name.
 func envNames(dst any) map[string]string {
 	m := map[string]string{}
-	t := reflect.TypeOf(dst).Elem()
-	for i := 0; i < t.NumField(); i++ {
-		f := t.Field(i)
-		name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
-		m[f.Name] = name
+	var walk func(t reflect.Type)
+	walk = func(t reflect.Type) {
+		for i := 0; i < t.NumField(); i++ {
+			f := t.Field(i)
+			if f.Anonymous && f.Type.Kind() == reflect.Struct {
+				walk(f.Type)
+				continue
+			}
+			name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+			m[f.Name] = name
+		}
 	}
+	walk(reflect.TypeOf(dst).Elem())
 	return m
 }
 
@@ -65,11 +73,18 @@ func envNames(dst any) map[string]string {
 // the value of every field tagged `secret:"true"` masked and the password of
 // every URL removed.
 func Masked(cfg any) []any {
-	v := reflect.ValueOf(cfg).Elem()
+	return masked(reflect.ValueOf(cfg).Elem())
+}
+
+func masked(v reflect.Value) []any {
 	t := v.Type()
 	var out []any
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
+		if f.Anonymous && f.Type.Kind() == reflect.Struct {
+			out = append(out, masked(v.Field(i))...)
+			continue
+		}
 		name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
 		if name == "" {
 			continue

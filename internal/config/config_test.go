@@ -1,0 +1,61 @@
+package config_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/checkout/internal/config"
+)
+
+// Shared is exported, as an embedded struct must be for its fields to be set.
+type Shared struct {
+	URL string `env:"SOME_URL" envDefault:"amqp://guest:guest@host:5672/"`
+}
+
+type settings struct {
+	Shared
+	TTL    time.Duration `env:"SOME_TTL" envDefault:"24h"`
+	Secret string        `env:"SOME_SECRET" envDefault:"sk_test_x" secret:"true"`
+}
+
+func TestLoad(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		env     map[string]string
+		wantTTL time.Duration
+		wantErr string
+	}{
+		{"defaults", nil, 24 * time.Hour, ""},
+		{"a value", map[string]string{"SOME_TTL": "1h"}, time.Hour, ""},
+		{"an empty value is unset", map[string]string{"SOME_TTL": ""}, 24 * time.Hour, ""},
+		{"a bad value names the variable", map[string]string{"SOME_TTL": "soon"}, 0, `SOME_TTL="soon"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var s settings
+			err := config.Load(func(k string) string { return tc.env[k] }, &s)
+			if tc.wantErr != "" {
+				require.ErrorContains(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.wantTTL, s.TTL)
+			require.Equal(t, "amqp://guest:guest@host:5672/", s.URL, "embedded structs are loaded")
+		})
+	}
+}
+
+func TestMasked(t *testing.T) {
+	t.Parallel()
+	var s settings
+	require.NoError(t, config.Load(func(string) string { return "" }, &s))
+	got := config.Masked(&s)
+	require.Equal(t, []any{
+		"SOME_URL", "amqp://guest:***@host:5672/",
+		"SOME_TTL", "24h0m0s",
+		"SOME_SECRET", "***",
+	}, got)
+}

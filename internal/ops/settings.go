@@ -1,0 +1,55 @@
+package ops
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/onceonly/checkout/internal/rabbitmq"
+)
+
+// Settings are the environment variables the dispatcher and the worker
+// share (CONTRACT.md, "Configuration"). Each process embeds them in its own
+// settings and adds what only it needs.
+type Settings struct {
+	DatabaseURL string     `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable"`
+	AMQPURL     string     `env:"AMQP_URL" envDefault:"amqp://guest:guest@127.0.0.1:5672/"`
+	LogLevel    slog.Level `env:"LOG_LEVEL" envDefault:"info"`
+	// Exchange and NotifyQueue name the topology; the dead-letter queue is
+	// NotifyQueue + ".dlq". Tests set them to names of their own.
+	Exchange    string `env:"AMQP_EXCHANGE" envDefault:"checkout.events"`
+	NotifyQueue string `env:"NOTIFY_QUEUE" envDefault:"notify.order_paid"`
+	// ShutdownTimeout bounds the drain after SIGTERM.
+	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"20s"`
+}
+
+// Check validates what parsing cannot; each error names its variable.
+func (s *Settings) Check() []error {
+	var errs []error
+	if _, err := pgx.ParseConfig(s.DatabaseURL); err != nil {
+		errs = append(errs, fmt.Errorf("DATABASE_URL: %w", err))
+	}
+	if _, err := amqp.ParseURI(s.AMQPURL); err != nil {
+		errs = append(errs, fmt.Errorf("AMQP_URL: %w", err))
+	}
+	if s.Exchange == "" || s.NotifyQueue == "" {
+		errs = append(errs, errors.New("AMQP_EXCHANGE, NOTIFY_QUEUE: must not be empty"))
+	}
+	if s.ShutdownTimeout <= 0 {
+		errs = append(errs, errors.New("SHUTDOWN_TIMEOUT: must be positive"))
+	}
+	return errs
+}
+
+// Names is the topology the process declares.
+func (s *Settings) Names() rabbitmq.Names {
+	n := rabbitmq.DefaultNames()
+	n.Exchange = s.Exchange
+	n.NotifyQueue = s.NotifyQueue
+	n.NotifyDLQ = s.NotifyQueue + ".dlq"
+	return n
+}
