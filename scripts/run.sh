@@ -3,11 +3,14 @@
 # RabbitMQ: the Stripe emulator (:12111), an SMTP sink (:1025, messages at
 # http://127.0.0.1:8025/messages), the api (:8080), the dispatcher (:9091)
 # and the worker (:9092). Logs go to tmp/<name>.log and, prefixed, here.
-# Ctrl-C (or SIGTERM) stops everything.
+# Ctrl-C (or SIGTERM) stops everything. A process that dies (kill -9 it to
+# see a crash recovered) leaves the others running; restart it by hand with
+# the command printed, and the emulator and the SMTP sink keep their state.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p tmp
 pids=()
+declare -A names
 cleanup() {
   trap - INT TERM EXIT
   echo "stopping..."
@@ -17,8 +20,9 @@ cleanup() {
 trap cleanup INT TERM EXIT
 
 start() { # name, binary
-  "bin/$2" > >(tee "tmp/$1.log" | sed -u "s/^/[$1] /") 2>&1 &
+  "bin/$2" > >(tee -a "tmp/$1.log" | sed -u "s/^/[$1] /") 2>&1 &
   pids+=($!)
+  names[$!]=$1
 }
 wait_http() { # name, url
   for _ in $(seq 1 100); do
@@ -44,5 +48,17 @@ cat <<'MSG'
     -H 'Idempotency-Key: my-first-key' -H 'Content-Type: application/json' \
     -d '{"email":"buyer@example.com","items":[{"sku":"sku_tee","quantity":2}],"payment_method":"pm_card_visa"}'
 MSG
-wait -n "${pids[@]}" || true
-echo "[run] a process exited; stopping the stack" >&2
+while true; do
+  set +e
+  wait -n -p gone "${pids[@]}"
+  code=$?
+  set -e
+  [ -z "${gone:-}" ] && break
+  name=${names[$gone]}
+  echo "[run] $name exited (status $code); the rest keeps running. Restart it with:" >&2
+  echo "[run]   ./bin/$name >> tmp/$name.log 2>&1 &" >&2
+  left=()
+  for pid in "${pids[@]}"; do [ "$pid" != "$gone" ] && left+=("$pid"); done
+  pids=("${left[@]}")
+  [ ${#pids[@]} -eq 0 ] && break
+done

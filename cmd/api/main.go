@@ -68,14 +68,20 @@ func (s *settings) check() (*auth.Keys, idempotency.FailureMode, error) {
 	if err != nil {
 		errs = append(errs, fmt.Errorf("CHECKOUT_API_KEYS: %w", err))
 	}
-	if s.AppEnv == "production" && s.APIKeys == auth.DefaultKeys {
-		errs = append(errs, errors.New("CHECKOUT_API_KEYS: the development keys are not allowed with APP_ENV=production"))
+	if s.AppEnv == "production" && (keys == nil || keys.UsesDevelopmentKey()) {
+		errs = append(errs, errors.New("CHECKOUT_API_KEYS: the development keys (sk_test_acme, sk_test_globex) are not allowed with APP_ENV=production"))
 	}
 	if s.IdempotencyLease < 300*time.Millisecond {
 		errs = append(errs, fmt.Errorf("IDEMPOTENCY_LEASE: %s is below the minimum of 300ms", s.IdempotencyLease))
 	}
 	if s.IdempotencyTTL <= s.IdempotencyLease {
 		errs = append(errs, fmt.Errorf("IDEMPOTENCY_TTL: %s must exceed IDEMPOTENCY_LEASE (%s)", s.IdempotencyTTL, s.IdempotencyLease))
+	}
+	for name, d := range map[string]time.Duration{"STRIPE_TIMEOUT": s.StripeTimeout, "STRIPE_MAX_ELAPSED": s.StripeMaxElapsed,
+		"WORK_TIMEOUT": s.WorkTimeout, "SHUTDOWN_TIMEOUT": s.ShutdownTimeout} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s: must be positive, got %s", name, d))
+		}
 	}
 	if s.DatabaseMaxConns < 1 {
 		errs = append(errs, fmt.Errorf("DATABASE_MAX_CONNS: must be at least 1"))

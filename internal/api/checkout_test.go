@@ -162,6 +162,7 @@ func TestRequestChecks(t *testing.T) {
 		{"malformed JSON is 400 after the key", "sk_test_acme", "application/json", "checks-1", `{"email":`, 400, "malformed_json"},
 		{"JSON with a duplicate member is malformed", "sk_test_acme", "application/json", "checks-1", `{"email":"a@b.co","email":"c@d.co"}`, 400, "malformed_json"},
 		{"charset parameter is accepted", "sk_test_acme", "application/json; charset=utf-8", "checks-2", teeBody, 201, ""},
+		{"a charset other than UTF-8 is 415", "sk_test_acme", "application/json; charset=latin1", "checks-3", teeBody, 415, "unsupported_media_type"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -191,7 +192,16 @@ func TestValidation(t *testing.T) {
 		{"51 items", `{"email":"a@example.com","items":[` + strings.TrimSuffix(strings.Repeat(`{"sku":"sku_mug","quantity":1},`, 51), ",") + `],"payment_method":"pm_card_visa"}`, []string{"items"}},
 		{"quantity over 100", `{"email":"a@example.com","items":[{"sku":"sku_mug","quantity":101}],"payment_method":"pm_card_visa"}`, []string{"items[0].quantity"}},
 		{"unknown fields", `{"email":"a@example.com","items":[{"sku":"sku_mug","quantity":1,"price":1}],"payment_method":"pm_card_visa","coupon":"x"}`, []string{"coupon", "items[0].price"}},
-		{"wrong type", `{"email":"a@example.com","items":[{"sku":"sku_mug","quantity":"1"}],"payment_method":"pm_card_visa"}`, []string{"items.quantity"}},
+		{"wrong type, at its own path", `{"email":"a@example.com","items":[{"sku":"sku_mug","quantity":"1"}],"payment_method":"pm_card_visa"}`, []string{"items[0].quantity"}},
+		{"a fraction", `{"email":"a@example.com","items":[{"sku":"sku_mug","quantity":1.5}],"payment_method":"pm_card_visa"}`, []string{"items[0].quantity"}},
+		{"unknown field beside other errors", `{"email":"a@example.com","items":[{"sku":"sku_nope","quantity":0}],"payment_method":"pm_card_visa","extra":1}`,
+			[]string{"extra", "items[0].quantity", "items[0].sku"}},
+		{"items not an array", `{"email":"a@example.com","items":{},"payment_method":"pm_card_visa"}`, []string{"items"}},
+		{"an item not an object", `{"email":"a@example.com","items":[3],"payment_method":"pm_card_visa"}`, []string{"items[0]"}},
+		{"null body", `null`, []string{""}},
+		{"NUL byte in the payment method", `{"email":"a@example.com","items":[{"sku":"sku_mug","quantity":1}],"payment_method":"pm_card_visa\u0000"}`, []string{"payment_method"}},
+		{"NUL byte in a sku", `{"email":"a@example.com","items":[{"sku":"sku_mug\u0000","quantity":1}],"payment_method":"pm_card_visa"}`, []string{"items[0].sku"}},
+		{"control character in the email", `{"email":"a\u0000b@example.com","items":[{"sku":"sku_mug","quantity":1}],"payment_method":"pm_card_visa"}`, []string{"email"}},
 		{"display-name email", `{"email":"Bob <bob@example.com>","items":[{"sku":"sku_mug","quantity":1}],"payment_method":"pm_card_visa"}`, []string{"email"}},
 		{"not an object", `[1,2]`, []string{""}},
 	}
@@ -206,6 +216,7 @@ func TestValidation(t *testing.T) {
 			for _, e := range p.Errors {
 				fields = append(fields, e.Field)
 				require.NotEmpty(t, e.Message)
+				require.NotContains(t, e.Message, "checkout.", "no Go type names")
 			}
 			require.ElementsMatch(t, tc.fields, fields)
 
@@ -593,4 +604,81 @@ func TestProducts(t *testing.T) {
 		{SKU: "sku_tee", Name: "T-shirt", UnitAmount: 2500, Currency: "usd", Stock: 10_000_000 - 2},
 	}, got.Data)
 	require.Equal(t, http.StatusUnauthorized, h.get("", "/v1/products").status)
+}
+
+// TestHeaderEdgeCases: headers a proxy could read differently are refused
+// rather than guessed at; the draft's quoted key form is the same key.
+func TestHeaderEdgeCases(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	post := func(header http.Header, body string) reply {
+		req, err := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/checkouts", strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header = header
+		return h.send(req)
+	}
+	base := func(key string) http.Header {
+		return http.Header{"Authorization": {"Bearer sk_test_acme"}, "Content-Type": {"application/json"}, "Idempotency-Key": {key}}
+	}
+
+	twoAuth := base("hdr-1")
+	twoAuth["Authorization"] = []string{"Bearer sk_test_globex", "Bearer sk_test_acme"}
+	require.Equal(t, http.StatusUnauthorized, post(twoAuth, teeBody).status, "two Authorization headers")
+
+	twoTypes := base("hdr-2")
+	twoTypes["Content-Type"] = []string{"application/json", "application/json"}
+	require.Equal(t, http.StatusUnsupportedMediaType, post(twoTypes, teeBody).status, "two Content-Type headers")
+
+	gzipped := base("hdr-3")
+	gzipped.Set("Content-Encoding", "gzip")
+	require.Equal(t, http.StatusUnsupportedMediaType, post(gzipped, teeBody).status, "a Content-Encoding")
+
+	twoKeys := base("hdr-4")
+	twoKeys["Idempotency-Key"] = []string{"a", "b"}
+	r := post(twoKeys, teeBody)
+	require.Equal(t, http.StatusBadRequest, r.status)
+	require.Contains(t, string(r.body), "exactly one Idempotency-Key")
+
+	first := post(base(`"quoted-1"`), teeBody)
+	require.Equal(t, http.StatusCreated, first.status, "%s", first.body)
+	plain := post(base("quoted-1"), teeBody)
+	require.Equal(t, "true", plain.header.Get(idempotency.ReplayedHeader), "the sf-string form names the same key")
+	require.Equal(t, string(first.body), string(plain.body))
+	require.Equal(t, http.StatusBadRequest, post(base(`"unterminated`), teeBody).status)
+
+	require.Equal(t, 0, h.count(`SELECT count(*) FROM orders WHERE tenant_id = 'globex'`))
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM orders`))
+}
+
+// TestEquivalentNumbers: 2.0 and 2e0 are 2 in the canonical form, so they
+// are the same request as 2 both for replay and for validation.
+func TestEquivalentNumbers(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	r := h.checkout("num-1", strings.Replace(teeBody, `"quantity":2`, `"quantity":2.0`, 1))
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+	require.Equal(t, 2, decodeOrder(t, r).Items[0].Quantity)
+	again := h.checkout("num-1", strings.Replace(teeBody, `"quantity":2`, `"quantity":2e0`, 1))
+	require.Equal(t, "true", again.header.Get(idempotency.ReplayedHeader))
+	same := h.checkout("num-1", teeBody)
+	require.Equal(t, string(r.body), string(same.body))
+}
+
+// TestOddOrderIDs: an id that cannot be an order is a 404, never a 5xx.
+func TestOddOrderIDs(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	for _, id := range []string{"%00", "ord_", "x", "ord_" + strings.Repeat("g", 32), strings.Repeat("a", 300)} {
+		r := h.get("sk_test_acme", "/v1/orders/"+id)
+		require.Equal(t, http.StatusNotFound, r.status, "%s: %s", id, r.body)
+	}
+}
+
+// TestUnicodeEmail: an internationalized address (RFC 6531) is accepted.
+func TestUnicodeEmail(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	r := h.checkout("uni-1", strings.Replace(teeBody, "buyer@example.com", "josé@exämple.com", 1))
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+	require.Equal(t, "josé@exämple.com", decodeOrder(t, r).Email)
 }

@@ -73,6 +73,20 @@ func (k *Keys) Tenant(key string) (tenant string, ok bool) {
 	return tenant, ok
 }
 
+// UsesDevelopmentKey reports whether any key is one of DefaultKeys' keys,
+// whatever tenant it is given to and whatever else is configured beside it.
+func (k *Keys) UsesDevelopmentKey() bool {
+	dev, _ := ParseKeys(DefaultKeys)
+	for _, e := range k.entries {
+		for _, d := range dev.entries {
+			if subtle.ConstantTimeCompare(e.hash[:], d.hash[:]) == 1 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Fingerprints returns "tenant:sha256-prefix" for each key, for logging the
 // configuration without the keys themselves.
 func (k *Keys) Fingerprints() []string {
@@ -93,10 +107,15 @@ const tenantKey = "auth.tenant"
 // A missing or unknown key ends the request with 401 unauthorized.
 func Middleware(keys *Keys) gin.HandlerFunc {
 	return func(c *gin.Context) {
-		scheme, token, _ := strings.Cut(c.GetHeader("Authorization"), " ")
 		tenant, ok := "", false
-		if strings.EqualFold(scheme, "Bearer") && token != "" {
-			tenant, ok = keys.Tenant(strings.TrimSpace(token))
+		// Exactly one Authorization header: with two, a proxy reading the
+		// last and this service reading the first would disagree on the
+		// tenant.
+		if values := c.Request.Header.Values("Authorization"); len(values) == 1 {
+			scheme, token, _ := strings.Cut(values[0], " ")
+			if strings.EqualFold(scheme, "Bearer") && token != "" {
+				tenant, ok = keys.Tenant(strings.TrimSpace(token))
+			}
 		}
 		if !ok {
 			c.Header("WWW-Authenticate", `Bearer realm="checkout"`)

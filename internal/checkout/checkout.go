@@ -136,31 +136,61 @@ func ValidationError(errs []FieldError) error {
 }
 
 // validate checks what needs no database: the email, the item count and
-// quantities, and the payment method. SKUs are checked against the catalog
-// in transaction 1.
-func (r *Request) validate() []FieldError {
-	var errs []FieldError
-	if msg := checkEmail(r.Email); msg != "" {
-		errs = append(errs, FieldError{"email", msg})
+// quantities, the payment method and the form of each sku. decoded are the
+// errors decoding found (wrong types, unknown members); their fields are
+// not checked again, and they are returned with the rest. SKUs are checked
+// against the catalog in transaction 1.
+func (r *Request) validate(decoded []FieldError) []FieldError {
+	errs := append([]FieldError(nil), decoded...)
+	bad := map[string]bool{}
+	for _, e := range decoded {
+		bad[e.Field] = true
 	}
+	if bad[""] {
+		return errs // not an object: its members mean nothing
+	}
+	check := func(field, msg string) {
+		if msg != "" && !bad[field] {
+			errs = append(errs, FieldError{field, msg})
+		}
+	}
+	check("email", checkEmail(r.Email))
 	switch {
+	case bad["items"]:
 	case len(r.Items) == 0:
-		errs = append(errs, FieldError{"items", "must contain at least 1 item"})
+		check("items", "must contain at least 1 item")
 	case len(r.Items) > MaxItems:
-		errs = append(errs, FieldError{"items", fmt.Sprintf("must contain at most %d items", MaxItems)})
+		check("items", fmt.Sprintf("must contain at most %d items", MaxItems))
 	}
 	for i, it := range r.Items {
-		if it.SKU == "" {
-			errs = append(errs, FieldError{fmt.Sprintf("items[%d].sku", i), "is required"})
+		if bad[fmt.Sprintf("items[%d]", i)] {
+			continue
 		}
+		check(fmt.Sprintf("items[%d].sku", i), checkToken(it.SKU, 64))
 		if it.Quantity < 1 || it.Quantity > MaxQuantity {
-			errs = append(errs, FieldError{fmt.Sprintf("items[%d].quantity", i), fmt.Sprintf("must be between 1 and %d", MaxQuantity)})
+			check(fmt.Sprintf("items[%d].quantity", i), fmt.Sprintf("must be an integer between 1 and %d", MaxQuantity))
 		}
 	}
-	if strings.TrimSpace(r.PaymentMethod) == "" {
-		errs = append(errs, FieldError{"payment_method", "is required"})
-	}
+	check("payment_method", checkToken(r.PaymentMethod, 255))
 	return errs
+}
+
+// checkToken checks an identifier such as a sku or a PaymentMethod id:
+// present, at most max bytes, printable ASCII only (a NUL byte or a control
+// character is a client error, not something to send to the database).
+func checkToken(s string, max int) string {
+	switch {
+	case strings.TrimSpace(s) == "":
+		return "is required"
+	case len(s) > max:
+		return fmt.Sprintf("must be at most %d characters", max)
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x21 || s[i] > 0x7e {
+			return "must be printable ASCII without spaces"
+		}
+	}
+	return ""
 }
 
 func checkEmail(s string) string {
@@ -169,6 +199,9 @@ func checkEmail(s string) string {
 	}
 	if len(s) > 254 {
 		return "must be at most 254 characters"
+	}
+	if strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		return "must not contain control characters"
 	}
 	a, err := mail.ParseAddress(s)
 	if err != nil || a.Name != "" || a.Address != s {

@@ -2,7 +2,6 @@ package checkout
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -74,31 +73,58 @@ func (h *Handler) logFailure(c *gin.Context, err error, known bool) {
 	}
 }
 
-// decodeRequest decodes a checkout body strictly: unknown members (names
-// are matched exactly, unlike encoding/json's case-insensitive matching) and
-// wrong types become field errors. The body is already known to be JSON.
+// decodeRequest decodes the canonical (RFC 8785) checkout body member by
+// member, so that each wrong type is reported at its own path
+// ("items[0].quantity") in the API's words, and unknown members (matched
+// exactly, unlike encoding/json's case-insensitive matching) are reported
+// beside every other error rather than instead of them.
 func decodeRequest(body []byte) (*Request, []FieldError) {
+	var in Request
 	var top map[string]json.RawMessage
-	if err := json.Unmarshal(body, &top); err != nil {
-		return &Request{}, []FieldError{{Field: "", Message: "must be a JSON object"}}
+	if err := json.Unmarshal(body, &top); err != nil || top == nil {
+		return &in, []FieldError{{Field: "", Message: "must be a JSON object"}}
 	}
 	errs := unknownFields("", top, "email", "items", "payment_method")
-	var items []map[string]json.RawMessage
-	if json.Unmarshal(top["items"], &items) == nil {
-		for i, it := range items {
-			errs = append(errs, unknownFields(fmt.Sprintf("items[%d].", i), it, "sku", "quantity")...)
+	decodeString(top, "email", "email", &in.Email, &errs)
+	decodeString(top, "payment_method", "payment_method", &in.PaymentMethod, &errs)
+	if raw, ok := top["items"]; ok {
+		var items []json.RawMessage
+		if err := json.Unmarshal(raw, &items); err != nil || items == nil {
+			errs = append(errs, FieldError{Field: "items", Message: "must be an array of items"})
 		}
-	}
-	var in Request
-	if err := json.Unmarshal(body, &in); err != nil {
-		field, msg := "", "has the wrong type"
-		var typeErr *json.UnmarshalTypeError
-		if errors.As(err, &typeErr) {
-			field, msg = typeErr.Field, fmt.Sprintf("must be of type %s", typeErr.Type)
+		in.Items = make([]RequestItem, len(items))
+		for i, rawItem := range items {
+			path := fmt.Sprintf("items[%d]", i)
+			var item map[string]json.RawMessage
+			if err := json.Unmarshal(rawItem, &item); err != nil || item == nil {
+				errs = append(errs, FieldError{Field: path, Message: `must be an object like {"sku":"sku_tee","quantity":1}`})
+				continue
+			}
+			errs = append(errs, unknownFields(path+".", item, "sku", "quantity")...)
+			decodeString(item, "sku", path+".sku", &in.Items[i].SKU, &errs)
+			if q, ok := item["quantity"]; ok {
+				// The canonical form writes every integral number as an
+				// integer (2.0 and 2e0 are 2), so this accepts exactly
+				// what the fingerprint treats as the same request.
+				if err := json.Unmarshal(q, &in.Items[i].Quantity); err != nil {
+					errs = append(errs, FieldError{Field: path + ".quantity", Message: fmt.Sprintf("must be an integer between 1 and %d", MaxQuantity)})
+				}
+			}
 		}
-		errs = append(errs, FieldError{Field: field, Message: msg})
 	}
 	return &in, errs
+}
+
+// decodeString decodes obj[name], when present, into dst, or notes that it
+// is not a string.
+func decodeString(obj map[string]json.RawMessage, name, path string, dst *string, errs *[]FieldError) {
+	raw, ok := obj[name]
+	if !ok {
+		return // absent: validate says it is required
+	}
+	if err := json.Unmarshal(raw, dst); err != nil || string(raw) == "null" {
+		*errs = append(*errs, FieldError{Field: path, Message: "must be a string"})
+	}
 }
 
 // unknownFields returns an error for each member of obj not in known, in

@@ -114,14 +114,13 @@ func (s *Service) Complete(ctx context.Context, keyID int64) (bool, error) {
 func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.Claim, in *Request, inputErrs []FieldError) (*Order, *idempotency.Response, error) {
 	// Any error returned from here rolls the claim back: nothing is stored,
 	// and the same key can be sent again with a corrected body.
-	if len(inputErrs) > 0 {
-		return nil, nil, ValidationError(inputErrs)
-	}
-	errs := in.validate()
+	errs := in.validate(inputErrs)
 
 	want := map[string]int64{}
 	for _, it := range in.Items {
-		want[it.SKU] += int64(it.Quantity)
+		if checkToken(it.SKU, 64) == "" { // only well-formed skus reach the database
+			want[it.SKU] += int64(it.Quantity)
+		}
 	}
 	skus := make([]string, 0, len(want))
 	for sku := range want {
@@ -133,7 +132,7 @@ func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.C
 		return nil, nil, err
 	}
 	for i, it := range in.Items {
-		if _, ok := products[it.SKU]; !ok && it.SKU != "" {
+		if _, ok := products[it.SKU]; !ok && checkToken(it.SKU, 64) == "" {
 			errs = append(errs, FieldError{fmt.Sprintf("items[%d].sku", i), fmt.Sprintf("unknown sku %q", it.SKU)})
 		}
 	}
@@ -312,13 +311,21 @@ func (s *Service) release(c *idempotency.Claim) {
 	}
 }
 
-// translate keeps problems as they are and turns anything else (the
-// database failing, a deadline) into 503 unavailable, wrapping the cause
-// for the log.
+// errUnstorable answers input the database rejects as data (SQLSTATE class
+// 22, e.g. a NUL byte in a string) that validation did not catch: a retry
+// would fail the same way, so it must not be a retryable 503.
+var errUnstorable = ValidationError([]FieldError{{Field: "", Message: "contains characters that cannot be stored"}})
+
+// translate keeps problems as they are, turns a data exception into 400,
+// and turns anything else (the database failing, a deadline) into 503
+// unavailable, wrapping the cause for the log.
 func (s *Service) translate(err error) error {
 	var p *problem.Problem
 	if errors.As(err, &p) {
 		return err
+	}
+	if postgres.IsDataException(err) {
+		return problem.Wrap(errUnstorable.(*problem.Problem), err)
 	}
 	return problem.Wrap(ErrUnavailable, err)
 }
@@ -342,6 +349,9 @@ type OrderView struct {
 // Order returns tenant's order id with its notifications, or
 // ErrOrderNotFound.
 func (s *Service) Order(ctx context.Context, tenantID, id string) (*OrderView, error) {
+	if !validOrderID(id) {
+		return nil, ErrOrderNotFound // not even shaped like an id: no query
+	}
 	o, err := loadOrder(ctx, s.DB, tenantID, id)
 	if err != nil {
 		return nil, s.translate(err)
@@ -351,4 +361,18 @@ func (s *Service) Order(ctx context.Context, tenantID, id string) (*OrderView, e
 		return nil, s.translate(err)
 	}
 	return &OrderView{Order: o, Notifications: ns}, nil
+}
+
+// validOrderID reports whether id has the form ids.New("ord") gives:
+// "ord_" and 32 lowercase hex digits.
+func validOrderID(id string) bool {
+	if len(id) != 36 || id[:4] != "ord_" {
+		return false
+	}
+	for i := 4; i < len(id); i++ {
+		if c := id[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }

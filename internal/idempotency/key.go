@@ -14,6 +14,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
+	"strings"
 
 	"github.com/gowebpki/jcs"
 
@@ -70,23 +71,95 @@ func ValidateKey(key string) error {
 	return nil
 }
 
-// Fingerprint returns the hex SHA-256 of method, route template and the RFC
-// 8785 (JSON Canonicalization Scheme) form of body, so the same JSON with
-// other whitespace or member order has the same fingerprint. It returns
-// ErrMalformedJSON when body is not valid JSON (or has a duplicate member
-// name, which RFC 8785 forbids).
-func Fingerprint(method, route string, body []byte) (string, error) {
+// Canonicalize returns the RFC 8785 (JSON Canonicalization Scheme) form of
+// body: members sorted, no insignificant whitespace, numbers in their
+// shortest form (2.0 and 2e0 become 2). It returns ErrMalformedJSON when
+// body is not valid JSON or has a duplicate member name, which RFC 8785
+// forbids.
+func Canonicalize(body []byte) ([]byte, error) {
 	canonical, err := jcs.Transform(body)
 	if err != nil {
-		return "", ErrMalformedJSON
+		return nil, ErrMalformedJSON
 	}
+	return canonical, nil
+}
+
+// errKeyRepeated answers a request with more than one Idempotency-Key.
+var errKeyRepeated = problem.New(http.StatusBadRequest, "idempotency_key_invalid",
+	"Idempotency-Key invalid", "Send exactly one Idempotency-Key header.")
+
+// KeyFromHeader returns the request's key. It accepts the plain form Stripe
+// uses (Idempotency-Key: 8e03978e-…) and the Structured Field string of the
+// IETF draft (Idempotency-Key: "8e03978e-…"); both name the same key. It
+// returns ErrKeyMissing without the header, and ErrKeyInvalid for a
+// repeated header, a malformed quoted string, or a key ValidateKey rejects.
+func KeyFromHeader(h http.Header) (string, error) {
+	values := h.Values(Header)
+	switch len(values) {
+	case 0:
+		return "", ErrKeyMissing
+	case 1:
+	default:
+		return "", errKeyRepeated
+	}
+	key := values[0]
+	if len(key) >= 2 && key[0] == '"' {
+		unquoted, ok := parseSFString(key)
+		if !ok {
+			return "", ErrKeyInvalid
+		}
+		key = unquoted
+	}
+	if err := ValidateKey(key); err != nil {
+		return "", err
+	}
+	return key, nil
+}
+
+// parseSFString parses an RFC 8941 sf-string: DQUOTE *( unescaped / "\" ( DQUOTE / "\" ) ) DQUOTE.
+func parseSFString(s string) (string, bool) {
+	if len(s) < 2 || s[0] != '"' || s[len(s)-1] != '"' {
+		return "", false
+	}
+	var b strings.Builder
+	for i := 1; i < len(s)-1; i++ {
+		c := s[i]
+		switch {
+		case c == '\\':
+			i++
+			if i >= len(s)-1 || (s[i] != '"' && s[i] != '\\') {
+				return "", false
+			}
+			b.WriteByte(s[i])
+		case c == '"' || c < 0x20 || c > 0x7e:
+			return "", false
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String(), true
+}
+
+// Fingerprint returns the hex SHA-256 of method, route template and the RFC
+// 8785 form of body, so the same JSON with other whitespace, member order
+// or number spelling has the same fingerprint. It returns ErrMalformedJSON
+// when body is not valid JSON.
+func Fingerprint(method, route string, body []byte) (string, error) {
+	canonical, err := Canonicalize(body)
+	if err != nil {
+		return "", err
+	}
+	return fingerprint(method, route, canonical), nil
+}
+
+func fingerprint(method, route string, canonical []byte) string {
 	h := sha256.New()
 	h.Write([]byte(method))
 	h.Write([]byte{0})
 	h.Write([]byte(route))
 	h.Write([]byte{0})
 	h.Write(canonical)
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // Scope identifies one key: the same key value from another tenant or on

@@ -58,6 +58,24 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
+// expose creates every series of route at zero, so that /metrics shows
+// them (and rate() works) before the first event of each kind.
+func (m *Metrics) expose(route string) {
+	if m == nil {
+		return
+	}
+	for _, o := range []string{OutcomeNew, OutcomeReplayed, OutcomeInUse, OutcomeReused, OutcomeMissing, OutcomeInvalid, OutcomeFailed} {
+		m.requests.WithLabelValues(route, o)
+	}
+	for _, l := range []string{"redis", "postgres"} {
+		m.layer.WithLabelValues(l)
+		m.leaseExtensions.WithLabelValues(l)
+	}
+	for _, mode := range []FailureMode{FailClosed, FailOpen} {
+		m.redisErrors.WithLabelValues(string(mode))
+	}
+}
+
 func (m *Metrics) outcome(route, outcome string) {
 	if m != nil {
 		m.requests.WithLabelValues(route, outcome).Inc()

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -79,7 +80,9 @@ type Request struct {
 	Fingerprint string
 	// Owner is the lease token of this execution, for Store's fenced writes.
 	Owner string
-	// Body is the request body, read once by the gateway.
+	// Body is the RFC 8785 canonical form of the request body, read once by
+	// the gateway. Handlers decode this form, so that every body with the
+	// same fingerprint is decoded the same way (2.0 and 2 alike).
 	Body []byte
 
 	outcome string
@@ -131,6 +134,7 @@ func (r *Request) Fail(w http.ResponseWriter, err error) bool {
 // Otherwise it runs the handler on a context detached from the client, with
 // the leases extended until the handler returns.
 func (g *Gateway) Middleware(route string) gin.HandlerFunc {
+	g.Metrics.expose(route)
 	return func(c *gin.Context) {
 		req, err := g.admit(c, route)
 		if err != nil {
@@ -209,6 +213,27 @@ func (g *Gateway) Middleware(route string) gin.HandlerFunc {
 	}
 }
 
+// checkContentType accepts exactly one Content-Type, application/json, in
+// UTF-8 (RFC 8259 section 8.1: JSON exchanged between systems is UTF-8), and
+// no Content-Encoding: anything else is 415.
+func checkContentType(h http.Header) error {
+	types := h.Values("Content-Type")
+	if len(types) != 1 {
+		return ErrUnsupportedMediaType
+	}
+	mediaType, params, err := mime.ParseMediaType(types[0])
+	if err != nil || mediaType != "application/json" {
+		return ErrUnsupportedMediaType
+	}
+	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+		return ErrUnsupportedMediaType
+	}
+	if enc := h.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
+		return ErrUnsupportedMediaType
+	}
+	return nil
+}
+
 // acquire is Leases.Acquire, except that a cached response whose retention
 // has ended by the gateway's clock is dropped and the lease taken instead:
 // past IDEMPOTENCY_TTL the key is new, whatever Redis still holds.
@@ -225,9 +250,8 @@ func (g *Gateway) acquire(ctx context.Context, req *Request) (Acquisition, error
 
 // admit runs the checks that need no state: media type, size, key, JSON.
 func (g *Gateway) admit(c *gin.Context, route string) (*Request, error) {
-	mediaType, _, err := mime.ParseMediaType(c.GetHeader("Content-Type"))
-	if err != nil || mediaType != "application/json" {
-		return nil, ErrUnsupportedMediaType
+	if err := checkContentType(c.Request.Header); err != nil {
+		return nil, err
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, g.Config.MaxBodyBytes))
 	if err != nil {
@@ -237,23 +261,19 @@ func (g *Gateway) admit(c *gin.Context, route string) (*Request, error) {
 		}
 		return nil, fmt.Errorf("read body: %w", err)
 	}
-	keys := c.Request.Header.Values(Header)
-	if len(keys) > 1 {
-		return nil, ErrKeyInvalid
-	}
-	key := c.GetHeader(Header)
-	if err := ValidateKey(key); err != nil {
+	key, err := KeyFromHeader(c.Request.Header)
+	if err != nil {
 		return nil, err
 	}
-	fp, err := Fingerprint(c.Request.Method, route, body)
+	canonical, err := Canonicalize(body)
 	if err != nil {
 		return nil, err
 	}
 	return &Request{
 		Scope:       Scope{Tenant: g.Tenant(c), Route: route, Key: key},
-		Fingerprint: fp,
+		Fingerprint: fingerprint(c.Request.Method, route, canonical),
 		Owner:       NewOwnerToken(),
-		Body:        body,
+		Body:        canonical,
 	}, nil
 }
 

@@ -36,7 +36,7 @@ type Consumer struct {
 	logger *slog.Logger
 
 	processed  prometheus.Counter
-	duplicates prometheus.Counter
+	duplicates *prometheus.CounterVec
 
 	// afterInbox, when set by tests, runs inside the transaction right
 	// after the inbox record; an error rolls the transaction back.
@@ -56,11 +56,12 @@ func NewConsumer(db *gorm.DB, cfg ConsumerConfig) (*Consumer, error) {
 			Name: "checkout_notify_events_processed_total",
 			Help: "order.paid events recorded for the first time (a notification was created or already existed).",
 		}),
-		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "checkout_notify_events_duplicate_total",
-			Help: "order.paid deliveries already in the inbox: redeliveries and re-publishes, acked without effect.",
-		}),
+		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "checkout_inbox_duplicates_total",
+			Help: "Deliveries already in the inbox (redeliveries and re-publishes), acked without effect, by consumer.",
+		}, []string{"consumer"}),
 	}
+	c.duplicates.WithLabelValues(ConsumerName) // exported at 0 from the start
 	if cfg.Registerer != nil {
 		for _, col := range []prometheus.Collector{c.processed, c.duplicates} {
 			if err := cfg.Registerer.Register(col); err != nil {
@@ -141,7 +142,7 @@ func (c *Consumer) Handle(ctx context.Context, d amqp.Delivery) error {
 		return err
 	}
 	if !first {
-		c.duplicates.Inc()
+		c.duplicates.WithLabelValues(ConsumerName).Inc()
 		return nil
 	}
 	c.processed.Inc()

@@ -423,3 +423,19 @@ func TestMarkSentSurvivesADatabaseBlip(t *testing.T) {
 	require.Equal(t, 1, f.sink.Len(), "one email")
 	require.GreaterOrEqual(t, failures.Load(), int32(4), "the update failed three times, then succeeded")
 }
+
+// TestInternationalAddress: an RFC 6531 address is delivered: the domain in
+// its IDNA ASCII form, the local part over SMTPUTF8.
+func TestInternationalAddress(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	for _, to := range []string{"buyer@exämple.com", "josé@exämple.com"} {
+		err := (&notify.SMTPMailer{Addr: f.sink.Addr()}).Send(context.Background(), notify.Email{
+			MessageID: notify.MessageID(to), From: "orders@checkout.local", To: to, Subject: "s", Body: "b"})
+		require.NoError(t, err, to)
+	}
+	msgs := f.sink.Messages()
+	require.Len(t, msgs, 2)
+	require.Equal(t, []string{"buyer@xn--exmple-cua.com"}, msgs[0].To)
+	require.Equal(t, []string{"josé@xn--exmple-cua.com"}, msgs[1].To)
+}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/emersion/go-smtp"
+	"golang.org/x/net/idna"
 )
 
 // Email is one plain-text email.
@@ -62,12 +63,29 @@ func (m *SMTPMailer) Send(ctx context.Context, e Email) error {
 	if err := c.Hello(helo); err != nil {
 		return fmt.Errorf("smtp: hello: %w", err)
 	}
-	if err := c.SendMail(e.From, []string{e.To}, bytes.NewReader(Format(e, time.Now()))); err != nil {
+	if err := c.SendMail(e.From, []string{asciiDomain(e.To)}, bytes.NewReader(Format(e, time.Now()))); err != nil {
 		return fmt.Errorf("smtp: send %s: %w", e.MessageID, err)
 	}
 	// The message is accepted; a failed QUIT changes nothing.
 	_ = c.Quit()
 	return nil
+}
+
+// asciiDomain returns addr with its domain in IDNA ASCII form (RFC 5891,
+// "exämple.com" becomes "xn--exmple-cua.com"), so that an address whose
+// local part is ASCII reaches servers without SMTPUTF8. A non-ASCII local
+// part still needs SMTPUTF8 (RFC 6531); an address that does not convert is
+// returned as it is.
+func asciiDomain(addr string) string {
+	at := strings.LastIndexByte(addr, '@')
+	if at < 0 {
+		return addr
+	}
+	domain, err := idna.Lookup.ToASCII(addr[at+1:])
+	if err != nil {
+		return addr
+	}
+	return addr[:at+1] + domain
 }
 
 // Format renders e as an RFC 5322 message with CRLF line ends, dated date.

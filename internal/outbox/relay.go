@@ -71,6 +71,7 @@ type Relay struct {
 	pending       prometheus.Gauge
 	oldestPending prometheus.Gauge
 	published     prometheus.Counter
+	lag           prometheus.Histogram
 	failures      prometheus.Counter
 
 	// afterConfirm, when set by tests, runs after the confirms and before
@@ -114,13 +115,18 @@ func NewRelay(db *gorm.DB, pub Publisher, cfg RelayConfig) (*Relay, error) {
 			Name: "checkout_outbox_published_total",
 			Help: "Outbox rows published with a broker confirm and marked published by this process.",
 		}),
+		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "checkout_outbox_publish_lag_seconds",
+			Help:    "Time from an event's commit (occurred_at) to its broker confirm.",
+			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},
+		}),
 		failures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "checkout_outbox_publish_failures_total",
 			Help: "Publish attempts that got a nack, a timeout or a channel error; the row is retried later.",
 		}),
 	}
 	if cfg.Registerer != nil {
-		for _, c := range []prometheus.Collector{r.pending, r.oldestPending, r.published, r.failures} {
+		for _, c := range []prometheus.Collector{r.pending, r.oldestPending, r.published, r.lag, r.failures} {
 			if err := cfg.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("outbox: register metrics: %w", err)
 			}
@@ -219,9 +225,11 @@ func (r *Relay) RelayBatch(ctx context.Context) (claimed int, err error) {
 		}
 
 		var confirmed []string
+		confirmedAt := time.Now()
 		for i, perr := range errs {
 			if perr == nil {
 				confirmed = append(confirmed, rows[i].ID)
+				r.lag.Observe(confirmedAt.Sub(rows[i].OccurredAt).Seconds())
 				continue
 			}
 			failed++

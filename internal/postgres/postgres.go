@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -148,6 +149,14 @@ func IsUniqueViolation(err error) bool {
 func IsSerializationFailure(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
+}
+
+// IsDataException reports whether err is a data exception (SQLSTATE class
+// 22): the server refused a value itself, e.g. a string with a NUL byte or
+// a number out of range. Retrying the same statement fails the same way.
+func IsDataException(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22")
 }
 
 // IsTransient reports whether err is a passing condition of the database or

@@ -199,7 +199,7 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 		layerSnapshot(s.APIURL+"/metrics", "checkout_idempotency_duplicates_total", "layer", "redis", "postgres")
 	}
 	workerLayer := func() {
-		if x, err := stack.Metric(s.WorkerOps+"/metrics", "checkout_notify_events_duplicate_total"); err == nil {
+		if x, err := stack.Metric(s.WorkerOps+"/metrics", "checkout_inbox_duplicates_total", "consumer", "notify.order_paid"); err == nil {
 			layers.add("inbox (worker)", int(x))
 		}
 	}

@@ -372,7 +372,7 @@ func TestBrokerFaults(t *testing.T) {
 		require.NoError(t, s.Dispatcher.Start())
 		requireOnce(t, s, "k-dispatcher-kill", o)
 		eventually(t, 10*time.Second, func() bool {
-			n, err := stack.Metric(s.WorkerOps+"/metrics", "checkout_notify_events_duplicate_total")
+			n, err := stack.Metric(s.WorkerOps+"/metrics", "checkout_inbox_duplicates_total", "consumer", "notify.order_paid")
 			return err == nil && n >= 1
 		}, "the re-published order.paid reached the worker and was absorbed")
 	})

@@ -62,6 +62,7 @@ func Start(addr string) (*Sink, error) {
 	s.server.ReadTimeout = 30 * time.Second
 	s.server.WriteTimeout = 30 * time.Second
 	s.server.MaxMessageBytes = 1 << 20
+	s.server.EnableSMTPUTF8 = true // RFC 6531 addresses, as Mailpit accepts them
 	s.server.ErrorLog = log.New(io.Discard, "", 0)
 	go func() {
 		defer close(s.done)

@@ -278,9 +278,18 @@ func start(t TB, opts Options) (*Stack, error) {
 	s.Dispatcher = newProcess("dispatcher", opts.BinDir, opts.LogDir, s.DispatcherOps+"/readyz",
 		env("dispatcher", append([]string{"DATABASE_URL=" + pgVia(s.PGDispatcher), "AMQP_URL=" + amqpVia(s.AMQPDispatcher),
 			"METRICS_ADDR=" + ports["dispatcher"], "OUTBOX_POLL_INTERVAL=200ms"}, topology...)...))
+	// The worker's completer runs the checkout state machine: it must reach
+	// this stack's emulator, with the api's lease and TTL.
+	workerEnv := []string{"DATABASE_URL=" + pgVia(s.PGWorker), "AMQP_URL=" + amqpVia(s.AMQPWorker),
+		"METRICS_ADDR=" + ports["worker"], "SMTP_ADDR=" + ports["smtp"], "NOTIFY_SWEEP_INTERVAL=200ms",
+		"STRIPE_API_BASE=" + s.EmulatorURL}
+	for k, v := range map[string]time.Duration{"IDEMPOTENCY_LEASE": opts.Lease, "IDEMPOTENCY_TTL": opts.TTL} {
+		if v > 0 {
+			workerEnv = append(workerEnv, k+"="+v.String())
+		}
+	}
 	s.Worker = newProcess("worker", opts.BinDir, opts.LogDir, s.WorkerOps+"/readyz",
-		env("worker", append([]string{"DATABASE_URL=" + pgVia(s.PGWorker), "AMQP_URL=" + amqpVia(s.AMQPWorker),
-			"METRICS_ADDR=" + ports["worker"], "SMTP_ADDR=" + ports["smtp"], "NOTIFY_SWEEP_INTERVAL=200ms"}, topology...)...))
+		env("worker", append(workerEnv, topology...)...))
 
 	procs := []*Process{s.Emulator, s.Sink, s.API}
 	if !opts.NoBackground {
