@@ -91,7 +91,8 @@ func New(cfg Config, d Deps) *API {
 		problem.Write(c.Writer, problem.New(http.StatusNotFound, "not_found", "Not found", "No such route."))
 	})
 	r.NoMethod(func(c *gin.Context) {
-		problem.Write(c.Writer, problem.New(http.StatusMethodNotAllowed, "method_not_allowed", "Method not allowed", ""))
+		problem.Write(c.Writer, problem.New(http.StatusMethodNotAllowed, "method_not_allowed", "Method not allowed",
+			"This route does not accept "+c.Request.Method+"; the Allow header lists the methods it does."))
 	})
 
 	r.GET("/healthz", gin.WrapF(telemetry.Healthy))
