@@ -138,19 +138,6 @@ func WithTx(ctx context.Context, db *gorm.DB, fn func(tx *gorm.DB) error) error 
 	return nil
 }
 
-// IsUniqueViolation reports whether err is a unique_violation (SQLSTATE 23505).
-func IsUniqueViolation(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23505"
-}
-
-// IsSerializationFailure reports whether err is a serialization failure or a
-// deadlock (SQLSTATE 40001, 40P01): the transaction may simply be run again.
-func IsSerializationFailure(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
-}
-
 // IsDataException reports whether err is a data exception (SQLSTATE class
 // 22): the server refused a value itself, e.g. a string with a NUL byte or
 // a number out of range. Retrying the same statement fails the same way.
