@@ -1,0 +1,80 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/postgres/pgtest"
+)
+
+func TestErrorClasses(t *testing.T) {
+	t.Parallel()
+	pg := func(code string) error { return fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: code}) }
+	tests := []struct {
+		name                string
+		err                 error
+		transient, dataExcp bool
+	}{
+		{"connection refused", errors.New("dial tcp: connection refused"), true, false},
+		{"deadline", context.DeadlineExceeded, true, false},
+		{"admin shutdown", pg("57P01"), true, false},
+		{"serialization failure", pg("40001"), true, false},
+		{"deadlock", pg("40P01"), true, false},
+		{"connection failure", pg("08006"), true, false},
+		{"NUL byte", pg("22021"), false, true},
+		{"number out of range", pg("22003"), false, true},
+		{"foreign key", pg("23503"), false, false},
+		{"syntax", pg("42601"), false, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.transient, postgres.IsTransient(tc.err))
+			require.Equal(t, tc.dataExcp, postgres.IsDataException(tc.err))
+		})
+	}
+	require.False(t, postgres.IsTransient(nil))
+}
+
+// TestWithTx: commit on nil, rollback on error and on panic.
+func TestWithTx(t *testing.T) {
+	t.Parallel()
+	db, _ := pgtest.NewDB(t)
+	ctx := context.Background()
+	insert := func(tx *gorm.DB, key string) error {
+		return tx.Exec(`INSERT INTO inbox (consumer, message_id) VALUES ('t', ?)`, key).Error
+	}
+	count := func() int {
+		var n int
+		require.NoError(t, db.Raw(`SELECT count(*) FROM inbox`).Scan(&n).Error)
+		return n
+	}
+	require.NoError(t, postgres.WithTx(ctx, db, func(tx *gorm.DB) error { return insert(tx, "a") }))
+	boom := errors.New("boom")
+	require.ErrorIs(t, postgres.WithTx(ctx, db, func(tx *gorm.DB) error {
+		require.NoError(t, insert(tx, "b"))
+		return boom
+	}), boom)
+	require.Panics(t, func() {
+		_ = postgres.WithTx(ctx, db, func(tx *gorm.DB) error {
+			require.NoError(t, insert(tx, "c"))
+			panic("boom")
+		})
+	})
+	require.Equal(t, 1, count(), "only the committed row")
+	// A cancelled context rolls back and leaves the pool usable.
+	cctx, cancel := context.WithCancel(ctx)
+	err := postgres.WithTx(cctx, db, func(tx *gorm.DB) error {
+		require.NoError(t, insert(tx, "d"))
+		cancel()
+		return insert(tx, "e")
+	})
+	require.Error(t, err)
+	require.Equal(t, 1, count())
+}
