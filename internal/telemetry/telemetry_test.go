@@ -1,0 +1,81 @@
+package telemetry_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/gin-gonic/gin"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/checkout/internal/telemetry"
+)
+
+func TestRequestIDAndContextAttrs(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	logger := telemetry.NewLogger(&logs, slog.LevelInfo)
+	gin.SetMode(gin.ReleaseMode)
+	r := gin.New()
+	r.Use(telemetry.RequestID())
+	r.GET("/", func(c *gin.Context) {
+		ctx := telemetry.WithAttrs(c.Request.Context(), slog.String("tenant", "acme"))
+		logger.InfoContext(ctx, "hello")
+	})
+	tests := []struct {
+		name, in string
+		kept     bool
+	}{
+		{"a well-formed id is kept", "abc-123_x.y", true},
+		{"none gets one", "", false},
+		{"too long is replaced", strings.Repeat("a", 65), false},
+		{"odd characters are replaced", "a b\"c", false},
+	}
+	for _, tc := range tests {
+		logs.Reset()
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		if tc.in != "" {
+			req.Header.Set(telemetry.RequestIDHeader, tc.in)
+		}
+		w := httptest.NewRecorder()
+		r.ServeHTTP(w, req)
+		id := w.Header().Get(telemetry.RequestIDHeader)
+		require.NotEmpty(t, id, tc.name)
+		if tc.kept {
+			require.Equal(t, tc.in, id, tc.name)
+		} else {
+			require.NotEqual(t, tc.in, id, tc.name)
+		}
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal(logs.Bytes(), &rec), tc.name)
+		require.Equal(t, id, rec["request_id"], tc.name)
+		require.Equal(t, "acme", rec["tenant"], tc.name)
+	}
+}
+
+func TestReady(t *testing.T) {
+	t.Parallel()
+	ok := telemetry.Check{Name: "postgres", Ping: func(context.Context) error { return nil }}
+	down := telemetry.Check{Name: "redis", Ping: func(context.Context) error { return errors.New("connection refused") }}
+
+	w := httptest.NewRecorder()
+	telemetry.Ready(ok)(w, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	require.Equal(t, 200, w.Code)
+
+	w = httptest.NewRecorder()
+	telemetry.Ready(ok, down)(w, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	require.Equal(t, 503, w.Code)
+	var body struct {
+		Status  string            `json:"status"`
+		Failing map[string]string `json:"failing"`
+	}
+	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &body))
+	require.Equal(t, "unavailable", body.Status)
+	require.Equal(t, map[string]string{"redis": "connection refused"}, body.Failing)
+}
