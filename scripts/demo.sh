@@ -33,7 +33,7 @@ echo "GET /v1/orders/$order"; echo "$view"
 step "5. The events of the order in the outbox, published to RabbitMQ exactly as stored"
 if command -v psql >/dev/null 2>&1 && psql "${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable}" -Atc 'SELECT 1' >/dev/null 2>&1; then
   psql "${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable}" -c \
-    "SELECT id AS message_id, type AS routing_key, published_at IS NOT NULL AS published, attempts FROM outbox WHERE aggregate_id = '$order' ORDER BY seq"
+    "SELECT id AS message_id, type AS routing_key, published_at IS NOT NULL AS published, attempts AS failed_publishes FROM outbox WHERE aggregate_id = '$order' ORDER BY seq"
 else
   echo "(psql not available: see the dispatcher's checkout_outbox_published_total at http://127.0.0.1:9091/metrics)"
 fi
@@ -44,5 +44,5 @@ if msgs=$(curl -fsS "$SINK/messages" 2>/dev/null); then            # make run: c
 else                                                             # docker compose: mailpit
   n=$(curl -fsS "$SINK/api/v1/search?query=$order" | grep -o '"messages_count":[0-9]*' | cut -d: -f2)
 fi
-echo "emails for $order: $n   (the web UI of mailpit, under docker compose: $SINK)"
+echo "emails for $order: $n"
 [ "$n" = 1 ]

@@ -8,6 +8,7 @@
 # the command printed, and the emulator and the SMTP sink keep their state.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
 mkdir -p tmp
 pids=()
 declare -A names
@@ -15,12 +16,14 @@ cleanup() {
   trap - INT TERM EXIT
   echo "stopping..."
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  # Also the processes restarted by hand with the command printed below.
+  pkill -TERM -f "^$root/bin/(stripe-emulator|smtp-sink|api|dispatcher|worker)\$" 2>/dev/null || true
   wait 2>/dev/null || true
 }
 trap cleanup INT TERM EXIT
 
 start() { # name, binary
-  "bin/$2" > >(tee -a "tmp/$1.log" | sed -u "s/^/[$1] /") 2>&1 &
+  "$root/bin/$2" > >(tee -a "tmp/$1.log" | sed -u "s/^/[$1] /") 2>&1 &
   pids+=($!)
   names[$!]=$1
 }
@@ -55,8 +58,9 @@ while true; do
   set -e
   [ -z "${gone:-}" ] && break
   name=${names[$gone]}
-  echo "[run] $name exited (status $code); the rest keeps running. Restart it with:" >&2
-  echo "[run]   ./bin/$name >> tmp/$name.log 2>&1 &" >&2
+  echo "[run] $name exited (status $code); the rest keeps running. Restart it, in another terminal, with:" >&2
+  echo "[run]   $root/bin/$name >> $root/tmp/$name.log 2>&1 &" >&2
+  echo "[run] (its log then goes to tmp/$name.log only; Ctrl-C here still stops it)" >&2
   left=()
   for pid in "${pids[@]}"; do [ "$pid" != "$gone" ] && left+=("$pid"); done
   pids=("${left[@]}")

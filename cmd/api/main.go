@@ -68,7 +68,7 @@ func (s *settings) check() (*auth.Keys, idempotency.FailureMode, error) {
 	if err != nil {
 		errs = append(errs, fmt.Errorf("CHECKOUT_API_KEYS: %w", err))
 	}
-	if s.AppEnv == "production" && (keys == nil || keys.UsesDevelopmentKey()) {
+	if s.AppEnv == "production" && keys != nil && keys.UsesDevelopmentKey() {
 		errs = append(errs, errors.New("CHECKOUT_API_KEYS: the development keys (sk_test_acme, sk_test_globex) are not allowed with APP_ENV=production"))
 	}
 	if s.IdempotencyLease < 300*time.Millisecond {
@@ -82,6 +82,12 @@ func (s *settings) check() (*auth.Keys, idempotency.FailureMode, error) {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s: must be positive, got %s", name, d))
 		}
+	}
+	if s.StripeTimeout > s.StripeMaxElapsed {
+		errs = append(errs, fmt.Errorf("STRIPE_TIMEOUT: %s exceeds STRIPE_MAX_ELAPSED (%s), so no retry could ever start", s.StripeTimeout, s.StripeMaxElapsed))
+	}
+	if s.WorkTimeout <= s.StripeMaxElapsed+s.StripeTimeout {
+		errs = append(errs, fmt.Errorf("WORK_TIMEOUT: %s must exceed STRIPE_MAX_ELAPSED + STRIPE_TIMEOUT (%s), or a checkout is cut off while Stripe is still retried", s.WorkTimeout, s.StripeMaxElapsed+s.StripeTimeout))
 	}
 	if s.DatabaseMaxConns < 1 {
 		errs = append(errs, fmt.Errorf("DATABASE_MAX_CONNS: must be at least 1"))

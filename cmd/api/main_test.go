@@ -38,6 +38,8 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"one development key in production", map[string]string{"APP_ENV": "production", "CHECKOUT_API_KEYS": "acme:sk_live_real, other:sk_test_acme"}, "CHECKOUT_API_KEYS"},
 		{"development keys swapped in production", map[string]string{"APP_ENV": "production", "CHECKOUT_API_KEYS": "globex:sk_test_globex,acme:sk_test_acme"}, "CHECKOUT_API_KEYS"},
 		{"zero Stripe timeout", map[string]string{"STRIPE_TIMEOUT": "0s"}, "STRIPE_TIMEOUT"},
+		{"an attempt longer than all retries", map[string]string{"STRIPE_TIMEOUT": "30s", "STRIPE_MAX_ELAPSED": "1s"}, "STRIPE_TIMEOUT"},
+		{"work cut off before Stripe gives up", map[string]string{"WORK_TIMEOUT": "1s"}, "WORK_TIMEOUT"},
 		{"lease longer than the TTL", map[string]string{"IDEMPOTENCY_TTL": "10s", "IDEMPOTENCY_LEASE": "1m"}, "IDEMPOTENCY_TTL"},
 		{"bad redis url", map[string]string{"REDIS_URL": "http://x"}, "REDIS_URL"},
 		{"bad log level", map[string]string{"LOG_LEVEL": "loud"}, "LOG_LEVEL"},

@@ -86,6 +86,9 @@ func New(cfg Config, d Deps) *API {
 	r := gin.New()
 	r.ContextWithFallback = true
 	r.HandleMethodNotAllowed = true
+	// /v1/checkouts/ is not /v1/checkouts: a 404 problem, not a bare redirect
+	// a client would follow with its body and key dropped.
+	r.RedirectTrailingSlash = false
 	r.Use(telemetry.RequestID(), telemetry.HTTPMetrics(reg, d.Logger), recovery(d.Logger))
 	r.NoRoute(func(c *gin.Context) {
 		problem.Write(c.Writer, problem.New(http.StatusNotFound, "not_found", "Not found", "No such route."))

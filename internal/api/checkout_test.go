@@ -419,7 +419,13 @@ func TestClientDisconnect(t *testing.T) {
 	})
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM orders WHERE status = 'paid'`))
 	require.Equal(t, 1, h.emu.TotalCreated())
-	retry := h.checkout("disconnect-1", teeBody)
+	// Between the commit and the release of the Redis lease a retry may
+	// still get 409; a client retries that, as Retry-After says.
+	var retry reply
+	eventually(t, "the retry to get a final answer", func() bool {
+		retry = h.checkout("disconnect-1", teeBody)
+		return retry.status != http.StatusConflict
+	})
 	require.Equal(t, http.StatusCreated, retry.status)
 	require.Equal(t, "true", retry.header.Get(idempotency.ReplayedHeader))
 }
@@ -681,4 +687,34 @@ func TestUnicodeEmail(t *testing.T) {
 	r := h.checkout("uni-1", strings.Replace(teeBody, "buyer@example.com", "josé@exämple.com", 1))
 	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
 	require.Equal(t, "josé@exämple.com", decodeOrder(t, r).Email)
+}
+
+// TestResponseShapeLimits: a body of thousands of unknown members gets a
+// bounded answer, and a trailing slash is a 404 problem, not a redirect.
+func TestResponseShapeLimits(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	var b strings.Builder
+	b.WriteString(`{"email":"a@example.com","items":[{"sku":"sku_mug","quantity":1}],"payment_method":"pm_card_visa"`)
+	for i := range 2000 {
+		fmt.Fprintf(&b, `,"x%d":1`, i)
+	}
+	b.WriteString("}")
+	r := h.checkout("limits-1", b.String())
+	require.Equal(t, http.StatusBadRequest, r.status)
+	p := decodeProblem(t, r)
+	require.Len(t, p.Errors, 50)
+	require.Less(t, len(r.body), 10_000)
+
+	req, err := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/checkouts/", strings.NewReader(teeBody))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer sk_test_acme")
+	req.Header.Set("Idempotency-Key", "limits-2")
+	req.Header.Set("Content-Type", "application/json")
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusNotFound, resp.StatusCode)
+	require.Equal(t, "application/problem+json", resp.Header.Get("Content-Type"))
 }

@@ -19,8 +19,11 @@ import (
 	"fmt"
 	"net/http"
 	"net/mail"
+	"slices"
 	"strings"
 	"time"
+
+	"golang.org/x/net/idna"
 
 	"github.com/onceonly/checkout/internal/problem"
 )
@@ -129,10 +132,21 @@ var (
 	ErrOrderNotFound = problem.New(http.StatusNotFound, "not_found", "Not found", "No such order.")
 )
 
-// ValidationError returns the 400 validation_error problem listing errs.
+// MaxFieldErrors caps the errors one answer lists, so that a body of
+// thousands of unknown members cannot make a response larger than itself.
+const MaxFieldErrors = 50
+
+// ValidationError returns the 400 validation_error problem listing errs,
+// in field order, at most MaxFieldErrors of them.
 func ValidationError(errs []FieldError) error {
-	return problem.New(http.StatusBadRequest, "validation_error", "Validation failed",
-		"The request body has invalid fields; see errors.").With("errors", errs)
+	errs = slices.Clone(errs)
+	slices.SortStableFunc(errs, func(a, b FieldError) int { return strings.Compare(a.Field, b.Field) })
+	detail := "The request body has invalid fields; see errors."
+	if len(errs) > MaxFieldErrors {
+		detail = fmt.Sprintf("The request body has %d invalid fields; errors lists the first %d.", len(errs), MaxFieldErrors)
+		errs = errs[:MaxFieldErrors]
+	}
+	return problem.New(http.StatusBadRequest, "validation_error", "Validation failed", detail).With("errors", errs)
 }
 
 // validate checks what needs no database: the email, the item count and
@@ -208,8 +222,45 @@ func checkEmail(s string) string {
 		return "must be an email address like buyer@example.com"
 	}
 	_, domain, _ := strings.Cut(a.Address, "@")
-	if !strings.Contains(domain, ".") || strings.HasPrefix(domain, ".") || strings.HasSuffix(domain, ".") {
-		return "must be an email address like buyer@example.com"
+	if !deliverableDomain(domain) {
+		return "must be an email address with a domain name that mail can be delivered to, like buyer@example.com"
 	}
 	return ""
+}
+
+// deliverableDomain reports whether domain is a host name mail can be sent
+// to: it converts to IDNA ASCII under the registration rules (RFC 5891; no
+// joiners, no mixed scripts), every label is a letter-digit-hyphen label
+// (RFC 1035) that neither starts nor ends with a hyphen, and the top-level
+// label has at least two letters. IP literals and single-label names are
+// refused: a buyer is charged for an order whose email must arrive.
+func deliverableDomain(domain string) bool {
+	ascii, err := idna.Registration.ToASCII(domain)
+	if err != nil || len(ascii) > 253 {
+		return false
+	}
+	labels := strings.Split(ascii, ".")
+	if len(labels) < 2 {
+		return false
+	}
+	for _, l := range labels {
+		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+			return false
+		}
+		for i := 0; i < len(l); i++ {
+			if c := l[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+				return false
+			}
+		}
+	}
+	tld := labels[len(labels)-1]
+	if strings.HasPrefix(tld, "xn--") {
+		return true
+	}
+	for i := 0; i < len(tld); i++ {
+		if tld[i] < 'a' || tld[i] > 'z' {
+			return false
+		}
+	}
+	return len(tld) >= 2
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
+	"github.com/onceonly/checkout/internal/problem"
 	"github.com/onceonly/checkout/internal/testenv"
 )
 
@@ -56,7 +57,8 @@ func TestFingerprint(t *testing.T) {
 	require.NotEqual(t, base, fp("PUT", "POST /v1/checkouts", `{"a":1,"b":[1,2],"c":{"x":"y"}}`), "the method is part of it")
 	for _, bad := range []string{``, `{`, `{"a":1,"a":2}`, `{"a":01}`} {
 		_, err := idempotency.Fingerprint("POST", "POST /v1/checkouts", []byte(bad))
-		require.ErrorIs(t, err, idempotency.ErrMalformedJSON, "%q", bad)
+		require.Equal(t, "malformed_json", problem.From(err).Code, "%q", bad)
+		require.Contains(t, problem.From(err).Detail, "not valid JSON: ", "the parser's reason is given")
 	}
 }
 

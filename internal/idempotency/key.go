@@ -48,7 +48,7 @@ var (
 	ErrMalformedJSON = problem.New(http.StatusBadRequest, "malformed_json",
 		"Malformed JSON", "The request body is not valid JSON.")
 	ErrUnsupportedMediaType = problem.New(http.StatusUnsupportedMediaType, "unsupported_media_type",
-		"Unsupported media type", "Send the body as Content-Type: application/json.")
+		"Unsupported media type", "Send the body once, uncompressed, as UTF-8 JSON with exactly one Content-Type: application/json (a charset, if any, must be utf-8; no Content-Encoding).")
 	ErrPayloadTooLarge = problem.New(http.StatusRequestEntityTooLarge, "payload_too_large",
 		"Payload too large", "The request body must not exceed 64 KiB.")
 )
@@ -73,13 +73,17 @@ func ValidateKey(key string) error {
 
 // Canonicalize returns the RFC 8785 (JSON Canonicalization Scheme) form of
 // body: members sorted, no insignificant whitespace, numbers in their
-// shortest form (2.0 and 2e0 become 2). It returns ErrMalformedJSON when
-// body is not valid JSON or has a duplicate member name, which RFC 8785
-// forbids.
+// shortest form (2.0 and 2e0 become 2). When body is not valid JSON or has
+// a duplicate member name, which RFC 8785 forbids, it returns a
+// malformed_json problem (ErrMalformedJSON's code) whose detail gives the
+// parser's reason.
 func Canonicalize(body []byte) ([]byte, error) {
 	canonical, err := jcs.Transform(body)
 	if err != nil {
-		return nil, ErrMalformedJSON
+		// The parser's reason ("Duplicate key: email") helps the client fix
+		// the body; it carries nothing of ours.
+		return nil, &problem.Problem{Status: ErrMalformedJSON.Status, Code: ErrMalformedJSON.Code,
+			Title: ErrMalformedJSON.Title, Detail: "The request body is not valid JSON: " + err.Error()}
 	}
 	return canonical, nil
 }
