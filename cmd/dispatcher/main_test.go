@@ -1,13 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"net/http"
-	"regexp"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,25 +13,8 @@ import (
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
 	"github.com/onceonly/checkout/internal/rabbitmq/rabbitmqtest"
+	"github.com/onceonly/checkout/internal/testenv"
 )
-
-// syncBuffer is the process's stdout, read while it runs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func getenv(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
@@ -57,28 +37,9 @@ func TestBadValueStopsStartNamingTheVariable(t *testing.T) {
 }
 
 // opsAddr waits for the ops server's address in the log.
-func opsAddr(t *testing.T, out *syncBuffer) string {
+func opsAddr(t *testing.T, out *testenv.Output) string {
 	t.Helper()
-	re := regexp.MustCompile(`"msg":"ops server listening"[^\n]*?"addr":"([^"]+)"`)
-	var addr string
-	require.Eventually(t, func() bool {
-		m := re.FindStringSubmatch(out.String())
-		if m != nil {
-			addr = m[1]
-		}
-		return m != nil
-	}, 10*time.Second, 10*time.Millisecond)
-	return "http://" + addr
-}
-
-func get(t *testing.T, url string) (int, string) {
-	t.Helper()
-	res, err := http.Get(url)
-	require.NoError(t, err)
-	defer res.Body.Close()
-	b, err := io.ReadAll(res.Body)
-	require.NoError(t, err)
-	return res.StatusCode, string(b)
+	return "http://" + testenv.LogValue(t, out, "ops server listening", "addr")
 }
 
 func TestRunRelaysServesOpsAndDrainsOnSIGTERM(t *testing.T) {
@@ -89,7 +50,7 @@ func TestRunRelaysServesOpsAndDrainsOnSIGTERM(t *testing.T) {
 		"DATABASE_URL": dbURL, "AMQP_URL": rabbitmqtest.URL(), "METRICS_ADDR": "127.0.0.1:0",
 		"AMQP_EXCHANGE": names.Exchange, "NOTIFY_QUEUE": names.NotifyQueue, "OUTBOX_POLL_INTERVAL": "100ms",
 	}
-	out := &syncBuffer{}
+	out := &testenv.Output{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, getenv(env), out) }()
@@ -103,11 +64,11 @@ func TestRunRelaysServesOpsAndDrainsOnSIGTERM(t *testing.T) {
 		return n == 1
 	}, 10*time.Second, 20*time.Millisecond, "event published")
 
-	status, body := get(t, base+"/healthz")
+	status, body := testenv.Get(t, base+"/healthz")
 	require.Equal(t, http.StatusOK, status)
-	status, body = get(t, base+"/readyz")
+	status, body = testenv.Get(t, base+"/readyz")
 	require.Equal(t, http.StatusOK, status, body)
-	status, body = get(t, base+"/metrics")
+	status, body = testenv.Get(t, base+"/metrics")
 	require.Equal(t, http.StatusOK, status)
 	require.Contains(t, body, "checkout_outbox_published_total 1")
 	require.Contains(t, out.String(), `"AMQP_URL":"amqp://guest:***@`, "secrets masked in the config log")
@@ -126,7 +87,7 @@ func TestReadyzNamesRabbitMQWhileTheBrokerIsUnreachable(t *testing.T) {
 	t.Parallel()
 	_, dbURL := pgtest.NewDB(t)
 	env := map[string]string{"DATABASE_URL": dbURL, "AMQP_URL": "amqp://guest:guest@127.0.0.1:1/", "METRICS_ADDR": "127.0.0.1:0"}
-	out := &syncBuffer{}
+	out := &testenv.Output{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, getenv(env), out) }()
@@ -134,14 +95,14 @@ func TestReadyzNamesRabbitMQWhileTheBrokerIsUnreachable(t *testing.T) {
 
 	var failing map[string]any
 	require.Eventually(t, func() bool {
-		status, body := get(t, base+"/readyz")
+		status, body := testenv.Get(t, base+"/readyz")
 		var v struct{ Failing map[string]any }
 		_ = json.Unmarshal([]byte(body), &v)
 		failing = v.Failing
 		return status == http.StatusServiceUnavailable && v.Failing["postgres"] == nil
 	}, 10*time.Second, 50*time.Millisecond)
 	require.Contains(t, failing, "rabbitmq")
-	status, _ := get(t, base+"/healthz")
+	status, _ := testenv.Get(t, base+"/healthz")
 	require.Equal(t, http.StatusOK, status, "alive while waiting")
 
 	cancel()

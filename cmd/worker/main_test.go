@@ -1,12 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net/http"
-	"regexp"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,25 +15,8 @@ import (
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
 	"github.com/onceonly/checkout/internal/rabbitmq"
 	"github.com/onceonly/checkout/internal/rabbitmq/rabbitmqtest"
+	"github.com/onceonly/checkout/internal/testenv"
 )
-
-// syncBuffer is the process's stdout, read while it runs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func getenv(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
@@ -59,28 +39,9 @@ func TestBadValueStopsStartNamingTheVariable(t *testing.T) {
 }
 
 // opsAddr waits for the ops server's address in the log.
-func opsAddr(t *testing.T, out *syncBuffer) string {
+func opsAddr(t *testing.T, out *testenv.Output) string {
 	t.Helper()
-	re := regexp.MustCompile(`"msg":"ops server listening"[^\n]*?"addr":"([^"]+)"`)
-	var addr string
-	require.Eventually(t, func() bool {
-		m := re.FindStringSubmatch(out.String())
-		if m != nil {
-			addr = m[1]
-		}
-		return m != nil
-	}, 10*time.Second, 10*time.Millisecond)
-	return "http://" + addr
-}
-
-func get(t *testing.T, url string) (int, string) {
-	t.Helper()
-	res, err := http.Get(url)
-	require.NoError(t, err)
-	defer res.Body.Close()
-	b, err := io.ReadAll(res.Body)
-	require.NoError(t, err)
-	return res.StatusCode, string(b)
+	return "http://" + testenv.LogValue(t, out, "ops server listening", "addr")
 }
 
 func TestRunNotifiesServesOpsAndDrainsOnSIGTERM(t *testing.T) {
@@ -95,7 +56,7 @@ func TestRunNotifiesServesOpsAndDrainsOnSIGTERM(t *testing.T) {
 		"AMQP_EXCHANGE": names.Exchange, "NOTIFY_QUEUE": names.NotifyQueue,
 		"SMTP_ADDR": sink.Addr(), "SMTP_FROM": "shop@example.com",
 	}
-	out := &syncBuffer{}
+	out := &testenv.Output{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, getenv(env), out) }()
@@ -119,11 +80,11 @@ func TestRunNotifiesServesOpsAndDrainsOnSIGTERM(t *testing.T) {
 	require.Equal(t, map[string]int{notify.MessageID(ntfID): 1}, sink.CountByMessageID())
 	require.Equal(t, "shop@example.com", sink.Messages()[0].From)
 
-	status, _ := get(t, base+"/healthz")
+	status, _ := testenv.Get(t, base+"/healthz")
 	require.Equal(t, http.StatusOK, status)
-	status, text := get(t, base+"/readyz")
+	status, text := testenv.Get(t, base+"/readyz")
 	require.Equal(t, http.StatusOK, status, text)
-	status, text = get(t, base+"/metrics")
+	status, text = testenv.Get(t, base+"/metrics")
 	require.Equal(t, http.StatusOK, status)
 	require.Contains(t, text, "checkout_notify_emails_sent_total 1")
 
