@@ -66,8 +66,10 @@ func (m *SMTPMailer) Send(ctx context.Context, e Email) error {
 	if err := c.SendMail(e.From, []string{asciiDomain(e.To)}, bytes.NewReader(Format(e, time.Now()))); err != nil {
 		return fmt.Errorf("smtp: send %s: %w", e.MessageID, err)
 	}
-	// The message is accepted; a failed QUIT changes nothing.
-	_ = c.Quit()
+	// The message is accepted (250 after DATA). Return now, without waiting
+	// for QUIT's reply: until the sender records "sent", a crash resends the
+	// message, so no round trip belongs in between. The deferred Close ends
+	// the connection; servers treat that like QUIT once DATA was accepted.
 	return nil
 }
 
