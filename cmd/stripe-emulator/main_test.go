@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -12,39 +11,13 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/checkout/internal/testenv"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
-}
-
-// logBuffer is stdout for run, readable while it runs.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// addr returns the address from the "listening" log line, or "".
-func (b *logBuffer) addr() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for _, line := range strings.Split(b.buf.String(), "\n") {
-		var v struct {
-			Msg  string `json:"msg"`
-			Addr string `json:"addr"`
-		}
-		if json.Unmarshal([]byte(line), &v) == nil && v.Msg == "stripe emulator listening" {
-			return v.Addr
-		}
-	}
-	return ""
 }
 
 // start runs the emulator on a free port and returns its base URL and a stop
@@ -53,7 +26,7 @@ func (b *logBuffer) addr() string {
 func start(t testing.TB) (base string, stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	out := &logBuffer{}
+	out := &testenv.Output{}
 	env := map[string]string{"STRIPE_EMULATOR_ADDR": "127.0.0.1:0"}
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, func(k string) string { return env[k] }, out) }()
@@ -62,8 +35,7 @@ func start(t testing.TB) (base string, stop func() error) {
 		return <-done
 	})
 	t.Cleanup(func() { _ = stop() })
-	require.Eventually(t, func() bool { return out.addr() != "" }, 5*time.Second, 10*time.Millisecond)
-	return "http://" + out.addr(), stop
+	return "http://" + testenv.LogValue(t, out, "stripe emulator listening", "addr"), stop
 }
 
 func TestRunServesAndDrains(t *testing.T) {

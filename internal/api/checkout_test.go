@@ -489,7 +489,7 @@ func TestTakeoverAfterExpiredLease(t *testing.T) {
 // even while Redis still caches the old response.
 func TestKeyReusableAfterTTL(t *testing.T) {
 	t.Parallel()
-	clk := &clock{}
+	clk := &testenv.Clock{}
 	h := setup(t, func(o *options) { o.ttl = time.Hour; o.now = clk.Now })
 	first := h.checkout("ttl-1", teeBody)
 	require.Equal(t, http.StatusCreated, first.status)

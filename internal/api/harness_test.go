@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -61,7 +59,7 @@ type harness struct {
 	emu      *stripeemu.Emulator
 	srv      *httptest.Server
 	api      *api.API
-	logs     *syncBuffer
+	logs     *testenv.Output
 	registry *registry
 }
 
@@ -113,7 +111,7 @@ func setup(t testing.TB, opt ...func(*options)) *harness {
 	for _, f := range opt {
 		f(&o)
 	}
-	h := &harness{t: t, logs: &syncBuffer{}}
+	h := &harness{t: t, logs: &testenv.Output{}}
 	h.db, _ = pgtest.NewDB(t, pgtest.Options{MaxConns: o.maxConns})
 	if o.redisURL == "" {
 		h.rdb, h.prefix = testenv.Redis(t)
@@ -230,44 +228,6 @@ func eventually(t testing.TB, what string, cond func() bool) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if os.Getenv("TEST_LOG_STDERR") != "" {
-		os.Stderr.Write(p)
-	}
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// clock is a settable test clock.
-type clock struct {
-	mu     sync.Mutex
-	offset time.Duration
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return time.Now().Add(c.offset)
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.offset += d
 }
 
 func mustRead(t testing.TB, resp *http.Response) string {

@@ -47,13 +47,13 @@ type completerEnv struct {
 	emu    *stripeemu.Emulator
 	emuURL string
 	srv    *httptest.Server
-	logs   *logBuffer
+	logs   *testenv.Output
 	logger *slog.Logger
 }
 
 func setupCompleter(t testing.TB) *completerEnv {
 	t.Helper()
-	e := &completerEnv{t: t, logs: &logBuffer{}}
+	e := &completerEnv{t: t, logs: &testenv.Output{}}
 	e.db, _ = pgtest.NewDB(t)
 	rdb, prefix := testenv.Redis(t)
 
@@ -303,7 +303,7 @@ func TestCompleterRetriesAfterFailure(t *testing.T) {
 	t.Parallel()
 	e := setupCompleter(t)
 	e.stuck(teeBody, "flaky-1")
-	clk := &clock{}
+	clk := &testenv.Clock{}
 	w := e.worker(maintenance.CompleterConfig{Interval: time.Second, Grace: 30 * time.Second}, clk.Now)
 
 	require.NoError(t, e.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultFail, Status: http.StatusServiceUnavailable}))
@@ -421,7 +421,7 @@ func TestCompleterFailingKeyDoesNotBlockOthers(t *testing.T) {
 	fake := &fakeCompleter{db: db, answer: map[int64]string{
 		poison: maintenance.ResultFailed, good: maintenance.ResultCompleted, skip: maintenance.ResultSkipped}}
 
-	clk := &clock{}
+	clk := &testenv.Clock{}
 	reg := prometheus.NewRegistry()
 	c, err := maintenance.NewCompleter(db, &idempotency.Store{Lease: 5 * time.Second, TTL: time.Hour, Now: clk.Now}, fake,
 		maintenance.CompleterConfig{BatchSize: 1, Interval: time.Second, Registerer: reg, Now: clk.Now})

@@ -4,14 +4,16 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"os"
 	"regexp"
 	"sync"
 	"testing"
 	"time"
 )
 
-// Output is a goroutine-safe io.Writer to pass as a process's stdout (the
-// run functions of cmd/*), read by the test while the process runs.
+// Output is a goroutine-safe io.Writer for logs: a process's stdout (the
+// run functions of cmd/*) or a logger's, read by the test while it runs.
+// With TEST_LOG_STDERR set, everything is also copied to stderr as it comes.
 type Output struct {
 	mu sync.Mutex
 	b  bytes.Buffer
@@ -21,6 +23,9 @@ type Output struct {
 func (o *Output) Write(p []byte) (int, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if os.Getenv("TEST_LOG_STDERR") != "" {
+		os.Stderr.Write(p)
+	}
 	return o.b.Write(p)
 }
 
@@ -29,6 +34,28 @@ func (o *Output) String() string {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.b.String()
+}
+
+// Clock is a settable test clock: real time plus an offset, so that lease
+// and TTL tests move time forward instead of sleeping. Its Now is the
+// func() time.Time the stores take.
+type Clock struct {
+	mu     sync.Mutex
+	offset time.Duration
+}
+
+// Now returns the real time plus the offset.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return time.Now().Add(c.offset)
+}
+
+// Advance moves the clock forward by d.
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.offset += d
 }
 
 // LogValue waits up to 10s for a JSON log line of out with "msg":msg and a
