@@ -718,3 +718,29 @@ func TestResponseShapeLimits(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, resp.StatusCode)
 	require.Equal(t, "application/problem+json", resp.Header.Get("Content-Type"))
 }
+
+// TestOutOfStockLeavesNothing: when a later SKU of a basket is short, the
+// units already reserved for an earlier one, the order, its items and its
+// order.created event are all rolled back (to the savepoint before the
+// order); only the key's stored 409 remains.
+func TestOutOfStockLeavesNothing(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	require.NoError(t, h.db.Exec(`UPDATE products SET stock = 1 WHERE sku = 'sku_tee'`).Error)
+	body := `{"email":"buyer@example.com","items":[{"sku":"sku_mug","quantity":1},{"sku":"sku_tee","quantity":2}],"payment_method":"pm_card_visa"}`
+	r := h.checkout("short-1", body)
+	require.Equal(t, http.StatusConflict, r.status, "%s", r.body)
+	require.Equal(t, "out_of_stock", decodeProblem(t, r).Code)
+
+	require.EqualValues(t, 10_000_000, h.stock("sku_mug"), "sku_mug was reserved first (sku order) and given back")
+	require.EqualValues(t, 1, h.stock("sku_tee"))
+	require.Equal(t, 0, h.count(`SELECT count(*) FROM orders`))
+	require.Equal(t, 0, h.count(`SELECT count(*) FROM order_items`))
+	require.Equal(t, 0, h.count(`SELECT count(*) FROM outbox`))
+	require.Equal(t, 0, h.emu.TotalCreated())
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM idempotency_keys WHERE recovery_point = 'finished' AND response_status = 409 AND order_id IS NULL`))
+
+	again := h.checkout("short-1", body)
+	require.Equal(t, "true", again.header.Get(idempotency.ReplayedHeader))
+	require.Equal(t, string(r.body), string(again.body))
+}
