@@ -744,3 +744,21 @@ func TestOutOfStockLeavesNothing(t *testing.T) {
 	require.Equal(t, "true", again.header.Get(idempotency.ReplayedHeader))
 	require.Equal(t, string(r.body), string(again.body))
 }
+
+// TestPaymentNeedingAction: a PaymentIntent left in requires_action (3D
+// Secure, which this API cannot complete) moved no money, so the order
+// fails like a decline and its stock comes back; the outcome is stored.
+func TestPaymentNeedingAction(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	before := h.stock("sku_tee")
+	body := strings.Replace(teeBody, "pm_card_visa", "pm_card_authenticationRequired", 1)
+	r := h.checkout("3ds-1", body)
+	require.Equal(t, http.StatusPaymentRequired, r.status, "%s", r.body)
+	p := decodeProblem(t, r)
+	require.Equal(t, "card_declined", p.Code)
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM orders WHERE id = ? AND status = 'payment_failed' AND payment_status = 'requires_action'`, p.OrderID))
+	require.Equal(t, before, h.stock("sku_tee"))
+	require.Equal(t, "true", h.checkout("3ds-1", body).header.Get(idempotency.ReplayedHeader))
+	require.Equal(t, 1, h.emu.TotalCreated())
+}
