@@ -138,7 +138,7 @@ const MaxFieldErrors = 50
 
 // ValidationError returns the 400 validation_error problem listing errs,
 // in field order, at most MaxFieldErrors of them.
-func ValidationError(errs []FieldError) error {
+func ValidationError(errs []FieldError) *problem.Problem {
 	errs = slices.Clone(errs)
 	slices.SortStableFunc(errs, func(a, b FieldError) int { return strings.Compare(a.Field, b.Field) })
 	detail := "The request body has invalid fields; see errors."

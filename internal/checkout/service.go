@@ -325,7 +325,7 @@ func (s *Service) translate(err error) error {
 		return err
 	}
 	if postgres.IsDataException(err) {
-		return problem.Wrap(errUnstorable.(*problem.Problem), err)
+		return problem.Wrap(errUnstorable, err)
 	}
 	return problem.Wrap(ErrUnavailable, err)
 }

@@ -339,7 +339,7 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 	apiLayers()
 	workerLayer()
 
-	violations := check(s, keys, quiesceErr)
+	violations, resends := check(s, keys, quiesceErr)
 	stats := s.Stats()
 	stripeReplays := 0
 	stripe409 := 0
@@ -417,13 +417,6 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 }
 
 // violation is one invariant and the cases that break it.
-// resends lists the orders whose one email (one Message-ID) reached the
-// SMTP server more than once. SMTP has no transactions: a worker killed
-// between the server's "250 OK" and its own commit of "sent" sends the same
-// message again after its claim expires. That is the at-least-once half of
-// the sender, made harmless by the deterministic Message-ID that receivers
-// deduplicate on; it is reported, not counted as a violation.
-var resends []string
 
 type violation struct {
 	name     string
@@ -431,8 +424,15 @@ type violation struct {
 }
 
 // check verifies every invariant against the database, the emulator and
-// the sink.
-func check(s *stack.Stack, keys []*keyState, quiesceErr error) []*violation {
+// the sink, and lists the SMTP resends apart.
+//
+// resends lists the orders whose one email (one Message-ID) reached the
+// SMTP server more than once. SMTP has no transactions: a worker killed
+// between the server's "250 OK" and its own commit of "sent" sends the same
+// message again after its claim expires. That is the at-least-once half of
+// the sender, made harmless by the deterministic Message-ID that receivers
+// deduplicate on; it is reported, not counted as a violation.
+func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*violation, resends []string) {
 	inv := func(name string) *violation { return &violation{name: name} }
 	var (
 		oneCharge   = inv("one charge per key")
@@ -449,7 +449,6 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) []*violation {
 	}
 	stats := s.Stats()
 	msgs := s.Messages()
-	resends = nil
 
 	type keyRow struct{ recoveryPoint, orderID, orderStatus, pi string }
 	rows := map[string]keyRow{}
@@ -533,5 +532,5 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) []*violation {
 	if n := s.Unpublished(); n > 0 {
 		unpublished.examples = append(unpublished.examples, fmt.Sprintf("%d rows", n))
 	}
-	return []*violation{oneCharge, oneOrder, oneEmail, seen201, sameAnswer, finished, unpublished, quiet}
+	return []*violation{oneCharge, oneOrder, oneEmail, seen201, sameAnswer, finished, unpublished, quiet}, resends
 }
