@@ -53,7 +53,7 @@ demo:
 chaos: build
 	$(GO) run ./tests/chaos -n $${N:-2000}
 
-## bench: benchmarks against the machine's own limits (pgbench, raw publish rate)
+## bench: the benchmark of record (real processes, wrk, pgbench, raw publish); RUNS=3 DUR=5
 bench:
 	./scripts/bench.sh
 

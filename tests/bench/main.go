@@ -1,0 +1,524 @@
+// Command bench is the benchmark of record (`make bench`): it runs the real
+// binaries as a user deploys them (api, dispatcher, worker, the Stripe
+// emulator and an SMTP sink, each its own process, on a fresh database),
+// drives them with wrk from a separate process that does not check answers
+// in the timed loop, and measures in the same run what this machine can do
+// with the same work: pgbench of the checkout's own SQL, of a minimal
+// durable checkout and of the worker's SQL, a bare gin handler under the
+// same load generator, and raw RabbitMQ publishing with a window of
+// confirms. It repeats that -runs times, writes the median of each figure
+// and ratio to bench/results/latest.json and a dated copy, and prints them.
+//
+// `bench gin` is the bare gin handler, run by bench as its own process.
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/testenv"
+	"github.com/onceonly/checkout/migrations"
+)
+
+type config struct {
+	root, binDir, logDir, luaPath, outDir string
+	pgAdmin, redisURL, amqpURL            string
+	runs                                  int
+	dur                                   time.Duration
+	largeKeys                             int
+}
+
+var benchCfg config
+
+// targets are the issue's: every key of latest.json and its bound.
+var targets = []struct {
+	key   string
+	bound float64
+	below bool // the figure must stay below the bound
+}{
+	{"checkout_over_pgbench", 0.6, false},
+	{"sql_over_minimal", 0.5, false},
+	{"hot_sku_over_spread", 0.8, false},
+	{"replay_over_http", 0.3, false},
+	{"dispatch_over_raw_publish", 0.7, false},
+	{"commit_to_publish_p99_ms", 20, true},
+	{"worker_over_pgbench", 0.6, false},
+	{"large_table_over_empty", 0.9, false},
+}
+
+var curveClients = []int{1, 4, 16, 64}
+
+// the concurrency every ratio compares at
+const clients = 16
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "gin" {
+		serveGin()
+		return
+	}
+	c := &benchCfg
+	flag.IntVar(&c.runs, "runs", 3, "runs; the record is the median")
+	flag.DurationVar(&c.dur, "dur", 5*time.Second, "duration of each timed point")
+	flag.StringVar(&c.binDir, "bin", "bin", "directory of the built binaries (make build)")
+	flag.StringVar(&c.outDir, "out", "bench/results", "where latest.json and the dated copy go")
+	flag.IntVar(&c.largeKeys, "large-keys", 5_000_000, "idempotency keys in the large-table database")
+	flag.Parse()
+	c.pgAdmin = env("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+	c.redisURL = env("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+	c.amqpURL = env("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	if err := run(c); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func env(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func uptime() string {
+	out, _ := exec.Command("uptime").Output()
+	return strings.TrimSpace(string(out))
+}
+
+func logf(format string, args ...any) {
+	fmt.Printf("[%s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+func run(c *config) error {
+	var err error
+	if c.root, err = os.Getwd(); err != nil {
+		return err
+	}
+	c.binDir, _ = filepath.Abs(c.binDir)
+	c.luaPath = filepath.Join(c.root, "tests/bench/checkout.lua")
+	c.logDir = filepath.Join(c.root, "tmp/bench")
+	os.RemoveAll(c.logDir)
+	if err := os.MkdirAll(c.logDir, 0o755); err != nil {
+		return err
+	}
+	for _, tool := range []string{"wrk", "pgbench"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("%s is not installed (scripts/bench.sh installs wrk)", tool)
+		}
+	}
+	started := time.Now()
+	before := uptime()
+	logf("load before: %s", before)
+	large, err := largeDB(c)
+	if err != nil {
+		return fmt.Errorf("large-table database: %w", err)
+	}
+	var runs []map[string]float64
+	for i := range c.runs {
+		logf("run %d of %d (%s)", i+1, c.runs, uptime())
+		r, err := oneRun(c, i, large)
+		if err != nil {
+			return fmt.Errorf("run %d: %w", i+1, err)
+		}
+		runs = append(runs, r)
+	}
+	after := uptime()
+	return report(c, runs, before, after, time.Since(started))
+}
+
+// oneRun measures everything once and returns every figure and ratio.
+func oneRun(c *config, i int, large string) (map[string]float64, error) {
+	ctx := context.Background()
+	f := map[string]float64{}
+	id := fmt.Sprintf("r%d%s", i, testenv.Random(3))
+
+	// The service on a fresh database.
+	name := "bench_" + id
+	url, err := createDB(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer dropDB(name)
+	s, err := startStack(c, url, id)
+	if err != nil {
+		return nil, err
+	}
+	defer s.stop()
+	// 1,000 more skus for the spread load, and orders for the relay's and
+	// the worker's events.
+	if err := execSQL(ctx, url,
+		`INSERT INTO products (sku, name, unit_amount, currency, stock)
+		 SELECT format('sku_b%s', lpad(g::text, 4, '0')), 'Bench '||g, 1000, 'usd', 10000000 FROM generate_series(0, 999) g`,
+		fmt.Sprintf(`INSERT INTO orders (id, tenant_id, status, email, currency, amount_total, payment_method, created_at, updated_at)
+		 SELECT 'ord_bench_'||g, 'acme', 'paid', 'buyer@example.com', 'usd', 2500, 'pm_card_visa', now(), now()
+		 FROM generate_series(1, %d) g`, relayEvents/2),
+	); err != nil {
+		return nil, err
+	}
+
+	// Checkouts, all of one sku, at 1, 4, 16 and 64 clients.
+	ceiling := 0.0
+	for _, n := range curveClients {
+		l, err := wrk(s.apiURL, n, c.dur, "new", id+"-hot"+fmt.Sprint(n), "0", "0")
+		if err != nil {
+			return nil, err
+		}
+		logf("  checkout, one sku, %2d clients: %7.1f/s  p50 %6.1f ms  p99 %6.1f ms  errors %d", n, l.Rate, l.P50ms, l.P99ms, l.Errors)
+		put(f, fmt.Sprintf("checkout_hot_c%d", n), l)
+		ceiling = max(ceiling, l.Rate)
+	}
+	l, err := wrk(s.apiURL, clients, c.dur, "new", id+"-spread", "1000", "0")
+	if err != nil {
+		return nil, err
+	}
+	logf("  checkout, 1,000 skus, %d clients: %7.1f/s  p99 %6.1f ms", clients, l.Rate, l.P99ms)
+	put(f, "checkout_spread", l)
+
+	// Replays of one finished key.
+	if l, err = wrk(s.apiURL, 1, time.Second, "new", id+"-replay", "0", "0"); err != nil || l.Rate == 0 {
+		return nil, fmt.Errorf("replay setup: %v", err)
+	}
+	// wrk's first key of thread 1 is <prefix>-1-1.
+	l, err = wrk(s.apiURL, clients, c.dur, "replay", id+"-replay-1-1", "0", "0")
+	if err != nil {
+		return nil, err
+	}
+	logf("  replay, %d clients: %7.1f/s  p99 %6.1f ms  errors %d", clients, l.Rate, l.P99ms, l.Errors)
+	put(f, "replay", l)
+
+	// Commit to broker confirm at half the checkout ceiling: 8 clients,
+	// each pausing so that together they send about ceiling/2 a second.
+	p50 := f["checkout_hot_c1_p50_ms"]
+	pause := max(0, int(8*1000/(ceiling/2)-p50))
+	lagBefore, err := metrics(s.dispOps, "checkout_outbox_publish_lag_seconds")
+	if err != nil {
+		return nil, err
+	}
+	l, err = wrk(s.apiURL, 8, c.dur, "new", id+"-paced", "0", fmt.Sprint(pause))
+	if err != nil {
+		return nil, err
+	}
+	time.Sleep(500 * time.Millisecond) // the last events' confirms
+	lagAfter, err := metrics(s.dispOps, "checkout_outbox_publish_lag_seconds")
+	if err != nil {
+		return nil, err
+	}
+	f["paced_checkouts_per_s"] = l.Rate
+	f["commit_to_publish_p50_ms"] = 1000 * histQuantile(0.5, lagBefore, lagAfter, "checkout_outbox_publish_lag_seconds")
+	f["commit_to_publish_p99_ms"] = 1000 * histQuantile(0.99, lagBefore, lagAfter, "checkout_outbox_publish_lag_seconds")
+	logf("  commit to confirm at %.0f checkouts/s (ceiling %.0f/s): p50 %.1f ms, p99 %.1f ms", l.Rate, ceiling,
+		f["commit_to_publish_p50_ms"], f["commit_to_publish_p99_ms"])
+
+	// The broker's limit, then the relay and the worker on a backlog.
+	s.byName["worker"].stop()
+	if f["raw_publish_per_s"], err = rawPublish(s, 3*time.Second, 512); err != nil {
+		return nil, err
+	}
+	logf("  raw publish, window of 512 confirms: %.0f/s", f["raw_publish_per_s"])
+	published := metric(s.dispOps, "checkout_outbox_published_total")
+	if err := execSQL(ctx, url, fmt.Sprintf(`INSERT INTO outbox (id, tenant_id, aggregate_id, type, payload, occurred_at)
+		SELECT 'evt_bench_'||g, 'acme', 'ord_bench_'||(g/2+1), t, json_build_object('id', 'evt_bench_'||g, 'type', t,
+		  'occurred_at', now(), 'tenant_id', 'acme', 'data', (%s::jsonb || jsonb_build_object('id', 'ord_bench_'||(g/2+1))))::text::json, now()
+		FROM generate_series(0, %d) g, LATERAL (SELECT CASE g %% 2 WHEN 0 THEN 'order.created' ELSE 'order.paid' END AS t) x`,
+		quote(orderJSON), relayEvents-1)); err != nil {
+		return nil, err
+	}
+	if f["relay_per_s"], err = drain(s.dispOps, "checkout_outbox_published_total", published, relayEvents, 60*time.Second); err != nil {
+		return nil, err
+	}
+	logf("  relay of %d events: %.0f/s", relayEvents, f["relay_per_s"])
+	w := s.byName["worker"]
+	if err := w.start(); err != nil {
+		return nil, err
+	}
+	if f["worker_per_s"], err = drain(s.workOps, "checkout_notify_events_processed_total", 0, relayEvents/2, 90*time.Second); err != nil {
+		return nil, err
+	}
+	logf("  worker, %d order.paid events: %.0f/s", relayEvents/2, f["worker_per_s"])
+	s.stop()
+
+	// The same checkouts on a database holding many keys.
+	if err := execSQL(ctx, large, `DELETE FROM idempotency_keys WHERE tenant_id <> 'bench'`,
+		`TRUNCATE orders, order_items, outbox, inbox, notifications`); err != nil {
+		return nil, err
+	}
+	ls, err := startStack(c, large, id+"L")
+	if err != nil {
+		return nil, err
+	}
+	l, err = wrk(ls.apiURL, clients, c.dur, "new", id+"-large", "0", "0")
+	ls.stop()
+	if err != nil {
+		return nil, err
+	}
+	logf("  checkout, one sku, %d clients, %d keys in the table: %7.1f/s  p99 %6.1f ms", clients, c.largeKeys, l.Rate, l.P99ms)
+	put(f, "checkout_large", l)
+
+	// A bare gin handler under the same load generator.
+	g := &proc{name: "gin", bin: os.Args[0], ready: "", log: filepath.Join(c.logDir, id+"-gin.log")}
+	addr := freeAddr()
+	g.env = []string{"PATH=" + os.Getenv("PATH"), "GIN_ADDR=" + addr}
+	g.ready = "http://" + addr + "/healthz"
+	if err := g.start(); err != nil {
+		return nil, err
+	}
+	l, err = wrk("http://"+addr, clients, c.dur, "new", id+"-gin", "0", "0")
+	g.stop()
+	if err != nil {
+		return nil, err
+	}
+	logf("  bare gin 201, %d clients: %7.1f/s  p99 %6.1f ms", clients, l.Rate, l.P99ms)
+	put(f, "bare_gin", l)
+
+	// pgbench on a fresh database with the same schema.
+	pgName := "bench_pg_" + id
+	pgURL, err := createDB(ctx, pgName)
+	if err != nil {
+		return nil, err
+	}
+	defer dropDB(pgName)
+	if err := migrate(ctx, pgURL); err != nil {
+		return nil, err
+	}
+	if err := execSQL(ctx, pgURL, fmt.Sprintf(`INSERT INTO orders (id, tenant_id, status, email, currency, amount_total, payment_method, created_at, updated_at)
+		SELECT g::text, 'acme', 'paid', 'buyer@example.com', 'usd', 2500, 'pm_card_visa', now(), now() FROM generate_series(1, %d) g`, workerOrders),
+		`VACUUM ANALYZE`); err != nil {
+		return nil, err
+	}
+	vars := pgbenchVars()
+	for _, b := range []struct{ name, script string }{
+		{"pgbench_checkout", "internal/checkout/pgbench_checkout.sql"},
+		{"pgbench_minimal", "tests/bench/minimal.sql"},
+		{"pgbench_worker", "internal/notify/pgbench_worker.sql"},
+	} {
+		tps, lat, err := pgbench(pgURL, filepath.Join(c.root, b.script), clients, c.dur, vars)
+		if err != nil {
+			return nil, err
+		}
+		f[b.name+"_tps"], f[b.name+"_latency_ms"] = tps, lat
+		logf("  %s, %d clients: %.0f tps (latency %.1f ms)", b.script, clients, tps, lat)
+	}
+
+	f["checkout_over_pgbench"] = f["checkout_hot_c16_per_s"] / f["pgbench_checkout_tps"]
+	f["sql_over_minimal"] = f["pgbench_checkout_tps"] / f["pgbench_minimal_tps"]
+	f["hot_sku_over_spread"] = f["checkout_hot_c16_per_s"] / f["checkout_spread_per_s"]
+	f["replay_over_http"] = f["replay_per_s"] / f["bare_gin_per_s"]
+	f["dispatch_over_raw_publish"] = f["relay_per_s"] / f["raw_publish_per_s"]
+	f["worker_over_pgbench"] = f["worker_per_s"] / f["pgbench_worker_tps"]
+	f["large_table_over_empty"] = f["checkout_large_per_s"] / f["checkout_hot_c16_per_s"]
+	return f, nil
+}
+
+// relayEvents is the backlog the relay drains (half of them order.paid,
+// which the worker then consumes).
+const relayEvents = 20000
+
+func put(f map[string]float64, name string, l load) {
+	f[name+"_per_s"], f[name+"_p50_ms"], f[name+"_p99_ms"], f[name+"_errors"] = l.Rate, l.P50ms, l.P99ms, float64(l.Errors)
+}
+
+func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+func migrate(ctx context.Context, url string) error {
+	db, err := postgres.Open(ctx, postgres.Config{URL: url, MaxConns: 2})
+	if err != nil {
+		return err
+	}
+	defer postgres.Close(db)
+	return postgres.Migrate(ctx, db, slog.New(slog.DiscardHandler))
+}
+
+// largeDB returns a database holding c.largeKeys finished keys, built once
+// per version of the migrations and kept between runs (bench_large_<hash>).
+func largeDB(c *config) (string, error) {
+	ctx := context.Background()
+	h := sha256.New()
+	entries, err := migrations.FS.ReadDir(".")
+	if err != nil {
+		return "", err
+	}
+	for _, e := range entries {
+		b, _ := migrations.FS.ReadFile(e.Name())
+		h.Write(b)
+	}
+	fmt.Fprint(h, c.largeKeys)
+	name := "bench_large_" + hex.EncodeToString(h.Sum(nil))[:12]
+	admin, err := pgx.Connect(ctx, c.pgAdmin)
+	if err != nil {
+		return "", err
+	}
+	defer admin.Close(ctx)
+	rows, err := admin.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE 'bench_large_%'`)
+	if err != nil {
+		return "", err
+	}
+	var have []string
+	for rows.Next() {
+		var n string
+		rows.Scan(&n)
+		have = append(have, n)
+	}
+	rows.Close()
+	found := false
+	for _, n := range have {
+		if n == name {
+			found = true
+			continue
+		}
+		dropDB(n) // built for older migrations
+	}
+	url := dbURL(name)
+	if found {
+		return url, nil
+	}
+	logf("building %s: %d finished keys (once per version of the migrations)", name, c.largeKeys)
+	tmp := name + "_tmp"
+	dropDB(tmp)
+	tmpURL, err := createDB(ctx, tmp)
+	if err != nil {
+		return "", err
+	}
+	if err := migrate(ctx, tmpURL); err != nil {
+		return "", err
+	}
+	if err := execSQL(ctx, tmpURL, fmt.Sprintf(`INSERT INTO idempotency_keys (tenant_id, route, key, fingerprint, recovery_point, order_id,
+		  response_status, response_headers, response_body, created_at, updated_at, finished_at, expires_at)
+		SELECT 'bench', 'POST /v1/checkouts', 'bench-key-'||g, md5(g::text)||md5((-g)::text), 'finished', 'ord_'||md5(g::text),
+		  201, '{"Content-Type":["application/json"]}', convert_to(%s, 'UTF8'), now(), now(), now(), now() + interval '10 years'
+		FROM generate_series(1, %d) g`, quote(orderJSON), c.largeKeys), `VACUUM ANALYZE`); err != nil {
+		return "", err
+	}
+	if _, err := admin.Exec(ctx, "ALTER DATABASE "+tmp+" RENAME TO "+name); err != nil {
+		return "", err
+	}
+	return url, nil
+}
+
+func median(xs []float64) float64 {
+	s := append([]float64{}, xs...)
+	sort.Float64s(s)
+	if len(s) == 0 {
+		return math.NaN()
+	}
+	return s[len(s)/2]
+}
+
+func report(c *config, runs []map[string]float64, before, after string, took time.Duration) error {
+	med := map[string]float64{}
+	for k := range runs[0] {
+		var xs []float64
+		for _, r := range runs {
+			xs = append(xs, r[k])
+		}
+		med[k] = round(median(xs))
+	}
+	out := map[string]any{
+		"date":          time.Now().UTC().Format(time.RFC3339),
+		"command":       "make bench",
+		"runs":          c.runs,
+		"seconds_each":  c.dur.Seconds(),
+		"clients":       clients,
+		"load_before":   before,
+		"load_after":    after,
+		"took_s":        math.Round(took.Seconds()),
+		"figures":       med,
+		"per_run":       runs,
+		"targets":       map[string]string{},
+		"met":           map[string]bool{},
+		"large_keys":    c.largeKeys,
+		"nproc":         nproc(),
+		"curve_clients": curveClients,
+	}
+	fmt.Printf("\nmedian of %d runs, %gs per point (%s)\n\n", c.runs, c.dur.Seconds(), after)
+	fmt.Printf("| key | median | target | met |\n|---|---|---|---|\n")
+	for _, t := range targets {
+		v := med[t.key]
+		met := v >= t.bound
+		op := ">="
+		if t.below {
+			met, op = v < t.bound, "<"
+		}
+		out[t.key] = v
+		out["targets"].(map[string]string)[t.key] = fmt.Sprintf("%s %g", op, t.bound)
+		out["met"].(map[string]bool)[t.key] = met
+		fmt.Printf("| `%s` | %.2f | %s %g | %s |\n", t.key, v, op, t.bound, yes(met))
+	}
+	fmt.Printf("\n| clients | checkouts/s (one sku) | p50 ms | p99 ms |\n|---|---|---|---|\n")
+	var curve []map[string]float64
+	for _, n := range curveClients {
+		k := fmt.Sprintf("checkout_hot_c%d", n)
+		curve = append(curve, map[string]float64{"clients": float64(n), "per_s": med[k+"_per_s"], "p50_ms": med[k+"_p50_ms"], "p99_ms": med[k+"_p99_ms"]})
+		fmt.Printf("| %d | %.0f | %.1f | %.1f |\n", n, med[k+"_per_s"], med[k+"_p50_ms"], med[k+"_p99_ms"])
+	}
+	out["curve"] = curve
+	fmt.Printf("\n| figure | median |\n|---|---|\n")
+	for _, k := range []string{"checkout_hot_c16_per_s", "checkout_spread_per_s", "checkout_large_per_s", "pgbench_checkout_tps",
+		"pgbench_minimal_tps", "replay_per_s", "replay_p99_ms", "bare_gin_per_s", "relay_per_s", "raw_publish_per_s",
+		"paced_checkouts_per_s", "commit_to_publish_p50_ms", "worker_per_s", "pgbench_worker_tps"} {
+		fmt.Printf("| %s | %.1f |\n", k, med[k])
+	}
+	b, err := json.MarshalIndent(out, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(c.outDir, 0o755); err != nil {
+		return err
+	}
+	dated := filepath.Join(c.outDir, time.Now().UTC().Format("2006-01-02T150405Z")+".json")
+	for _, p := range []string{filepath.Join(c.outDir, "latest.json"), dated} {
+		if err := os.WriteFile(p, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("\nwrote %s and %s (took %s)\n", filepath.Join(c.outDir, "latest.json"), dated, took.Round(time.Second))
+	return nil
+}
+
+func round(x float64) float64 { return math.Round(x*1000) / 1000 }
+
+func yes(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "**no**"
+}
+
+func nproc() string {
+	out, _ := exec.Command("nproc").Output()
+	return strings.TrimSpace(string(out))
+}
+
+// serveGin is the bare gin handler: it reads the body and answers 201 with
+// an order-sized JSON body and a Location, nothing else.
+func serveGin() {
+	gin.SetMode(gin.ReleaseMode)
+	r := gin.New()
+	r.GET("/healthz", func(c *gin.Context) { c.Status(http.StatusOK) })
+	body := []byte(orderJSON)
+	r.POST("/v1/checkouts", func(c *gin.Context) {
+		io.Copy(io.Discard, c.Request.Body)
+		c.Header("Location", "/v1/orders/ord_0192f0c4b7a87c3e9d5e2f1a0b4c6d8e")
+		c.Data(http.StatusCreated, "application/json", body)
+	})
+	if err := http.ListenAndServe(os.Getenv("GIN_ADDR"), r); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,219 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os/exec"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// load is what a load generator measured at one point.
+type load struct {
+	Clients int     `json:"clients"`
+	Rate    float64 `json:"per_s"` // successful (2xx) answers per second
+	P50ms   float64 `json:"p50_ms"`
+	P99ms   float64 `json:"p99_ms"`
+	Errors  int     `json:"errors"` // non-2xx answers and socket errors
+}
+
+var wrkLine = regexp.MustCompile(`WRKJSON (\{.*\})`)
+
+// wrk runs wrk with checkout.lua against url/v1/checkouts with clients
+// connections for d; args are the script's (mode, prefix, skus, delay).
+func wrk(url string, clients int, d time.Duration, args ...string) (load, error) {
+	threads := min(clients, 2)
+	cmdArgs := []string{"-t", strconv.Itoa(threads), "-c", strconv.Itoa(clients),
+		"-d", fmt.Sprintf("%ds", int(d.Seconds())), "--timeout", "10s", "-s", benchCfg.luaPath, url, "--"}
+	out, err := exec.Command("wrk", append(cmdArgs, args...)...).CombinedOutput()
+	if err != nil {
+		return load{}, fmt.Errorf("wrk: %w\n%s", err, out)
+	}
+	m := wrkLine.FindSubmatch(out)
+	if m == nil {
+		return load{}, fmt.Errorf("wrk: no result line in:\n%s", out)
+	}
+	var r struct {
+		Requests, StatusErrors, SocketErrors int
+		DurationUS, P50US, P99US             float64
+	}
+	dec := json.NewDecoder(strings.NewReader(string(m[1])))
+	var raw map[string]float64
+	if err := dec.Decode(&raw); err != nil {
+		return load{}, err
+	}
+	r.Requests, r.StatusErrors, r.SocketErrors = int(raw["requests"]), int(raw["status_errors"]), int(raw["socket_errors"])
+	r.DurationUS, r.P50US, r.P99US = raw["duration_us"], raw["p50_us"], raw["p99_us"]
+	ok := r.Requests - r.StatusErrors
+	return load{Clients: clients, Rate: float64(ok) / (r.DurationUS / 1e6), P50ms: r.P50US / 1000, P99ms: r.P99US / 1000,
+		Errors: r.StatusErrors + r.SocketErrors}, nil
+}
+
+var tpsLine = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
+var latLine = regexp.MustCompile(`latency average = ([0-9.]+) ms`)
+
+// pgbench runs script with clients connections for d on url and returns
+// its transactions per second (and the average latency in ms).
+func pgbench(url, script string, clients int, d time.Duration, vars map[string]string) (float64, float64, error) {
+	args := []string{"-n", "-M", "prepared", "-c", strconv.Itoa(clients), "-j", strconv.Itoa(min(clients, 2)),
+		"-T", strconv.Itoa(int(d.Seconds())), "-f", script}
+	keys := make([]string, 0, len(vars))
+	for k := range vars {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		args = append(args, "-D", k+"="+vars[k])
+	}
+	out, err := exec.Command("pgbench", append(args, url)...).CombinedOutput()
+	if err != nil {
+		return 0, 0, fmt.Errorf("pgbench %s: %w\n%s", script, err, out)
+	}
+	m := tpsLine.FindSubmatch(out)
+	if m == nil {
+		return 0, 0, fmt.Errorf("pgbench: no tps in:\n%s", out)
+	}
+	tps, _ := strconv.ParseFloat(string(m[1]), 64)
+	lat := 0.0
+	if l := latLine.FindSubmatch(out); l != nil {
+		lat, _ = strconv.ParseFloat(string(l[1]), 64)
+	}
+	return tps, lat, nil
+}
+
+// pgbenchVars are the constants the scripts use (-D).
+func pgbenchVars() map[string]string {
+	now := time.Now().UTC()
+	ts := func(t time.Time) string { return t.Format(time.RFC3339Nano) }
+	payload := `{"id":"evt_bench","type":"order.created","occurred_at":"` + ts(now) + `","tenant_id":"acme","data":` + orderJSON + `}`
+	return map[string]string{
+		"tenant": "acme", "route": "POST /v1/checkouts", "fingerprint": strings.Repeat("ab", 32),
+		"rp_started": "started", "rp_order_created": "order_created", "rp_finished": "finished",
+		"owner": strings.Repeat("0f", 16), "now": ts(now), "lease_until": ts(now.Add(30 * time.Second)),
+		"expires": ts(now.Add(24 * time.Hour)), "sku": "sku_tee", "qty": "1", "amount": "2500", "line": "1",
+		"pending": "pending_payment", "email": "buyer@example.com", "currency": "usd", "pm": "pm_card_visa",
+		"created": "order.created", "payload": payload, "status": "201",
+		"headers": `{"Content-Type":["application/json"],"Location":["/v1/orders/ord_bench"]}`,
+		"body":    orderJSON, "paid": "paid", "pi": "pi_bench", "succeeded": "succeeded", "paid_event": "order.paid",
+		"consumer": "notify.order_paid", "channel": "email", "orders": strconv.Itoa(workerOrders),
+	}
+}
+
+// orderJSON is an order as the API answers it, for bodies of the right size.
+const orderJSON = `{"id":"ord_0192f0c4b7a87c3e9d5e2f1a0b4c6d8e","status":"paid","email":"buyer@example.com","currency":"usd","amount_total":2500,"items":[{"sku":"sku_tee","quantity":1,"unit_amount":2500,"amount":2500}],"payment":{"provider":"stripe","payment_intent_id":"pi_0192f0c4b7a87c3e9d5e2f1a","status":"succeeded"},"created_at":"2026-12-01T08:00:00.123456Z"}`
+
+// workerOrders is how many orders the worker's pgbench database holds.
+const workerOrders = 200000
+
+// rawPublish publishes persistent messages straight to the stack's
+// exchange with amqp091-go for d, keeping window confirms in flight, and
+// returns the confirmed messages per second: what the broker can take.
+func rawPublish(s *stack, d time.Duration, window int) (float64, error) {
+	conn, err := amqp.Dial(benchCfg.amqpURL)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		return 0, err
+	}
+	ctx := context.Background()
+	body := []byte(`{"id":"evt_bench","type":"order.paid","occurred_at":"2026-12-01T08:00:00Z","tenant_id":"acme","data":` + orderJSON + `}`)
+	keys := []string{"order.created", "order.paid"} // the service's mix: order.paid reaches the worker's queue
+	var inflight []*amqp.DeferredConfirmation
+	confirmed := 0
+	start := time.Now()
+	for i := 0; time.Since(start) < d; i++ {
+		if len(inflight) == window {
+			if ok, err := inflight[0].WaitContext(ctx); err != nil || !ok {
+				return 0, fmt.Errorf("raw publish: confirm %v %v", ok, err)
+			}
+			inflight = inflight[1:]
+			confirmed++
+		}
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, s.names.Exchange, keys[i%2], false, false,
+			amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: "evt_bench", Type: keys[i%2], Body: body, Timestamp: time.Now()})
+		if err != nil {
+			return 0, err
+		}
+		inflight = append(inflight, dc)
+	}
+	for _, dc := range inflight {
+		dc.WaitContext(ctx)
+		confirmed++
+	}
+	rate := float64(confirmed) / time.Since(start).Seconds()
+	if _, err := ch.QueuePurge(s.names.NotifyQueue, false); err != nil {
+		return 0, err
+	}
+	return rate, nil
+}
+
+// drain waits until counter (a metric of ops) has grown by n and returns
+// the rate between its first and its last change.
+func drain(ops, counter string, before float64, n int, limit time.Duration) (float64, error) {
+	deadline := time.Now().Add(limit)
+	var first time.Time
+	firstV := before
+	for time.Now().Before(deadline) {
+		v := metric(ops, counter)
+		now := time.Now()
+		if v > before && first.IsZero() {
+			first, firstV = now, v
+		}
+		if v-before >= float64(n) {
+			if now.Sub(first) <= 0 {
+				return math.Inf(1), nil
+			}
+			return (v - firstV) / now.Sub(first).Seconds(), nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return 0, fmt.Errorf("%s: %v of %d after %s", counter, metric(ops, counter)-before, n, limit)
+}
+
+// histQuantile is Prometheus's histogram_quantile over the difference of two
+// scrapes of a histogram's buckets.
+func histQuantile(q float64, before, after map[string]float64, name string) float64 {
+	type bucket struct{ le, n float64 }
+	var bs []bucket
+	re := regexp.MustCompile(`^` + name + `_bucket\{le="([^"]+)"\}$`)
+	for k, v := range after {
+		m := re.FindStringSubmatch(k)
+		if m == nil {
+			continue
+		}
+		le := math.Inf(1)
+		if m[1] != "+Inf" {
+			le, _ = strconv.ParseFloat(m[1], 64)
+		}
+		bs = append(bs, bucket{le, v - before[k]})
+	}
+	sort.Slice(bs, func(i, j int) bool { return bs[i].le < bs[j].le })
+	if len(bs) == 0 || bs[len(bs)-1].n == 0 {
+		return math.NaN()
+	}
+	rank := q * bs[len(bs)-1].n
+	prevLe, prevN := 0.0, 0.0
+	for _, b := range bs {
+		if b.n >= rank {
+			if math.IsInf(b.le, 1) {
+				return prevLe
+			}
+			return prevLe + (b.le-prevLe)*(rank-prevN)/(b.n-prevN)
+		}
+		prevLe, prevN = b.le, b.n
+	}
+	return prevLe
+}
