@@ -16,17 +16,21 @@ INSERT INTO idempotency_keys
 VALUES (:tenant, :route, :key, :fingerprint, :rp_started, :owner, :lease_until, :now, :now, :expires)
 ON CONFLICT (tenant_id, route, key) DO NOTHING
 RETURNING id \gset
-SELECT * FROM "products" WHERE sku IN (:sku);
-SAVEPOINT before_order;
-INSERT INTO "orders" ("id","tenant_id","status","email","currency","amount_total","payment_method","payment_intent_id","payment_status","created_at","updated_at")
-VALUES (:ord,:tenant,:pending,:email,:currency,:amount,:pm,NULL,NULL,:now,:now);
-INSERT INTO "order_items" ("order_id","line","sku","quantity","unit_amount","amount")
-VALUES (:ord,:line,:sku,:qty,:amount,:amount) ON CONFLICT ("order_id","line") DO UPDATE SET "order_id"="excluded"."order_id";
-INSERT INTO outbox (id, tenant_id, aggregate_id, type, payload, occurred_at)
-VALUES (:ev1, :tenant, :ord, :created, :payload, :now);
-UPDATE idempotency_keys SET recovery_point = :rp_order_created, order_id = :ord, updated_at = :now
-WHERE id = :id AND lease_owner = :owner AND recovery_point <> :rp_finished;
-UPDATE products SET stock = stock - :qty WHERE sku = :sku AND stock >= :qty;
+SELECT sku, name, unit_amount, currency FROM product_catalog WHERE sku = ANY(:skus::text[]);
+WITH r AS MATERIALIZED (SELECT reserve_stock(:skus::text[], :qtys::bigint[]) AS ok),
+o AS (
+  INSERT INTO orders (id, tenant_id, status, email, currency, amount_total, payment_method, created_at, updated_at)
+  SELECT :ord, :tenant, :pending, :email, :currency, :amount, :pm, :now::timestamptz, :now::timestamptz FROM r WHERE r.ok
+  RETURNING id),
+i AS (
+  INSERT INTO order_items (order_id, line, sku, quantity, unit_amount, amount)
+  SELECT o.id, t.line, t.sku, t.quantity, t.unit_amount, t.amount
+  FROM o, unnest(:lines::int[], :skus::text[], :qtys::int[], :amounts::bigint[], :amounts::bigint[]) AS t (line, sku, quantity, unit_amount, amount)),
+e AS (INSERT INTO outbox (id, tenant_id, aggregate_id, type, payload, occurred_at)
+  SELECT :ev1, :tenant, :ord, :created, :payload::json, :now::timestamptz WHERE EXISTS (SELECT 1 FROM o)),
+k AS (UPDATE idempotency_keys SET recovery_point = :rp_order_created, order_id = :ord, updated_at = :now
+  WHERE id = :id AND lease_owner = :owner AND recovery_point <> :rp_finished AND EXISTS (SELECT 1 FROM o) RETURNING id)
+SELECT r.ok AS reserved, (SELECT count(*) FROM k) AS advanced FROM r;
 COMMIT;
 BEGIN;
 UPDATE idempotency_keys
@@ -37,5 +41,5 @@ RETURNING expires_at;
 UPDATE orders SET status = :paid, payment_intent_id = :pi, payment_status = :succeeded, updated_at = :now
 WHERE id = :ord AND status = :pending;
 INSERT INTO outbox (id, tenant_id, aggregate_id, type, payload, occurred_at)
-VALUES (:ev2, :tenant, :ord, :paid_event, :payload, :now);
+SELECT :ev2, :tenant, :ord, :paid_event, :payload::json, :now::timestamptz;
 COMMIT;

@@ -149,12 +149,6 @@ func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.C
 		return nil, nil, ValidationError(errs)
 	}
 
-	// The order is written before the stock is reserved: a product row is
-	// hot (every checkout of the SKU updates it), so its lock is taken last
-	// and held only until the commit. Out of stock rolls back to here.
-	if err := tx.SavePoint("before_order").Error; err != nil {
-		return nil, nil, fmt.Errorf("savepoint: %w", err)
-	}
 	now := s.Now().UTC().Truncate(time.Microsecond)
 	o := &Order{
 		ID:            ids.New("ord"),
@@ -172,29 +166,29 @@ func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.C
 		o.Items = append(o.Items, OrderItem{SKU: it.SKU, Quantity: it.Quantity, UnitAmount: p.UnitAmount, Amount: amount})
 		o.AmountTotal += amount
 	}
-	if err := insertOrder(ctx, tx, o); err != nil {
+	// One statement reserves the stock and, only if it could, writes the
+	// order, its items, its order.created event and the key's recovery
+	// point: out of stock leaves nothing to roll back.
+	event, eventArgs, err := outbox.Statement(s.event(outbox.TypeOrderCreated, o, now))
+	if err != nil {
 		return nil, nil, err
 	}
-	if err := outbox.Add(ctx, tx, s.event(outbox.TypeOrderCreated, o, now)); err != nil {
-		return nil, nil, err
-	}
-	if err := s.Keys.Advance(ctx, tx, c, RecoveryPointOrderCreated, o.ID); err != nil {
-		return nil, nil, err
-	}
-	reserved, err := reserveStock(ctx, tx, want)
+	advance, advanceArgs := s.Keys.AdvanceStatement(c, RecoveryPointOrderCreated, o.ID)
+	reserved, advanced, err := createOrderReserving(ctx, tx, o, want, event, eventArgs, advance, advanceArgs)
 	if err != nil {
 		return nil, nil, err
 	}
 	if !reserved {
-		if err := tx.RollbackTo("before_order").Error; err != nil {
-			return nil, nil, fmt.Errorf("rollback to savepoint: %w", err)
-		}
 		resp := idempotency.ProblemResponse(ErrOutOfStock)
 		if err := s.Keys.Finish(ctx, tx, c, resp); err != nil {
 			return nil, nil, err
 		}
 		return nil, resp, nil
 	}
+	if !advanced {
+		return nil, nil, idempotency.ErrLeaseLost
+	}
+	c.Advanced(RecoveryPointOrderCreated, o.ID)
 	return o, nil, nil
 }
 

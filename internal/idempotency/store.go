@@ -245,18 +245,32 @@ func (s *Store) Expired(ctx context.Context, db *gorm.DB, olderThan time.Time, l
 // is fenced: when the row no longer names c.Owner it returns ErrLeaseLost and
 // the caller must roll back.
 func (s *Store) Advance(ctx context.Context, tx *gorm.DB, c *Claim, point, orderID string) error {
-	res := tx.WithContext(ctx).Exec(`
-		UPDATE idempotency_keys SET recovery_point = ?, order_id = ?, updated_at = ?
-		WHERE id = ? AND lease_owner = ? AND recovery_point <> ?`,
-		point, orderID, s.Now(), c.ID, c.Owner, RecoveryPointFinished)
+	query, args := s.AdvanceStatement(c, point, orderID)
+	res := tx.WithContext(ctx).Exec(query, args...)
 	if res.Error != nil {
 		return fmt.Errorf("advance key to %s: %w", point, res.Error)
 	}
 	if res.RowsAffected != 1 {
 		return ErrLeaseLost
 	}
-	c.RecoveryPoint, c.OrderID = point, orderID
+	c.Advanced(point, orderID)
 	return nil
+}
+
+// AdvanceStatement returns Advance's fenced UPDATE and its arguments, for a
+// route that runs it inside a larger statement (a data-modifying CTE) to
+// save a round trip. The statement ends with its WHERE clause, so the route
+// may add conditions and a RETURNING. The route must treat "no row updated"
+// as ErrLeaseLost, and call c.Advanced when a row was.
+func (s *Store) AdvanceStatement(c *Claim, point, orderID string) (string, []any) {
+	return `UPDATE idempotency_keys SET recovery_point = ?, order_id = ?, updated_at = ?
+		WHERE id = ? AND lease_owner = ? AND recovery_point <> ?`,
+		[]any{point, orderID, s.Now(), c.ID, c.Owner, RecoveryPointFinished}
+}
+
+// Advanced records on c that its key was advanced to point with orderID.
+func (c *Claim) Advanced(point, orderID string) {
+	c.RecoveryPoint, c.OrderID = point, orderID
 }
 
 // Finish stores resp as the key's final response and ends its lease, inside

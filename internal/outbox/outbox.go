@@ -57,6 +57,23 @@ func NewID() string { return ids.New("evt") }
 // caller's other writes; rollback discards it with them, so no event is ever
 // published for a change that did not happen. Add never talks to the broker.
 func Add(ctx context.Context, tx *gorm.DB, e Event) error {
+	query, args, err := Statement(e)
+	if err != nil {
+		return err
+	}
+	if err := tx.WithContext(ctx).Exec(query, args...).Error; err != nil {
+		return fmt.Errorf("outbox: add %s: %w", e.Type, err)
+	}
+	return nil
+}
+
+// Statement returns Add's INSERT of e and its arguments, with Add's
+// defaults applied, for a caller that writes the event inside a larger
+// statement (a data-modifying CTE) to save a round trip. It is an INSERT
+// ... SELECT, so the caller may append a WHERE clause that makes the event
+// depend on the rest of its statement. The same rules as Add's hold: the
+// statement must run in the transaction of the change it announces.
+func Statement(e Event) (string, []any, error) {
 	if e.ID == "" {
 		e.ID = NewID()
 	}
@@ -66,14 +83,9 @@ func Add(ctx context.Context, tx *gorm.DB, e Event) error {
 	e.OccurredAt = e.OccurredAt.UTC()
 	body, err := json.Marshal(e)
 	if err != nil {
-		return fmt.Errorf("outbox: encode %s: %w", e.Type, err)
+		return "", nil, fmt.Errorf("outbox: encode %s: %w", e.Type, err)
 	}
-	err = tx.WithContext(ctx).Exec(
-		`INSERT INTO outbox (id, tenant_id, aggregate_id, type, payload, occurred_at)
-		 VALUES (?, ?, ?, ?, ?, ?)`,
-		e.ID, e.TenantID, e.AggregateID, e.Type, string(body), e.OccurredAt).Error
-	if err != nil {
-		return fmt.Errorf("outbox: add %s: %w", e.Type, err)
-	}
-	return nil
+	return `INSERT INTO outbox (id, tenant_id, aggregate_id, type, payload, occurred_at)
+		 SELECT ?, ?, ?, ?, ?::json, ?::timestamptz`,
+		[]any{e.ID, e.TenantID, e.AggregateID, e.Type, string(body), e.OccurredAt}, nil
 }

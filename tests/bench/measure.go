@@ -97,7 +97,7 @@ func pgbenchVars() map[string]string {
 		"tenant": "acme", "route": "POST /v1/checkouts", "fingerprint": strings.Repeat("ab", 32),
 		"rp_started": "started", "rp_order_created": "order_created", "rp_finished": "finished",
 		"owner": strings.Repeat("0f", 16), "now": ts(now), "lease_until": ts(now.Add(30 * time.Second)),
-		"expires": ts(now.Add(24 * time.Hour)), "sku": "sku_tee", "qty": "1", "amount": "2500", "line": "1",
+		"expires": ts(now.Add(24 * time.Hour)), "sku": "sku_tee", "skus": "{sku_tee}", "qtys": "{1}", "lines": "{1}", "amounts": "{2500}", "qty": "1", "amount": "2500", "line": "1",
 		"pending": "pending_payment", "email": "buyer@example.com", "currency": "usd", "pm": "pm_card_visa",
 		"created": "order.created", "payload": payload, "status": "201",
 		"headers": `{"Content-Type":["application/json"],"Location":["/v1/orders/ord_bench"]}`,
