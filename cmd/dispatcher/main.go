@@ -93,11 +93,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	pub := rabbitmq.NewPublisher(conn, rabbitmq.PublisherConfig{Exchange: s.Exchange, ConfirmTimeout: 5 * time.Second, Logger: logger})
 	defer pub.Close()
 	relay, err := outbox.NewRelay(db, pub, outbox.RelayConfig{
-		ListenURL:    s.DatabaseURL,
-		PollInterval: s.PollInterval,
-		BatchSize:    s.BatchSize,
-		Logger:       logger,
-		Registerer:   reg,
+		PollInterval: s.PollInterval, // no LISTEN: nothing sends NOTIFY since migration 00003
+
+		BatchSize:  s.BatchSize,
+		Logger:     logger,
+		Registerer: reg,
 	})
 	if err != nil {
 		return err

@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
 
-	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/rabbitmq"
 )
 
@@ -29,16 +28,40 @@ type Publisher interface {
 
 var _ Publisher = (*rabbitmq.Publisher)(nil)
 
+// sender is what a Publisher may add: Send sends at once and returns the
+// wait for the confirms, so the relay can claim its next batch while the
+// broker confirms this one, and batches still go out in claim order.
+// *rabbitmq.Publisher has it; a Publisher without it is called with
+// Publish from the batch's own goroutine.
+type sender interface {
+	Send(ctx context.Context, msgs []rabbitmq.Message) (wait func() []error)
+}
+
+var _ sender = (*rabbitmq.Publisher)(nil)
+
 // RelayConfig configures a Relay. Zero values get the defaults shown.
 type RelayConfig struct {
-	// ListenURL is the database URL of a dedicated connection that LISTENs
-	// on the "outbox" channel, so that a commit wakes the relay at once.
-	// Empty: no LISTEN, the relay only polls.
+	// ListenURL, when set, is the database URL of a dedicated connection
+	// that LISTENs on the "outbox" channel: a NOTIFY outbox wakes the relay
+	// at once. The schema sends none since migration 00003 (NOTIFY takes a
+	// cluster-wide lock at every commit that sent one, which serialized
+	// every checkout); the relay polls adaptively instead (MinPoll). Empty:
+	// no LISTEN.
 	ListenURL string
-	// PollInterval is the fallback poll, and the wait after an error (1s).
+	// PollInterval is the longest wait between polls of an idle outbox, and
+	// the wait after an error (1s).
 	PollInterval time.Duration
+	// MinPoll is the shortest (1ms). Each poll that finds nothing doubles
+	// the wait up to PollInterval; a poll that finds rows brings it back to
+	// MinPoll. Under load the relay polls every few milliseconds, each poll
+	// one index probe; idle, once every PollInterval.
+	MinPoll time.Duration
 	// BatchSize is how many rows one transaction claims (100).
 	BatchSize int
+	// InFlight is how many claimed batches may wait for their confirms at
+	// once (4), each in its own transaction: the relay claims and sends the
+	// next batch while the broker confirms the previous ones.
+	InFlight int
 	// MinRetry and MaxRetry bound the exponential delay before a row whose
 	// publish failed is tried again (1s, 5m): MinRetry·2^(attempts-1).
 	MinRetry, MaxRetry time.Duration
@@ -85,8 +108,17 @@ func NewRelay(db *gorm.DB, pub Publisher, cfg RelayConfig) (*Relay, error) {
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = time.Second
 	}
+	if cfg.MinPoll <= 0 {
+		cfg.MinPoll = time.Millisecond
+	}
+	if cfg.MinPoll > cfg.PollInterval {
+		cfg.MinPoll = cfg.PollInterval
+	}
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = 100
+	}
+	if cfg.InFlight <= 0 {
+		cfg.InFlight = 4
 	}
 	if cfg.MinRetry <= 0 {
 		cfg.MinRetry = time.Second
@@ -118,7 +150,7 @@ func NewRelay(db *gorm.DB, pub Publisher, cfg RelayConfig) (*Relay, error) {
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "checkout_outbox_publish_lag_seconds",
 			Help:    "Time from an event's commit (occurred_at) to its broker confirm.",
-			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},
+			Buckets: []float64{.001, .002, .005, .01, .015, .02, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},
 		}),
 		failures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "checkout_outbox_publish_failures_total",
@@ -135,11 +167,12 @@ func NewRelay(db *gorm.DB, pub Publisher, cfg RelayConfig) (*Relay, error) {
 	return r, nil
 }
 
-// Run relays until ctx ends. It wakes on a NOTIFY from the outbox trigger or
-// every PollInterval, and drains full batches back to back. When ctx ends it
-// finishes the batch in flight (within BatchTimeout), stops its listener and
-// returns nil. Database and broker errors are logged and retried; they never
-// end Run.
+// Run relays until ctx ends. It polls adaptively (MinPoll to PollInterval,
+// or at once on a NOTIFY when ListenURL is set), drains full batches back
+// to back, and keeps up to InFlight batches waiting for their confirms
+// while it claims the next. When ctx ends it finishes the batches in flight
+// (within BatchTimeout), stops its listener and returns nil. Database and
+// broker errors are logged and retried; they never end Run.
 func (r *Relay) Run(ctx context.Context) error {
 	wake := make(chan struct{}, 1)
 	var wg sync.WaitGroup
@@ -151,25 +184,51 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.listen(ctx, wake)
 		}()
 	}
-	ticker := time.NewTicker(r.cfg.PollInterval)
-	defer ticker.Stop()
+	slots := make(chan struct{}, r.cfg.InFlight)
+	idle := r.cfg.MinPoll
+	var gauges time.Time
 	for {
-		for ctx.Err() == nil {
-			n, err := r.RelayBatch(ctx)
-			if err != nil {
-				r.logger.Warn("outbox: relay batch failed", "err", err)
-				break
-			}
-			if n < r.cfg.BatchSize {
-				break
-			}
-		}
-		r.updateGauges(ctx)
 		select {
+		case slots <- struct{}{}:
 		case <-ctx.Done():
 			return nil
+		}
+		b, err := r.claim(ctx)
+		if err != nil {
+			<-slots
+			r.logger.Warn("outbox: relay batch failed", "err", err)
+			idle = r.cfg.PollInterval
+		} else if b != nil {
+			r.send(b)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-slots }()
+				if err := r.finish(b); err != nil {
+					r.logger.Warn("outbox: relay batch failed", "err", err)
+				}
+			}()
+			idle = r.cfg.MinPoll
+			if len(b.rows) == r.cfg.BatchSize {
+				continue // more are due: claim again at once
+			}
+		} else {
+			<-slots
+			idle = min(2*idle, r.cfg.PollInterval)
+		}
+		if time.Since(gauges) >= r.cfg.PollInterval {
+			r.updateGauges(ctx)
+			gauges = time.Now()
+		}
+		timer := time.NewTimer(idle)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
 		case <-wake:
-		case <-ticker.C:
+			timer.Stop()
+			idle = r.cfg.MinPoll
+		case <-timer.C:
 		}
 	}
 }
@@ -183,80 +242,140 @@ type row struct {
 	OccurredAt time.Time
 }
 
+// batch is claimed rows, locked by their open transaction until finish.
+type batch struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	tx     *gorm.DB
+	rows   []row
+	wait   func() []error
+}
+
 // RelayBatch claims up to BatchSize due rows, publishes them, waits for the
 // confirms and, in the same transaction, marks the confirmed rows published
 // and reschedules the others with backoff. It returns how many rows it
 // claimed (published or not). It runs on a context detached from ctx's
 // cancellation, bounded by BatchTimeout, so a shutdown finishes the batch
-// instead of re-publishing it later.
+// instead of re-publishing it later. Run does the same with several batches
+// in flight.
 func (r *Relay) RelayBatch(ctx context.Context) (claimed int, err error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.BatchTimeout)
-	defer cancel()
-	var ok, failed int
-	err = postgres.WithTx(ctx, r.db, func(tx *gorm.DB) error {
-		var rows []row
-		if err := tx.Raw(`SELECT id, type, payload::text AS payload, attempts, occurred_at
-			FROM outbox
-			WHERE published_at IS NULL AND next_attempt_at <= now()
-			ORDER BY seq
-			LIMIT ?
-			FOR UPDATE SKIP LOCKED`, r.cfg.BatchSize).Scan(&rows).Error; err != nil {
-			return fmt.Errorf("claim: %w", err)
-		}
-		claimed = len(rows)
-		if claimed == 0 {
-			return nil
-		}
-		msgs := make([]rabbitmq.Message, len(rows))
-		for i, rw := range rows {
-			msgs[i] = rabbitmq.Message{
-				MessageID:   rw.ID,
-				RoutingKey:  rw.Type,
-				ContentType: "application/json",
-				Body:        []byte(rw.Payload),
-				Timestamp:   rw.OccurredAt,
-			}
-		}
-		errs := r.pub.Publish(ctx, msgs)
-		if r.afterConfirm != nil {
-			if err := r.afterConfirm(ctx); err != nil {
-				return err
-			}
-		}
-
-		var confirmed []string
-		confirmedAt := time.Now()
-		for i, perr := range errs {
-			if perr == nil {
-				confirmed = append(confirmed, rows[i].ID)
-				r.lag.Observe(confirmedAt.Sub(rows[i].OccurredAt).Seconds())
-				continue
-			}
-			failed++
-			delay := r.retryDelay(rows[i].Attempts + 1)
-			r.logger.Warn("outbox: publish failed", "id", rows[i].ID, "type", rows[i].Type,
-				"attempts", rows[i].Attempts+1, "retry_in", delay, "err", perr)
-			if err := tx.Exec(`UPDATE outbox
-				SET attempts = attempts + 1, last_error = ?, next_attempt_at = now() + ?::interval
-				WHERE id = ?`, truncate(perr.Error(), 1000), delay.String(), rows[i].ID).Error; err != nil {
-				return fmt.Errorf("reschedule %s: %w", rows[i].ID, err)
-			}
-		}
-		if len(confirmed) > 0 {
-			if err := tx.Exec(`UPDATE outbox SET published_at = now(), last_error = NULL
-				WHERE id IN ? AND published_at IS NULL`, confirmed).Error; err != nil {
-				return fmt.Errorf("mark published: %w", err)
-			}
-		}
-		ok = len(confirmed)
-		return nil
-	})
-	if err != nil {
-		return claimed, fmt.Errorf("outbox: relay: %w", err)
+	b, err := r.claim(ctx)
+	if err != nil || b == nil {
+		return 0, err
 	}
-	r.published.Add(float64(ok))
+	r.send(b)
+	return len(b.rows), r.finish(b)
+}
+
+// claim opens a transaction and locks up to BatchSize due rows in it (FOR
+// UPDATE SKIP LOCKED, so batches in flight and other relays are skipped).
+// It returns nil, with the transaction ended, when none is due; a cheap
+// probe outside any transaction answers most empty polls.
+func (r *Relay) claim(ctx context.Context) (*batch, error) {
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.BatchTimeout)
+	var due bool
+	if err := r.db.WithContext(bctx).Raw(`SELECT EXISTS (SELECT 1 FROM outbox
+		WHERE published_at IS NULL AND next_attempt_at <= now())`).Scan(&due).Error; err != nil {
+		cancel()
+		return nil, fmt.Errorf("outbox: relay: probe: %w", err)
+	}
+	if !due {
+		cancel()
+		return nil, nil
+	}
+	tx := r.db.WithContext(bctx).Begin()
+	if tx.Error != nil {
+		cancel()
+		return nil, fmt.Errorf("outbox: relay: begin: %w", tx.Error)
+	}
+	var rows []row
+	if err := tx.Raw(`SELECT id, type, payload::text AS payload, attempts, occurred_at
+		FROM outbox
+		WHERE published_at IS NULL AND next_attempt_at <= now()
+		ORDER BY seq
+		LIMIT ?
+		FOR UPDATE SKIP LOCKED`, r.cfg.BatchSize).Scan(&rows).Error; err != nil {
+		tx.Rollback()
+		cancel()
+		return nil, fmt.Errorf("outbox: relay: claim: %w", err)
+	}
+	if len(rows) == 0 {
+		tx.Rollback()
+		cancel()
+		return nil, nil
+	}
+	return &batch{ctx: bctx, cancel: cancel, tx: tx, rows: rows}, nil
+}
+
+// send publishes b's rows: at once when the publisher can send without
+// waiting, else in the wait.
+func (r *Relay) send(b *batch) {
+	msgs := make([]rabbitmq.Message, len(b.rows))
+	for i, rw := range b.rows {
+		msgs[i] = rabbitmq.Message{
+			MessageID:   rw.ID,
+			RoutingKey:  rw.Type,
+			ContentType: "application/json",
+			Body:        []byte(rw.Payload),
+			Timestamp:   rw.OccurredAt,
+		}
+	}
+	if s, ok := r.pub.(sender); ok {
+		b.wait = s.Send(b.ctx, msgs)
+		return
+	}
+	b.wait = func() []error { return r.pub.Publish(b.ctx, msgs) }
+}
+
+// finish waits for b's confirms, then marks the confirmed rows published
+// and reschedules the others with backoff, and commits; on any error it
+// rolls back, so every row of b is published again later.
+func (r *Relay) finish(b *batch) (err error) {
+	defer b.cancel()
+	defer func() {
+		if err != nil {
+			b.tx.Rollback()
+			err = fmt.Errorf("outbox: relay: %w", err)
+		}
+	}()
+	errs := b.wait()
+	if r.afterConfirm != nil {
+		if err := r.afterConfirm(b.ctx); err != nil {
+			return err
+		}
+	}
+	var confirmed []string
+	confirmedAt := time.Now()
+	failed := 0
+	for i, perr := range errs {
+		rw := b.rows[i]
+		if perr == nil {
+			confirmed = append(confirmed, rw.ID)
+			r.lag.Observe(confirmedAt.Sub(rw.OccurredAt).Seconds())
+			continue
+		}
+		failed++
+		delay := r.retryDelay(rw.Attempts + 1)
+		r.logger.Warn("outbox: publish failed", "id", rw.ID, "type", rw.Type,
+			"attempts", rw.Attempts+1, "retry_in", delay, "err", perr)
+		if err := b.tx.Exec(`UPDATE outbox
+			SET attempts = attempts + 1, last_error = ?, next_attempt_at = now() + ?::interval
+			WHERE id = ?`, truncate(perr.Error(), 1000), delay.String(), rw.ID).Error; err != nil {
+			return fmt.Errorf("reschedule %s: %w", rw.ID, err)
+		}
+	}
+	if len(confirmed) > 0 {
+		if err := b.tx.Exec(`UPDATE outbox SET published_at = now(), last_error = NULL
+			WHERE id IN ? AND published_at IS NULL`, confirmed).Error; err != nil {
+			return fmt.Errorf("mark published: %w", err)
+		}
+	}
+	if err := b.tx.Commit().Error; err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	r.published.Add(float64(len(confirmed)))
 	r.failures.Add(float64(failed))
-	return claimed, nil
+	return nil
 }
 
 // retryDelay is MinRetry·2^(attempts-1), capped at MaxRetry.

@@ -59,19 +59,25 @@ type PublisherConfig struct {
 // Unroutable messages (no queue bound for the routing key) are confirmed and
 // dropped, which is what a topic exchange without subscribers means.
 //
-// Publisher is safe for concurrent use; calls are serialised on one
-// channel, which is reopened (reconnecting if needed) after any failure.
+// Publisher is safe for concurrent use. Sends are serialised on one
+// channel, which is reopened (reconnecting if needed) after any failure;
+// the waits for confirms are not, so several batches can have their
+// confirms in flight at once (Send).
 type Publisher struct {
 	conn   *Conn
 	cfg    PublisherConfig
 	logger *slog.Logger
 
-	mu sync.Mutex // guards ch; held for a whole Publish call
-	ch *amqp.Channel
-	// closed receives the channel's close; amqp091 closes it when the
-	// channel ends for any reason.
-	closed  chan *amqp.Error
+	mu      sync.Mutex // guards ch; held while sending
+	ch      *pubChannel
 	closing sync.WaitGroup // background channel closes, see reset
+}
+
+// pubChannel is a confirm-mode channel and what tells its waiters it died.
+type pubChannel struct {
+	ch   *amqp.Channel
+	dead chan struct{} // closed when the channel closes
+	err  *amqp.Error   // why, when the broker said; set before dead closes
 }
 
 // NewPublisher returns a Publisher on conn. It opens its channel lazily.
@@ -95,21 +101,29 @@ func NewPublisher(conn *Conn, cfg PublisherConfig) *Publisher {
 // ctx bounds obtaining a channel and sending; the confirm wait is bounded by
 // ConfirmTimeout even when ctx has no deadline.
 func (p *Publisher) Publish(ctx context.Context, msgs []Message) []error {
+	return p.Send(ctx, msgs)()
+}
+
+// Send is Publish in two halves: it sends msgs in order and returns at
+// once; wait then waits for their confirms (ConfirmTimeout from the send)
+// and returns what Publish would. Messages of successive Sends go out in
+// the order of the calls, and their confirms can be awaited concurrently,
+// which keeps the broker busy while a caller does other work (the outbox
+// relay claims its next batch). wait must be called, once.
+func (p *Publisher) Send(ctx context.Context, msgs []Message) (wait func() []error) {
 	errs := make([]error, len(msgs))
 	if len(msgs) == 0 {
-		return errs
+		return func() []error { return errs }
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
-
-	ch, closed, err := p.channel(ctx)
+	pc, err := p.channel(ctx)
 	if err != nil {
+		p.mu.Unlock()
 		for i := range errs {
 			errs[i] = err
 		}
-		return errs
+		return func() []error { return errs }
 	}
-
 	confirms := make([]*amqp.DeferredConfirmation, len(msgs))
 	for i, m := range msgs {
 		if err != nil { // a send failed: the channel is gone, fail the rest
@@ -120,7 +134,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []Message) []error {
 		if contentType == "" {
 			contentType = "application/json"
 		}
-		confirms[i], err = ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, m.RoutingKey, false, false, amqp.Publishing{
+		confirms[i], err = pc.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, m.RoutingKey, false, false, amqp.Publishing{
 			MessageId:    m.MessageID,
 			Type:         m.RoutingKey,
 			ContentType:  contentType,
@@ -133,45 +147,50 @@ func (p *Publisher) Publish(ctx context.Context, msgs []Message) []error {
 			errs[i] = err
 		}
 	}
-
-	timer := time.NewTimer(p.cfg.ConfirmTimeout)
-	defer timer.Stop()
 	broken := err != nil
-	var giveUp error // set once the wait has ended for all remaining confirms
-	for i, dc := range confirms {
-		if dc == nil {
-			continue
-		}
-		if giveUp == nil {
-			select {
-			case <-dc.Done():
-			case <-timer.C:
-				giveUp = ErrConfirmTimeout
-			case cerr := <-closed:
-				// amqp091 resolves pending confirms as nacks when the channel
-				// shuts down; this case makes the wait end even if it did not.
-				giveUp = errors.New("rabbitmq: channel closed before confirm")
-				if cerr != nil {
-					giveUp = fmt.Errorf("channel closed before confirm: %w", cerr)
+	p.mu.Unlock()
+	deadline := time.Now().Add(p.cfg.ConfirmTimeout)
+
+	return func() []error {
+		timer := time.NewTimer(time.Until(deadline))
+		defer timer.Stop()
+		var giveUp error // set once the wait has ended for all remaining confirms
+		for i, dc := range confirms {
+			if dc == nil {
+				continue
+			}
+			if giveUp == nil {
+				select {
+				case <-dc.Done():
+				case <-timer.C:
+					giveUp = ErrConfirmTimeout
+				case <-pc.dead:
+					// amqp091 resolves pending confirms as nacks when the
+					// channel shuts down; this case makes the wait end even
+					// if it did not.
+					giveUp = errors.New("rabbitmq: channel closed before confirm")
+					if pc.err != nil {
+						giveUp = fmt.Errorf("channel closed before confirm: %w", pc.err)
+					}
 				}
 			}
+			switch {
+			case isResolved(dc) && dc.Acked():
+			case isResolved(dc):
+				errs[i] = ErrNacked
+			default:
+				errs[i] = giveUp
+			}
 		}
-		switch {
-		case isResolved(dc) && dc.Acked():
-		case isResolved(dc):
-			errs[i] = ErrNacked
-		default:
-			errs[i] = giveUp
+		if giveUp != nil || broken {
+			// After a failed send or a timeout the channel's confirm state
+			// is unknown: start over (unless another batch already did).
+			p.mu.Lock()
+			p.reset(pc)
+			p.mu.Unlock()
 		}
+		return errs
 	}
-	if giveUp != nil {
-		broken = true
-	}
-	if broken {
-		// After a timeout the channel's confirm state is unknown: start over.
-		p.reset()
-	}
-	return errs
 }
 
 // isResolved reports whether dc has its ack or nack.
@@ -185,41 +204,50 @@ func isResolved(dc *amqp.DeferredConfirmation) bool {
 }
 
 // channel returns the confirm-mode channel, opening one if needed.
-func (p *Publisher) channel(ctx context.Context) (*amqp.Channel, chan *amqp.Error, error) {
-	if p.ch != nil && !p.ch.IsClosed() {
-		return p.ch, p.closed, nil
+func (p *Publisher) channel(ctx context.Context) (*pubChannel, error) {
+	if p.ch != nil && !p.ch.ch.IsClosed() {
+		return p.ch, nil
 	}
 	ch, err := p.conn.Channel(ctx)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if err := ch.Confirm(false); err != nil {
 		ch.Close()
-		return nil, nil, fmt.Errorf("rabbitmq: confirm mode: %w", err)
+		return nil, fmt.Errorf("rabbitmq: confirm mode: %w", err)
 	}
-	p.ch = ch
-	p.closed = ch.NotifyClose(make(chan *amqp.Error, 1))
-	return ch, p.closed, nil
+	pc := &pubChannel{ch: ch, dead: make(chan struct{})}
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	go func() {
+		for e := range closed { // amqp091 closes it when the channel ends
+			pc.err = e
+		}
+		close(pc.dead)
+	}()
+	p.ch = pc
+	return pc, nil
 }
 
-// reset drops the current channel. It closes it in the background because
-// channel.close waits for the broker's close-ok, which a silent broker never
-// sends (the heartbeat ends that wait); Close waits for these goroutines.
-func (p *Publisher) reset() {
-	if ch := p.ch; ch != nil {
-		p.closing.Add(1)
-		go func() {
-			defer p.closing.Done()
-			ch.Close()
-		}()
+// reset drops pc if it is still the current channel. It closes it in the
+// background because channel.close waits for the broker's close-ok, which a
+// silent broker never sends (the heartbeat ends that wait); Close waits for
+// these goroutines. p.mu must be held.
+func (p *Publisher) reset(pc *pubChannel) {
+	if pc == nil || p.ch != pc {
+		return
 	}
-	p.ch, p.closed = nil, nil
+	p.closing.Add(1)
+	go func() {
+		defer p.closing.Done()
+		pc.ch.Close()
+	}()
+	p.ch = nil
 }
 
 // Close closes the publisher's channel. Pending Publish calls finish first.
 func (p *Publisher) Close() error {
 	p.mu.Lock()
-	p.reset()
+	p.reset(p.ch)
 	p.mu.Unlock()
 	p.closing.Wait()
 	return nil
