@@ -190,7 +190,17 @@ $$;
 DROP TRIGGER outbox_notify ON outbox;
 DROP FUNCTION outbox_notify();
 
+-- The relay claims the oldest due rows (ORDER BY seq LIMIT n FOR UPDATE
+-- SKIP LOCKED). With the index on (next_attempt_at, seq) that meant reading
+-- and sorting every due row for each batch: fine when the relay keeps up,
+-- quadratic on a backlog. In seq order, a claim reads about the rows it
+-- takes (and the ones other batches in flight hold).
+DROP INDEX outbox_unpublished;
+CREATE INDEX outbox_unpublished ON outbox (seq) WHERE published_at IS NULL;
+
 -- +goose Down
+DROP INDEX outbox_unpublished;
+CREATE INDEX outbox_unpublished ON outbox (next_attempt_at, seq) WHERE published_at IS NULL;
 -- +goose StatementBegin
 CREATE FUNCTION outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

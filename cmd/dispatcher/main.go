@@ -38,7 +38,7 @@ type settings struct {
 	ops.Settings
 	MetricsAddr  string        `env:"METRICS_ADDR" envDefault:":9091"`
 	PollInterval time.Duration `env:"OUTBOX_POLL_INTERVAL" envDefault:"1s"`
-	BatchSize    int           `env:"OUTBOX_BATCH_SIZE" envDefault:"100"`
+	BatchSize    int           `env:"OUTBOX_BATCH_SIZE" envDefault:"500"`
 }
 
 // check validates what parsing cannot; each message names its variable.

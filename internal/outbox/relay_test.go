@@ -406,3 +406,43 @@ func proxiedURL(t *testing.T, p *rabbitmqtest.Proxy) string {
 	u.Host = p.Addr()
 	return u.String()
 }
+
+// TestRelayWithBatchesInFlightPublishesEachRowOnceInOrder: Run keeps several
+// batches waiting for their confirms while it claims the next; still every
+// row is published once, in seq order, and marked.
+func TestRelayWithBatchesInFlightPublishesEachRowOnceInOrder(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	conn := f.conn(t, rabbitmqtest.URL())
+	orderIDs := f.paidOrders(t, 150)
+	var want []string
+	require.NoError(t, f.db.Raw(`SELECT id FROM outbox WHERE type = 'order.paid' ORDER BY seq`).Scan(&want).Error)
+
+	var mu sync.Mutex
+	var got []string
+	c := rabbitmq.NewConsumer(conn, rabbitmq.ConsumerConfig{Queue: f.names.NotifyQueue, Concurrency: 1}, func(_ context.Context, d amqp.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, d.MessageId)
+		return nil
+	})
+	run(t, c.Run)
+	pub := rabbitmq.NewPublisher(conn, rabbitmq.PublisherConfig{Exchange: f.names.Exchange, ConfirmTimeout: 5 * time.Second})
+	t.Cleanup(func() { pub.Close() })
+	relay, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{PollInterval: 50 * time.Millisecond, BatchSize: 7, InFlight: 4})
+	require.NoError(t, err)
+	stop := run(t, relay.Run)
+	waitFor(t, 20*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) >= len(orderIDs)
+	}, "every order.paid delivered")
+	waitFor(t, 10*time.Second, func() bool {
+		return f.count(t, `SELECT count(*) FROM outbox WHERE published_at IS NULL`) == 0
+	}, "every row marked")
+	stop()
+	time.Sleep(100 * time.Millisecond) // a duplicate would arrive by now
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, want, got, "each order.paid once, in seq order")
+}

@@ -102,7 +102,7 @@ func pgbenchVars() map[string]string {
 		"created": "order.created", "payload": payload, "status": "201",
 		"headers": `{"Content-Type":["application/json"],"Location":["/v1/orders/ord_bench"]}`,
 		"body":    orderJSON, "paid": "paid", "pi": "pi_bench", "succeeded": "succeeded", "paid_event": "order.paid",
-		"consumer": "notify.order_paid", "channel": "email", "orders": strconv.Itoa(workerOrders),
+		"consumer": "notify.order_paid", "channel": "email", "ttl": "60s", "orders": strconv.Itoa(workerOrders),
 	}
 }
 
