@@ -81,14 +81,24 @@ func listProducts(ctx context.Context, db *gorm.DB) ([]Product, error) {
 // checkout, and stock is checked by reserve_stock. Unknown skus are absent
 // from the map.
 func loadProducts(ctx context.Context, tx *gorm.DB, skus []string) (map[string]Product, error) {
-	var ps []Product
-	if err := tx.WithContext(ctx).Raw(`SELECT sku, name, unit_amount, currency FROM product_catalog WHERE sku = ANY(?::text[])`,
-		textArray(skus)).Scan(&ps).Error; err != nil {
+	// Rows, not Scan: GORM's Scan renders every statement with its values
+	// inlined for a logger, on the checkout's hot path.
+	rows, err := tx.WithContext(ctx).Raw(`SELECT sku, name, unit_amount, currency FROM product_catalog WHERE sku = ANY(?::text[])`,
+		textArray(skus)).Rows()
+	if err != nil {
 		return nil, fmt.Errorf("load products: %w", err)
 	}
-	m := make(map[string]Product, len(ps))
-	for _, p := range ps {
+	defer rows.Close()
+	m := make(map[string]Product, len(skus))
+	for rows.Next() {
+		var p Product
+		if err := rows.Scan(&p.SKU, &p.Name, &p.UnitAmount, &p.Currency); err != nil {
+			return nil, fmt.Errorf("load products: %w", err)
+		}
 		m[p.SKU] = p
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("load products: %w", err)
 	}
 	return m, nil
 }
@@ -145,10 +155,7 @@ func createOrderReserving(ctx context.Context, tx *gorm.DB, o *Order, want map[s
 		o.ID, o.tenantID, o.Status, o.Email, o.Currency, o.AmountTotal, o.paymentMethod, o.CreatedAt, o.CreatedAt,
 		intArray(lines), textArray(itemSKUs), intArray(quantities), intArray(unitAmounts), intArray(amounts)}
 	args = append(append(args, eventArgs...), advanceArgs...)
-	var res struct {
-		Reserved bool
-		Advanced int64
-	}
+	var advancedRows int64
 	err = tx.WithContext(ctx).Raw(`
 		WITH r AS MATERIALIZED (SELECT reserve_stock(?::text[], ?::bigint[]) AS ok),
 		o AS (
@@ -161,11 +168,11 @@ func createOrderReserving(ctx context.Context, tx *gorm.DB, o *Order, want map[s
 			FROM o, unnest(?::int[], ?::text[], ?::int[], ?::bigint[], ?::bigint[]) AS t (line, sku, quantity, unit_amount, amount)),
 		e AS (`+event+` WHERE EXISTS (SELECT 1 FROM o)),
 		k AS (`+advance+` AND EXISTS (SELECT 1 FROM o) RETURNING id)
-		SELECT r.ok AS reserved, (SELECT count(*) FROM k) AS advanced FROM r`, args...).Scan(&res).Error
+		SELECT r.ok AS reserved, (SELECT count(*) FROM k) AS advanced FROM r`, args...).Row().Scan(&reserved, &advancedRows)
 	if err != nil {
 		return false, false, fmt.Errorf("insert order: %w", err)
 	}
-	return res.Reserved, res.Advanced == 1, nil
+	return reserved, advancedRows == 1, nil
 }
 
 // textArray and intArray write PostgreSQL array literals: GORM would expand

@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -109,27 +110,28 @@ func (s *Store) Claim(ctx context.Context, tx *gorm.DB, scope Scope, fingerprint
 	// or a row deleted by the reaper between the insert and the select.
 	for range 3 {
 		now := s.Now()
+		// Row, not Scan: GORM's Scan renders the statement with its values
+		// inlined for a logger, on every checkout.
 		var id int64
-		res := tx.Raw(`
+		err := tx.Raw(`
 			INSERT INTO idempotency_keys
 			  (tenant_id, route, key, fingerprint, recovery_point, lease_owner, lease_expires_at, created_at, updated_at, expires_at)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (tenant_id, route, key) DO NOTHING
 			RETURNING id`,
 			scope.Tenant, scope.Route, scope.Key, fingerprint, RecoveryPointStarted,
-			owner, now.Add(s.Lease), now, now, now.Add(s.TTL)).Scan(&id)
-		if res.Error != nil {
-			return nil, fmt.Errorf("claim key: %w", res.Error)
-		}
-		// ON CONFLICT DO NOTHING is not an error: it returns no row, which
-		// GORM reports as RowsAffected == 0.
-		if res.RowsAffected == 1 {
+			owner, now.Add(s.Lease), now, now, now.Add(s.TTL)).Row().Scan(&id)
+		// ON CONFLICT DO NOTHING is not an error: it returns no row.
+		if err == nil {
 			return &Claim{ID: id, Scope: scope, Fingerprint: fingerprint,
 				RecoveryPoint: RecoveryPointStarted, Owner: owner, New: true}, nil
 		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return nil, fmt.Errorf("claim key: %w", err)
+		}
 
 		var row keyRow
-		err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).
+		err = tx.Clauses(clause.Locking{Strength: "UPDATE"}).
 			Where("tenant_id = ? AND route = ? AND key = ?", scope.Tenant, scope.Route, scope.Key).
 			Take(&row).Error
 		if errors.Is(err, gorm.ErrRecordNotFound) {
@@ -283,19 +285,19 @@ func (s *Store) Finish(ctx context.Context, tx *gorm.DB, c *Claim, resp *Respons
 	}
 	now := s.Now()
 	var expiresAt time.Time
-	res := tx.WithContext(ctx).Raw(`
+	err = tx.WithContext(ctx).Raw(`
 		UPDATE idempotency_keys
 		SET recovery_point = ?, response_status = ?, response_headers = ?, response_body = ?,
 		    lease_owner = NULL, lease_expires_at = NULL, finished_at = ?, updated_at = ?
 		WHERE id = ? AND lease_owner = ? AND recovery_point <> ?
 		RETURNING expires_at`,
 		RecoveryPointFinished, resp.Status, string(headers), resp.Body, now, now,
-		c.ID, c.Owner, RecoveryPointFinished).Scan(&expiresAt)
-	if res.Error != nil {
-		return fmt.Errorf("finish key: %w", res.Error)
-	}
-	if res.RowsAffected != 1 {
+		c.ID, c.Owner, RecoveryPointFinished).Row().Scan(&expiresAt) // Row: see Claim
+	if errors.Is(err, sql.ErrNoRows) {
 		return ErrLeaseLost
+	}
+	if err != nil {
+		return fmt.Errorf("finish key: %w", err)
 	}
 	resp.ExpiresAt = expiresAt
 	c.RecoveryPoint, c.Response = RecoveryPointFinished, resp
