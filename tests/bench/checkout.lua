@@ -3,7 +3,8 @@
 --          and body every time
 --   prefix the key prefix (new) or the key (replay)
 --   skus   how many bench skus to spread over ("0": sku_tee only)
---   delay  milliseconds each connection waits between requests (0: none)
+--   rate   requests per second this thread sends at most, on a schedule
+--          (0: as fast as the answers come back)
 -- Answers are not checked here: wrk counts non-2xx statuses, and done()
 -- prints one JSON line that tests/bench reads.
 local threads = 0
@@ -12,7 +13,19 @@ function setup(thread)
   thread:set("tid", threads)
 end
 
-local mode, prefix, skus, pause = "new", "k", 0, 0
+local ffi = require("ffi")
+ffi.cdef[[
+typedef struct { long tv_sec; long tv_usec; } bench_timeval;
+int gettimeofday(bench_timeval *tv, void *tz);
+]]
+local tv = ffi.new("bench_timeval")
+local function now_ms()
+  ffi.C.gettimeofday(tv, nil)
+  return tonumber(tv.tv_sec) * 1000 + tonumber(tv.tv_usec) / 1000
+end
+
+local mode, prefix, skus, rate = "new", "k", 0, 0
+local start, scheduled = nil, 0
 local n = 0
 local fixed = nil
 local headers = {
@@ -27,7 +40,7 @@ end
 
 function init(args)
   mode, prefix = args[1] or "new", args[2] or "k"
-  skus, pause = tonumber(args[3] or "0"), tonumber(args[4] or "0")
+  skus, rate = tonumber(args[3] or "0"), tonumber(args[4] or "0")
   math.randomseed(tid * 7919 + os.time())
   if mode == "replay" then
     headers["Idempotency-Key"] = prefix
@@ -48,8 +61,22 @@ function request()
   return wrk.format("POST", "/v1/checkouts", headers, body(sku))
 end
 
+-- delay keeps this thread's requests on a fixed schedule (rate a second)
+-- whatever the answers' latency, as long as a connection is free.
 function delay()
-  return pause
+  if rate <= 0 then
+    return 0
+  end
+  if start == nil then
+    start = now_ms()
+  end
+  local due = start + scheduled * 1000 / rate
+  scheduled = scheduled + 1
+  local wait = due - now_ms()
+  if wait < 0 then
+    return 0
+  end
+  return wait
 end
 
 function done(summary, latency, requests)

@@ -8,9 +8,11 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -46,6 +48,7 @@ func (p *proc) start() error {
 		return fmt.Errorf("start %s: %w", p.name, err)
 	}
 	p.cmd, p.exited = cmd, make(chan struct{})
+	track(p)
 	go func() {
 		cmd.Wait()
 		f.Close()
@@ -79,6 +82,46 @@ func (p *proc) args() []string {
 	return nil
 }
 
+var (
+	runningMu sync.Mutex
+	running   = map[*proc]bool{}
+	created   = map[string]bool{} // databases to drop on an interrupt
+)
+
+func track(p *proc) {
+	runningMu.Lock()
+	defer runningMu.Unlock()
+	running[p] = true
+}
+
+// cleanUpOnSignal stops every process still running and drops the
+// databases of the run when bench is interrupted (Ctrl-C), then exits.
+func cleanUpOnSignal() {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ch
+		fmt.Fprintln(os.Stderr, "bench: interrupted; stopping the processes")
+		runningMu.Lock()
+		ps := make([]*proc, 0, len(running))
+		for p := range running {
+			ps = append(ps, p)
+		}
+		dbs := make([]string, 0, len(created))
+		for d := range created {
+			dbs = append(dbs, d)
+		}
+		runningMu.Unlock()
+		for _, p := range ps {
+			p.stop()
+		}
+		for _, d := range dbs {
+			dropDB(d)
+		}
+		os.Exit(130)
+	}()
+}
+
 // stop sends SIGTERM and waits for the drain (SIGKILL after 25s).
 func (p *proc) stop() {
 	if p.cmd == nil {
@@ -92,6 +135,9 @@ func (p *proc) stop() {
 		<-p.exited
 	}
 	p.cmd = nil
+	runningMu.Lock()
+	delete(running, p)
+	runningMu.Unlock()
 }
 
 // stack is the service as a user deploys it: the Stripe emulator, an SMTP
@@ -219,6 +265,11 @@ func createDB(ctx context.Context, name string) (string, error) {
 	defer admin.Close(ctx)
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
 		return "", err
+	}
+	if !strings.HasPrefix(name, "bench_large_") {
+		runningMu.Lock()
+		created[name] = true
+		runningMu.Unlock()
 	}
 	return dbURL(name), nil
 }
