@@ -37,7 +37,8 @@ type Config struct {
 	Queue string
 	// Prefetch is the consumer's unacknowledged window (32).
 	Prefetch int
-	// Concurrency is how many messages are handled at once (8).
+	// Concurrency is how many messages are handled at once (16): each
+	// waits on its own transaction, so more of them keep the database busy.
 	Concurrency int
 	// Sender configures the email sender.
 	Sender SenderConfig
@@ -64,7 +65,7 @@ func NewService(db *gorm.DB, conn *rabbitmq.Conn, mailer Mailer, cfg Config) (*S
 		cfg.Prefetch = 32
 	}
 	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 8
+		cfg.Concurrency = 16
 	}
 	logger := cfg.Logger
 	if logger == nil {
