@@ -188,19 +188,36 @@ func oneRun(c *config, i int, large string) (map[string]float64, error) {
 		return nil, err
 	}
 
-	// Checkouts, all of one sku, at 1, 4, 16 and 64 clients.
+	// pgbench's database, of the same schema, made now so that each
+	// ratio's two figures are measured one right after the other: the
+	// machine's load moves within a run.
+	pgURL, dropPG, err := pgbenchDB(c, id)
+	if err != nil {
+		return nil, err
+	}
+	defer dropPG()
+
+	// Checkouts, all of one sku, at 1, 4 and 16 clients; the same spread
+	// over 1,000 skus; 64 clients; then pgbench of the same SQL and of the
+	// minimal checkout.
 	ceiling := 0.0
-	for _, n := range curveClients {
+	curve := func(n int) error {
 		if !c.want("curve") && n != clients {
-			continue
+			return nil
 		}
 		l, err := wrk(s.apiURL, n, c.dur, "new", id+"-hot"+fmt.Sprint(n), "0", "0")
 		if err != nil {
-			return nil, err
+			return err
 		}
 		logf("  checkout, one sku, %2d clients: %7.1f/s  p50 %6.1f ms  p99 %6.1f ms  errors %d", n, l.Rate, l.P50ms, l.P99ms, l.Errors)
 		put(f, fmt.Sprintf("checkout_hot_c%d", n), l)
 		ceiling = max(ceiling, l.Rate)
+		return nil
+	}
+	for _, n := range curveClients[:3] {
+		if err := curve(n); err != nil {
+			return nil, err
+		}
 	}
 	var l load
 	if c.want("spread") {
@@ -210,8 +227,14 @@ func oneRun(c *config, i int, large string) (map[string]float64, error) {
 		logf("  checkout, 1,000 skus, %d clients: %7.1f/s  p99 %6.1f ms", clients, l.Rate, l.P99ms)
 		put(f, "checkout_spread", l)
 	}
+	if err := curve(curveClients[3]); err != nil {
+		return nil, err
+	}
+	if err := pgbenches(c, f, pgURL, "pgbench_checkout", "pgbench_minimal"); err != nil {
+		return nil, err
+	}
 
-	// Replays of one finished key.
+	// Replays of one finished key, then the bare gin handler.
 	if c.want("replay") {
 		if l, err = wrk(s.apiURL, 1, time.Second, "new", id+"-replay", "0", "0"); err != nil || l.Rate == 0 {
 			return nil, fmt.Errorf("replay setup: %v", err)
@@ -228,20 +251,22 @@ func oneRun(c *config, i int, large string) (map[string]float64, error) {
 		logf("  replay, %d clients: %7.1f/s  p99 %6.1f ms  errors %d", clients, l.Rate, l.P99ms, l.Errors)
 		put(f, "replay", l)
 	}
+	if err := bareGin(c, f, id); err != nil {
+		return nil, err
+	}
 	if err := paced(c, s, f, ceiling, id); err != nil {
 		return nil, err
 	}
 	if err := broker(c, s, f, url); err != nil {
 		return nil, err
 	}
-	s.stop()
+	s.stop() // the worker would go on with the backlog's other events
+	if c.want("broker") {
+		if err := pgbenches(c, f, pgURL, "pgbench_worker"); err != nil {
+			return nil, err
+		}
+	}
 	if err := largeTable(c, f, large, id); err != nil {
-		return nil, err
-	}
-	if err := bareGin(c, f, id); err != nil {
-		return nil, err
-	}
-	if err := pgbenches(c, f, id); err != nil {
 		return nil, err
 	}
 	ratios(f)
@@ -404,39 +429,48 @@ func bareGin(c *config, f map[string]float64, id string) error {
 }
 
 // pgbenches runs the SQL scripts on a fresh database with the same schema.
-func pgbenches(c *config, f map[string]float64, id string) error {
-	if !c.want("pgbench") {
-		return nil
-	}
+func pgbenchDB(c *config, id string) (string, func(), error) {
 	ctx := context.Background()
 	pgName := "bench_pg_" + id
 	pgURL, err := createDB(ctx, pgName)
 	if err != nil {
-		return err
+		return "", nil, err
 	}
-	defer dropDB(pgName)
+	drop := func() { dropDB(pgName) }
 	if err := migrate(ctx, pgURL); err != nil {
-		return err
+		drop()
+		return "", nil, err
 	}
 	if err := execSQL(ctx, pgURL, fmt.Sprintf(`INSERT INTO orders (id, tenant_id, status, email, currency, amount_total, payment_method, created_at, updated_at)
 		SELECT g::text, 'acme', 'paid', 'buyer@example.com', 'usd', 2500, 'pm_card_visa', now(), now() FROM generate_series(1, %d) g`, workerOrders),
 		`VACUUM ANALYZE`); err != nil {
-		return err
+		drop()
+		return "", nil, err
+	}
+	return pgURL, drop, nil
+}
+
+// pgbenches runs the named scripts (internal/checkout/pgbench_checkout.sql,
+// ...) with pgbench on pgURL, a database of the same schema the stack's
+// processes do not use (they sit idle meanwhile).
+func pgbenches(c *config, f map[string]float64, pgURL string, which ...string) error {
+	if !c.want("pgbench") {
+		return nil
+	}
+	scripts := map[string]string{
+		"pgbench_checkout": "internal/checkout/pgbench_checkout.sql",
+		"pgbench_minimal":  "tests/bench/minimal.sql",
+		"pgbench_worker":   "internal/notify/pgbench_worker.sql",
 	}
 	vars := pgbenchVars()
-	for _, b := range []struct{ name, script string }{
-		{"pgbench_checkout", "internal/checkout/pgbench_checkout.sql"},
-		{"pgbench_minimal", "tests/bench/minimal.sql"},
-		{"pgbench_worker", "internal/notify/pgbench_worker.sql"},
-	} {
-		tps, lat, err := pgbench(pgURL, filepath.Join(c.root, b.script), clients, c.dur, vars)
+	for _, name := range which {
+		tps, lat, err := pgbench(pgURL, filepath.Join(c.root, scripts[name]), clients, c.dur, vars)
 		if err != nil {
 			return err
 		}
-		f[b.name+"_tps"], f[b.name+"_latency_ms"] = tps, lat
-		logf("  %s, %d clients: %.0f tps (latency %.1f ms)", b.script, clients, tps, lat)
+		f[name+"_tps"], f[name+"_latency_ms"] = tps, lat
+		logf("  %s, %d clients: %.0f tps (latency %.1f ms)", scripts[name], clients, tps, lat)
 	}
-
 	return nil
 }
 
