@@ -37,7 +37,7 @@ func main() {
 type settings struct {
 	ops.Settings
 	MetricsAddr  string        `env:"METRICS_ADDR" envDefault:":9091"`
-	PollInterval time.Duration `env:"OUTBOX_POLL_INTERVAL" envDefault:"1s"`
+	PollInterval time.Duration `env:"OUTBOX_POLL_INTERVAL" envDefault:"200ms"`
 	BatchSize    int           `env:"OUTBOX_BATCH_SIZE" envDefault:"500"`
 }
 

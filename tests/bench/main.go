@@ -292,6 +292,12 @@ func paced(c *config, s *stack, f map[string]float64, ceiling float64, id string
 	// connections on a schedule of ceiling/2 requests a second (each of
 	// wrk's 2 threads sends half).
 	rate := ceiling / 2
+	// A second of the same load first: the relay, idle during the points
+	// before, polls at its slowest (OUTBOX_POLL_INTERVAL) until it finds
+	// rows again; the figure is the steady state at this rate.
+	if _, err := wrk(s.apiURL, clients, time.Second, "new", id+"-pacedwarm", "0", fmt.Sprintf("%.1f", rate/2)); err != nil {
+		return err
+	}
 	lagBefore, err := metrics(s.dispOps, "checkout_outbox_publish_lag_seconds")
 	if err != nil {
 		return err
