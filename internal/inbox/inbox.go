@@ -25,11 +25,20 @@ func Record(ctx context.Context, tx *gorm.DB, consumer, messageID string) (first
 	if consumer == "" || messageID == "" {
 		return false, fmt.Errorf("inbox: consumer and message id are required")
 	}
-	res := tx.WithContext(ctx).Exec(
-		`INSERT INTO inbox (consumer, message_id) VALUES (?, ?) ON CONFLICT DO NOTHING`,
-		consumer, messageID)
+	query, args := Statement(consumer, messageID)
+	res := tx.WithContext(ctx).Exec(query, args...)
 	if res.Error != nil {
 		return false, fmt.Errorf("inbox: record %s/%s: %w", consumer, messageID, res.Error)
 	}
 	return res.RowsAffected == 1, nil
+}
+
+// Statement returns Record's INSERT and its arguments, for a consumer that
+// records the message inside a larger statement of its transaction (a
+// data-modifying CTE) to save a round trip: it inserts one row when the
+// message is new and none for a duplicate, and ends with its ON CONFLICT
+// clause, so the caller may add a RETURNING.
+func Statement(consumer, messageID string) (string, []any) {
+	return `INSERT INTO inbox (consumer, message_id) VALUES (?, ?) ON CONFLICT DO NOTHING`,
+		[]any{consumer, messageID}
 }

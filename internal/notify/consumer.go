@@ -89,9 +89,10 @@ type orderPaid struct {
 // queue.
 var errMalformed = errors.New("malformed order.paid event")
 
-// Handle processes one order.paid delivery. In one transaction it records
-// (ConsumerName, message_id) in the inbox and inserts the pending email
-// notification (ON CONFLICT (order_id, channel) DO NOTHING), then commits.
+// Handle processes one order.paid delivery. In one transaction (one
+// statement in it) it records (ConsumerName, message_id) in the inbox and
+// inserts the pending email notification (ON CONFLICT (order_id, channel)
+// DO NOTHING), then commits.
 // It returns nil, so the delivery is acked, after that commit or when the
 // message is a duplicate (nothing is written). It returns an error, so the
 // delivery is requeued, when the body is not a valid event or the database
@@ -112,24 +113,31 @@ func (c *Consumer) Handle(ctx context.Context, d amqp.Delivery) error {
 
 	first, created := false, false
 	err := postgres.WithTx(ctx, c.db, func(tx *gorm.DB) error {
-		var err error
-		first, err = inbox.Record(ctx, tx, ConsumerName, messageID)
-		if err != nil || !first {
-			return err
+		// The inbox record and the notification in one statement (one round
+		// trip instead of two): the notification is inserted only when the
+		// inbox row was, i.e. for a message seen for the first time.
+		record, args := inbox.Statement(ConsumerName, messageID)
+		args = append(args, ids.New("ntf"), ev.Data.ID, ev.TenantID, ChannelEmail, ev.Data.Email)
+		var recorded, inserted int64
+		err := tx.WithContext(ctx).Raw(`WITH i AS (`+record+` RETURNING 1),
+			n AS (
+				INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status)
+				SELECT ?, ?, ?, ?, ?, 'pending' WHERE EXISTS (SELECT 1 FROM i)
+				ON CONFLICT (order_id, channel) DO NOTHING
+				RETURNING 1)
+			SELECT (SELECT count(*) FROM i), (SELECT count(*) FROM n)`, args...).Row().Scan(&recorded, &inserted)
+		if err != nil {
+			return fmt.Errorf("record %s and its notification for %s: %w", messageID, ev.Data.ID, err)
+		}
+		first, created = recorded == 1, inserted == 1
+		if !first {
+			return nil
 		}
 		if c.afterInbox != nil {
 			if err := c.afterInbox(); err != nil {
 				return err
 			}
 		}
-		res := tx.WithContext(ctx).Exec(`INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status)
-			VALUES (?, ?, ?, ?, ?, 'pending')
-			ON CONFLICT (order_id, channel) DO NOTHING`,
-			ids.New("ntf"), ev.Data.ID, ev.TenantID, ChannelEmail, ev.Data.Email)
-		if res.Error != nil {
-			return fmt.Errorf("insert notification for %s: %w", ev.Data.ID, res.Error)
-		}
-		created = res.RowsAffected == 1
 		return nil
 	})
 	if err != nil {

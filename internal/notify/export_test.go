@@ -1,5 +1,6 @@
 package notify
 
 // SetAfterInbox makes c run f inside its transaction right after the inbox
-// record; an error from f rolls the transaction back.
+// record (and the notification, written by the same statement) of a new
+// message; an error from f rolls the transaction back.
 func SetAfterInbox(c *Consumer, f func() error) { c.afterInbox = f }

@@ -11,10 +11,13 @@
 \set ntf random(1, 9000000000000000000)
 \set claim random(1, 20)
 BEGIN;
-INSERT INTO inbox (consumer, message_id) VALUES (:consumer, :msg) ON CONFLICT DO NOTHING;
-INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status)
-VALUES (:ntf, :ord, :tenant, :channel, :email, 'pending')
-ON CONFLICT (order_id, channel) DO NOTHING;
+WITH i AS (INSERT INTO inbox (consumer, message_id) VALUES (:consumer, :msg) ON CONFLICT DO NOTHING RETURNING 1),
+n AS (
+    INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status)
+    SELECT :ntf, :ord, :tenant, :channel, :email, 'pending' WHERE EXISTS (SELECT 1 FROM i)
+    ON CONFLICT (order_id, channel) DO NOTHING
+    RETURNING 1)
+SELECT (SELECT count(*) FROM i), (SELECT count(*) FROM n);
 COMMIT;
 \if :claim = 1
 UPDATE notifications n
