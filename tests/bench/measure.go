@@ -72,7 +72,17 @@ func pgbench(url, script string, clients int, d time.Duration, vars map[string]s
 	for _, k := range keys {
 		args = append(args, "-D", k+"="+vars[k])
 	}
-	out, err := exec.Command("pgbench", append(args, url)...).CombinedOutput()
+	var out []byte
+	var err error
+	for try := 0; ; try++ {
+		out, err = exec.Command("pgbench", append(args, url)...).CombinedOutput()
+		// The server is shared: other sessions' tests can hold every
+		// connection for a moment.
+		if err == nil || try == 4 || !strings.Contains(string(out), "too many clients") {
+			break
+		}
+		time.Sleep(2 * time.Second)
+	}
 	if err != nil {
 		return 0, 0, fmt.Errorf("pgbench %s: %w\n%s", script, err, out)
 	}
