@@ -5,7 +5,8 @@
 -- 20 events, and the update that marks this event's email sent (by id
 -- alone: here nothing set it sending). The email itself is not SQL. The
 -- constants (-D) are set by tests/bench, which also creates the orders
--- 1..:orders the notifications reference.
+-- 1..:orders the notifications reference. TestPgbenchWorkerScriptMirrorsTheConsumer
+-- fails when the consumer's statements change and this script does not.
 \set ord random(1, :orders)
 \set msg random(1, 9000000000000000000)
 \set ntf random(1, 9000000000000000000)
