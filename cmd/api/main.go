@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/telemetry"
+	"github.com/onceonly/checkout/internal/webhooks"
 )
 
 func main() {
@@ -48,13 +50,16 @@ type settings struct {
 	StripeSecretKey  string        `env:"STRIPE_SECRET_KEY" envDefault:"sk_test_123" secret:"true"`
 	StripeTimeout    time.Duration `env:"STRIPE_TIMEOUT" envDefault:"10s"`
 	StripeMaxElapsed time.Duration `env:"STRIPE_MAX_ELAPSED" envDefault:"20s"`
-	IdempotencyTTL   time.Duration `env:"IDEMPOTENCY_TTL" envDefault:"24h"`
-	IdempotencyLease time.Duration `env:"IDEMPOTENCY_LEASE" envDefault:"30s"`
-	DedupFailureMode string        `env:"DEDUP_FAILURE_MODE" envDefault:"closed"`
-	APIKeys          string        `env:"CHECKOUT_API_KEYS" envDefault:"acme:sk_test_acme,globex:sk_test_globex" secret:"true"`
-	WorkTimeout      time.Duration `env:"WORK_TIMEOUT" envDefault:"60s"`
-	ShutdownTimeout  time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"20s"`
-	LogLevel         slog.Level    `env:"LOG_LEVEL" envDefault:"info"`
+	// StripeWebhookSecret signs POST /v1/webhooks/stripe deliveries: the
+	// endpoint's signing secret from the Stripe dashboard or `stripe listen`.
+	StripeWebhookSecret string        `env:"STRIPE_WEBHOOK_SECRET" envDefault:"whsec_test_checkout" secret:"true"`
+	IdempotencyTTL      time.Duration `env:"IDEMPOTENCY_TTL" envDefault:"24h"`
+	IdempotencyLease    time.Duration `env:"IDEMPOTENCY_LEASE" envDefault:"30s"`
+	DedupFailureMode    string        `env:"DEDUP_FAILURE_MODE" envDefault:"closed"`
+	APIKeys             string        `env:"CHECKOUT_API_KEYS" envDefault:"acme:sk_test_acme,globex:sk_test_globex" secret:"true"`
+	WorkTimeout         time.Duration `env:"WORK_TIMEOUT" envDefault:"60s"`
+	ShutdownTimeout     time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"20s"`
+	LogLevel            slog.Level    `env:"LOG_LEVEL" envDefault:"info"`
 }
 
 // check validates what parsing cannot; each message names its variable.
@@ -88,6 +93,12 @@ func (s *settings) check() (*auth.Keys, idempotency.FailureMode, error) {
 	}
 	if s.WorkTimeout <= s.StripeMaxElapsed+s.StripeTimeout {
 		errs = append(errs, fmt.Errorf("WORK_TIMEOUT: %s must exceed STRIPE_MAX_ELAPSED + STRIPE_TIMEOUT (%s), or a checkout is cut off while Stripe is still retried", s.WorkTimeout, s.StripeMaxElapsed+s.StripeTimeout))
+	}
+	if !strings.HasPrefix(s.StripeWebhookSecret, "whsec_") || len(s.StripeWebhookSecret) <= len("whsec_") {
+		errs = append(errs, errors.New("STRIPE_WEBHOOK_SECRET: must be an endpoint signing secret, whsec_… (Stripe dashboard, Developers > Webhooks, or the one `stripe listen` prints)"))
+	}
+	if s.AppEnv == "production" && s.StripeWebhookSecret == webhooks.DefaultSecret {
+		errs = append(errs, errors.New("STRIPE_WEBHOOK_SECRET: the development secret is not allowed with APP_ENV=production"))
 	}
 	if s.DatabaseMaxConns < 1 {
 		errs = append(errs, fmt.Errorf("DATABASE_MAX_CONNS: must be at least 1"))
@@ -146,6 +157,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		Lease:          s.IdempotencyLease,
 		FailureMode:    mode,
 		WorkTimeout:    s.WorkTimeout,
+		WebhookSecret:  s.StripeWebhookSecret,
 	}, api.Deps{DB: db, Redis: rdb, Payments: pay, Keys: keys, Logger: logger, Registry: reg})
 
 	ln, err := net.Listen("tcp", s.HTTPAddr)

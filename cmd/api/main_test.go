@@ -43,6 +43,9 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"lease longer than the TTL", map[string]string{"IDEMPOTENCY_TTL": "10s", "IDEMPOTENCY_LEASE": "1m"}, "IDEMPOTENCY_TTL"},
 		{"bad redis url", map[string]string{"REDIS_URL": "http://x"}, "REDIS_URL"},
 		{"bad log level", map[string]string{"LOG_LEVEL": "loud"}, "LOG_LEVEL"},
+		{"empty webhook secret", map[string]string{"STRIPE_WEBHOOK_SECRET": "whsec_"}, "STRIPE_WEBHOOK_SECRET"},
+		{"an API key as webhook secret", map[string]string{"STRIPE_WEBHOOK_SECRET": "sk_test_123"}, "STRIPE_WEBHOOK_SECRET"},
+		{"development webhook secret in production", map[string]string{"APP_ENV": "production", "CHECKOUT_API_KEYS": "acme:sk_live_real"}, "STRIPE_WEBHOOK_SECRET"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

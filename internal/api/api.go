@@ -41,6 +41,9 @@ type Config struct {
 	FailureMode    idempotency.FailureMode // DEDUP_FAILURE_MODE
 	// WorkTimeout bounds one checkout's work (default 60s).
 	WorkTimeout time.Duration
+	// WebhookSecret is STRIPE_WEBHOOK_SECRET, the signing secret of POST
+	// /v1/webhooks/stripe (empty: webhooks.DefaultSecret).
+	WebhookSecret string
 }
 
 // API is the assembled service.
