@@ -261,15 +261,15 @@ func (h *Handler) paymentIntent(ctx context.Context, ev Event, pi PaymentIntent)
 		return OutcomeDuplicate, nil
 	}
 
+	status, err := h.Orders.OrderStatus(ctx, pi.TenantID, pi.OrderID)
+	switch {
+	case errors.Is(err, ErrNotOurs):
+		return OutcomeIgnored, nil
+	case err != nil:
+		return "", problem.Wrap(ErrUnavailableProblem, err)
+	}
 	state := pi
 	if !pi.Final() {
-		status, err := h.Orders.OrderStatus(ctx, pi.TenantID, pi.OrderID)
-		switch {
-		case errors.Is(err, ErrNotOurs):
-			return OutcomeIgnored, nil
-		case err != nil:
-			return "", problem.Wrap(ErrUnavailableProblem, err)
-		}
 		if slices.Contains(waitingStatuses, status) {
 			// The event says e.g. requires_payment_method while the order
 			// still waits: the PaymentIntent may have moved on since (a later
@@ -288,7 +288,7 @@ func (h *Handler) paymentIntent(ctx context.Context, ev Event, pi PaymentIntent)
 	}
 
 	var outcome string
-	err := postgres.WithTx(ctx, h.DB, func(tx *gorm.DB) error {
+	err = postgres.WithTx(ctx, h.DB, func(tx *gorm.DB) error {
 		first, err := inbox.Record(ctx, tx, Consumer, ev.ID)
 		if err != nil {
 			return err
