@@ -60,7 +60,8 @@ func TestComposeMatchesTheContract(t *testing.T) {
 		{service: "mailpit", ports: []uint32{1025, 8025}},
 		{
 			service: "stripe-emulator", ports: []uint32{12111}, command: []string{"stripe-emulator"},
-			env:      map[string]string{"STRIPE_EMULATOR_ADDR": ":12111"},
+			env: map[string]string{"STRIPE_EMULATOR_ADDR": ":12111",
+				"STRIPE_EMULATOR_WEBHOOK_URL": "http://api:8080/v1/webhooks/stripe", "STRIPE_WEBHOOK_SECRET": "whsec_test_checkout"},
 			readyURL: "http://127.0.0.1:12111/healthz",
 		},
 		{
@@ -70,7 +71,7 @@ func TestComposeMatchesTheContract(t *testing.T) {
 				"REDIS_KEY_PREFIX": "checkout:", "STRIPE_API_BASE": "http://stripe-emulator:12111",
 				"STRIPE_SECRET_KEY": "sk_test_123", "IDEMPOTENCY_TTL": "24h", "IDEMPOTENCY_LEASE": "30s",
 				"DEDUP_FAILURE_MODE": "closed", "CHECKOUT_API_KEYS": "acme:sk_test_acme,globex:sk_test_globex",
-				"LOG_LEVEL": "info",
+				"STRIPE_WEBHOOK_SECRET": "whsec_test_checkout", "LOG_LEVEL": "info",
 			},
 			dependsOn: map[string]string{"postgres": "service_healthy", "redis": "service_healthy", "stripe-emulator": "service_healthy"},
 			readyURL:  "http://127.0.0.1:8080/readyz",
