@@ -91,6 +91,24 @@ func runContract(t *testing.T, base string) {
 		require.NoError(t, err, "retrieve with latest_charge expanded")
 		require.Regexp(t, `^pi_`, got.ID)
 
+		refund := &stripe.RefundParams{PaymentIntent: stripe.String(pi.ID), Amount: stripe.Int64(1000),
+			Reason: stripe.String("requested_by_customer")}
+		refund.AddMetadata("order_id", "ord_contract")
+		refund.SetIdempotencyKey("contract-refund-" + t.Name())
+		rf, err := sc.Refunds.New(refund)
+		require.NoError(t, err, "partial refund of the PaymentIntent")
+		require.Regexp(t, `^re_`, rf.ID)
+		gotRefund, err := sc.Refunds.Get(rf.ID, nil)
+		require.NoError(t, err, "retrieve the refund")
+		require.Regexp(t, `^re_`, gotRefund.ID)
+		refunds := &stripe.RefundListParams{PaymentIntent: stripe.String(pi.ID)}
+		refunds.Single = true
+		rit := sc.Refunds.List(refunds)
+		for rit.Next() {
+			require.Regexp(t, `^re_`, rit.Refund().ID)
+		}
+		require.NoError(t, rit.Err(), "list the PaymentIntent's refunds")
+
 		threeDS := &stripe.PaymentIntentParams{Amount: stripe.Int64(4200), Currency: stripe.String("eur"),
 			PaymentMethod: stripe.String("pm_card_authenticationRequired"), Confirm: stripe.Bool(true),
 			ReturnURL: stripe.String("https://shop.example/return")}

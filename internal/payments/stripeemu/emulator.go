@@ -35,6 +35,9 @@
 //	POST /v1/payment_intents/{id}/confirm  confirm
 //	POST /v1/payment_intents/{id}/cancel   cancel
 //	GET  /v1/charges/{id}                  retrieve a PaymentIntent's charge
+//	POST /v1/refunds                       refund a succeeded PaymentIntent
+//	GET  /v1/refunds                       list (payment_intent=, charge=), newest first
+//	GET  /v1/refunds/{id}                  retrieve
 //
 // Control routes (JSON, not Stripe's):
 //
@@ -46,6 +49,9 @@
 //	GET    /_emulator/state               every PaymentIntent and refund
 //	POST   /_emulator/keys/prune          forget every stored idempotency key
 //	POST   /_emulator/payment_intents/{id}/authenticate  play a 3D Secure challenge
+//	POST   /_emulator/refunds/pending     {"on":bool}: new refunds start pending
+//	POST   /_emulator/refunds/{id}/succeed  a pending refund succeeds
+//	POST   /_emulator/refunds/{id}/fail   a refund fails (later), amount refundable again
 package stripeemu
 
 import (
@@ -80,20 +86,23 @@ type Emulator struct {
 	keyTTL    time.Duration
 	searchLag time.Duration
 
-	mu           sync.Mutex
-	intents      map[string]*storedIntent // by PaymentIntent id
-	intentOrder  []*storedIntent          // in creation order
-	charges      map[string]*charge       // by charge id
-	keys         map[scope]*keyEntry
-	createdByKey map[string]int
-	created      int
-	inFlight     int
-	requests     []Request
-	faults       []*activeFault
-	timers       map[*time.Timer]struct{} // roll-forwards not run yet
-	gen          uint64                   // bumped by Reset: older roll-forwards do nothing
-	closed       bool
-	running      sync.WaitGroup // roll-forwards executing
+	mu             sync.Mutex
+	intents        map[string]*storedIntent // by PaymentIntent id
+	intentOrder    []*storedIntent          // in creation order
+	charges        map[string]*charge       // by charge id
+	refunds        map[string]*storedRefund // by refund id
+	refundOrder    []*storedRefund          // in creation order
+	refundsPending bool                     // new refunds start pending
+	keys           map[scope]*keyEntry
+	createdByKey   map[string]int
+	created        int
+	inFlight       int
+	requests       []Request
+	faults         []*activeFault
+	timers         map[*time.Timer]struct{} // roll-forwards not run yet
+	gen            uint64                   // bumped by Reset: older roll-forwards do nothing
+	closed         bool
+	running        sync.WaitGroup // roll-forwards executing
 }
 
 // scope is what an idempotency key is unique within: Stripe scopes keys to
@@ -173,6 +182,9 @@ func New(opts ...Option) *Emulator {
 	e.mux.HandleFunc("POST /v1/payment_intents/{id}/confirm", e.api(OpPIConfirm, e.confirmPaymentIntent))
 	e.mux.HandleFunc("POST /v1/payment_intents/{id}/cancel", e.api(OpPICancel, e.cancelPaymentIntent))
 	e.mux.HandleFunc("GET /v1/charges/{id}", e.api(OpChargeRetrieve, e.retrieveCharge))
+	e.mux.HandleFunc("POST /v1/refunds", e.api(OpRefundCreate, e.createRefund))
+	e.mux.HandleFunc("GET /v1/refunds", e.api(OpRefundList, e.listRefunds))
+	e.mux.HandleFunc("GET /v1/refunds/{id}", e.api(OpRefundRetrieve, e.retrieveRefund))
 	e.mux.HandleFunc("/v1/", e.api("", e.unknownURL))
 	e.mux.HandleFunc("POST /_emulator/faults", e.postFaults)
 	e.mux.HandleFunc("GET /_emulator/faults", e.getFaults)
@@ -182,6 +194,9 @@ func New(opts ...Option) *Emulator {
 	e.mux.HandleFunc("GET /_emulator/state", e.getState)
 	e.mux.HandleFunc("POST /_emulator/keys/prune", e.postPruneKeys)
 	e.mux.HandleFunc("POST /_emulator/payment_intents/{id}/authenticate", e.postAuthenticate)
+	e.mux.HandleFunc("POST /_emulator/refunds/pending", e.postRefundsPending)
+	e.mux.HandleFunc("POST /_emulator/refunds/{id}/succeed", e.postRefundSucceed)
+	e.mux.HandleFunc("POST /_emulator/refunds/{id}/fail", e.postRefundFail)
 	return e
 }
 
@@ -242,8 +257,9 @@ func (e *Emulator) ClearFaults() {
 	e.mu.Unlock()
 }
 
-// Reset removes every fault, PaymentIntent, charge, idempotency key, count,
-// logged request and pending roll-forward. Requests executing during a Reset
+// Reset removes every fault, PaymentIntent, charge, refund, idempotency key,
+// count, logged request and pending roll-forward, and ends pending refund
+// mode. Requests executing during a Reset
 // finish against the new state.
 func (e *Emulator) Reset() {
 	e.mu.Lock()
@@ -259,6 +275,9 @@ func (e *Emulator) reset() {
 	e.intents = map[string]*storedIntent{}
 	e.intentOrder = nil
 	e.charges = map[string]*charge{}
+	e.refunds = map[string]*storedRefund{}
+	e.refundOrder = nil
+	e.refundsPending = false
 	e.keys = map[scope]*keyEntry{}
 	e.createdByKey = map[string]int{}
 	e.created = 0
@@ -415,6 +434,9 @@ func (e *Emulator) State() State {
 	st := State{PaymentIntents: []json.RawMessage{}, Refunds: []json.RawMessage{}}
 	for _, s := range e.intentOrder {
 		st.PaymentIntents = append(st.PaymentIntents, compactJSON(e.renderPILocked(s, []string{"latest_charge"})))
+	}
+	for _, rf := range e.refundOrder {
+		st.Refunds = append(st.Refunds, compactJSON(rf.r))
 	}
 	return st
 }
