@@ -267,7 +267,7 @@ func threeDS(t *testing.T, h *harness, key string) checkout.Order {
 
 func (h *harness) reconciler(now func() time.Time) *maintenance.Reconciler {
 	h.t.Helper()
-	rec, err := maintenance.NewReconciler(h.db, h.api.Service, maintenance.ReconcilerConfig{Now: now})
+	rec, err := maintenance.NewReconciler(h.db, h.api.Service, maintenance.ReconcilerConfig{Now: now, Grace: time.Millisecond})
 	require.NoError(h.t, err)
 	return rec
 }
