@@ -145,7 +145,9 @@ func TestStripeTransientFailures(t *testing.T) {
 		{"409 in use while the first call runs", stripeemu.Fault{Kind: stripeemu.FaultDelay, Op: stripeemu.OpPICreate, Count: 1, Before: 2500 * time.Millisecond},
 			func(t *testing.T, st []int, _ int) { require.Contains(t, st, 409) }, 1},
 		{"stored 500 never resent", stripeemu.Fault{Kind: stripeemu.FaultStored500, Op: stripeemu.OpPICreate, Count: 1},
-			func(t *testing.T, st []int, _ int) { require.Equal(t, []int{500}, st, "a stored 500 is reconciled, not resent") }, 2},
+			func(t *testing.T, st []int, _ int) {
+				require.Equal(t, []int{500}, st, "a stored 500 is reconciled, not resent")
+			}, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			key := "k-stripe-" + strings.ReplaceAll(tc.name, " ", "-")
