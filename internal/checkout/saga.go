@@ -387,7 +387,7 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 				return r.verdictOf(cur)
 			}
 		case last.outcome() == "" && r.fresh(last):
-			v, err := r.confirmAttempt(ctx, pi.ID, last, false)
+			v, err := r.confirmAttempt(ctx, pi.ID, last)
 			if v != nil || err != nil {
 				return v, err
 			}
@@ -414,7 +414,7 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 		if err := r.begin(ctx, a); err != nil {
 			return nil, err
 		}
-		v, err := r.confirmAttempt(ctx, pi.ID, a, true)
+		v, err := r.confirmAttempt(ctx, pi.ID, a)
 		if v != nil || err != nil {
 			return v, err
 		}
@@ -423,7 +423,7 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 
 // confirmAttempt sends confirm attempt a (already written) and returns the
 // verdict, an error, or nil, nil after an indeterminate answer.
-func (r *run) confirmAttempt(ctx context.Context, piID string, a *attempt, _ bool) (*verdict, error) {
+func (r *run) confirmAttempt(ctx context.Context, piID string, a *attempt) (*verdict, error) {
 	got, err := r.s.Payments.ConfirmPaymentIntent(ctx, ConfirmIntentRequest{
 		IdempotencyKey: a.IdempotencyKey, PaymentIntentID: piID})
 	res := r.answer(ctx, a, got, err)
@@ -785,11 +785,12 @@ func (r *run) answerCancel(ctx context.Context, a *attempt, pi PaymentIntentStat
 }
 
 // cancelable reports the PaymentIntent statuses Stripe lets a caller cancel
-// (https://docs.stripe.com/api/payment_intents/cancel).
+// (https://docs.stripe.com/api/payment_intents/cancel); processing, which
+// Stripe allows only in rare cases, is left to settle.
 func cancelable(status string) bool {
 	switch status {
-	case PIRequiresPaymentMethod, PIRequiresConfirmation, PIRequiresAction, PIRequiresCapture, PIProcessing:
-		return status != PIProcessing
+	case PIRequiresPaymentMethod, PIRequiresConfirmation, PIRequiresAction, PIRequiresCapture:
+		return true
 	}
 	return false
 }
