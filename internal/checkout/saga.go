@@ -151,6 +151,9 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 		case last.outcome() == outcomeSucceeded && last.StripeObjectID != nil:
 			// Answered, but the run stopped before recording it on the order.
 			pi := PaymentIntentState{ID: *last.StripeObjectID, Status: PIRequiresConfirmation}
+			if last.StripeStatus != nil {
+				pi.Status = *last.StripeStatus
+			}
 			return r.record(ctx, pi)
 		case last.outcome() == outcomeRejected || last.outcome() == outcomeFailed:
 			return PaymentIntentState{}, &verdict{refusal: refusalOf(last)}, nil
@@ -164,8 +167,10 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 			continue
 		default:
 			// Indeterminate (a stored 500), or unanswered with a key Stripe
-			// may have pruned: reconcile before any new attempt.
-			if settled := last.CreatedAt.Add(r.cfg.SearchSettle); r.s.Now().Before(settled) {
+			// may have pruned: reconcile before any new attempt. The search
+			// is trusted once the index has caught up with the attempt's
+			// last answer (anything it created existed by then).
+			if settled := last.UpdatedAt.Add(r.cfg.SearchSettle); r.s.Now().Before(settled) {
 				return PaymentIntentState{}, nil, &waitError{fmt.Sprintf(
 					"create attempt %d of order %s is indeterminate; Stripe's search settles at %s", last.Attempt, r.o.ID, settled.Format(time.RFC3339))}
 			}
@@ -392,8 +397,6 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 				return v, err
 			}
 			continue
-		case last.outcome() == outcomeRejected:
-			return &verdict{refusal: refusalOf(last)}, nil
 		default:
 			// Answered before this run (resume), indeterminate, or a key
 			// Stripe may have pruned: ask Stripe for the PaymentIntent,
@@ -404,6 +407,10 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 			}
 			if cur.Status != PIRequiresConfirmation {
 				return r.verdictOf(cur)
+			}
+			if last.outcome() == outcomeRejected {
+				// Refused, and still unconfirmed: final, never sent again.
+				return &verdict{refusal: refusalOf(last)}, nil
 			}
 		}
 		if newAttempts == r.cfg.MaxAttempts {
