@@ -21,6 +21,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/api"
 	"github.com/onceonly/checkout/internal/auth"
+	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/config"
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/payments"
@@ -40,19 +41,20 @@ func main() {
 
 // settings are the API's environment variables (CONTRACT.md).
 type settings struct {
-	AppEnv           string        `env:"APP_ENV" envDefault:"development"`
-	HTTPAddr         string        `env:"HTTP_ADDR" envDefault:":8080"`
-	DatabaseURL      string        `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable"`
-	DatabaseMaxConns int           `env:"DATABASE_MAX_CONNS" envDefault:"20"`
-	RedisURL         string        `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
-	RedisKeyPrefix   string        `env:"REDIS_KEY_PREFIX" envDefault:"checkout:"`
-	StripeAPIBase    string        `env:"STRIPE_API_BASE" envDefault:"http://127.0.0.1:12111"`
-	StripeSecretKey  string        `env:"STRIPE_SECRET_KEY" envDefault:"sk_test_123" secret:"true"`
-	StripeTimeout    time.Duration `env:"STRIPE_TIMEOUT" envDefault:"10s"`
-	StripeMaxElapsed time.Duration `env:"STRIPE_MAX_ELAPSED" envDefault:"20s"`
-	// StripeWebhookSecret signs POST /v1/webhooks/stripe deliveries: the
-	// endpoint's signing secret from the Stripe dashboard or `stripe listen`.
+	AppEnv              string        `env:"APP_ENV" envDefault:"development"`
+	HTTPAddr            string        `env:"HTTP_ADDR" envDefault:":8080"`
+	DatabaseURL         string        `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable"`
+	DatabaseMaxConns    int           `env:"DATABASE_MAX_CONNS" envDefault:"20"`
+	RedisURL            string        `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
+	RedisKeyPrefix      string        `env:"REDIS_KEY_PREFIX" envDefault:"checkout:"`
+	StripeAPIBase       string        `env:"STRIPE_API_BASE" envDefault:"http://127.0.0.1:12111"`
+	StripeSecretKey     string        `env:"STRIPE_SECRET_KEY" envDefault:"sk_test_123" secret:"true"`
+	StripeTimeout       time.Duration `env:"STRIPE_TIMEOUT" envDefault:"10s"`
+	StripeMaxElapsed    time.Duration `env:"STRIPE_MAX_ELAPSED" envDefault:"20s"`
 	StripeWebhookSecret string        `env:"STRIPE_WEBHOOK_SECRET" envDefault:"whsec_test_checkout" secret:"true"`
+	StripeSettle        time.Duration `env:"STRIPE_SEARCH_SETTLE" envDefault:"60s"`
+	UnknownAfter        time.Duration `env:"PAYMENT_UNKNOWN_AFTER" envDefault:"1h"`
+	ActionTimeout       time.Duration `env:"PAYMENT_ACTION_TIMEOUT" envDefault:"30m"`
 	IdempotencyTTL      time.Duration `env:"IDEMPOTENCY_TTL" envDefault:"24h"`
 	IdempotencyLease    time.Duration `env:"IDEMPOTENCY_LEASE" envDefault:"30s"`
 	DedupFailureMode    string        `env:"DEDUP_FAILURE_MODE" envDefault:"closed"`
@@ -82,8 +84,12 @@ func (s *settings) check() (*auth.Keys, idempotency.FailureMode, error) {
 	if s.IdempotencyTTL <= s.IdempotencyLease {
 		errs = append(errs, fmt.Errorf("IDEMPOTENCY_TTL: %s must exceed IDEMPOTENCY_LEASE (%s)", s.IdempotencyTTL, s.IdempotencyLease))
 	}
+	if s.StripeSettle < 0 {
+		errs = append(errs, fmt.Errorf("STRIPE_SEARCH_SETTLE: must not be negative, got %s", s.StripeSettle))
+	}
 	for name, d := range map[string]time.Duration{"STRIPE_TIMEOUT": s.StripeTimeout, "STRIPE_MAX_ELAPSED": s.StripeMaxElapsed,
-		"WORK_TIMEOUT": s.WorkTimeout, "SHUTDOWN_TIMEOUT": s.ShutdownTimeout} {
+		"WORK_TIMEOUT": s.WorkTimeout, "SHUTDOWN_TIMEOUT": s.ShutdownTimeout,
+		"PAYMENT_UNKNOWN_AFTER": s.UnknownAfter, "PAYMENT_ACTION_TIMEOUT": s.ActionTimeout} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s: must be positive, got %s", name, d))
 		}
@@ -158,6 +164,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		FailureMode:    mode,
 		WorkTimeout:    s.WorkTimeout,
 		WebhookSecret:  s.StripeWebhookSecret,
+		Saga: checkout.SagaConfig{
+			SearchSettle:  s.StripeSettle,
+			UnknownAfter:  s.UnknownAfter,
+			ActionTimeout: s.ActionTimeout,
+		},
 	}, api.Deps{DB: db, Redis: rdb, Payments: pay, Keys: keys, Logger: logger, Registry: reg})
 
 	ln, err := net.Listen("tcp", s.HTTPAddr)

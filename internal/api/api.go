@@ -44,6 +44,9 @@ type Config struct {
 	// WebhookSecret is STRIPE_WEBHOOK_SECRET, the signing secret of POST
 	// /v1/webhooks/stripe (empty: webhooks.DefaultSecret).
 	WebhookSecret string
+	// Saga tunes the payment saga (STRIPE_SEARCH_SETTLE,
+	// PAYMENT_UNKNOWN_AFTER, PAYMENT_ACTION_TIMEOUT).
+	Saga checkout.SagaConfig
 }
 
 // API is the assembled service.
@@ -67,7 +70,8 @@ func New(cfg Config, d Deps) *API {
 	}
 	metrics := idempotency.NewMetrics(reg)
 	store := &idempotency.Store{Lease: cfg.Lease, TTL: cfg.TTL, Now: d.Now, Metrics: metrics}
-	svc := &checkout.Service{DB: d.DB, Keys: store, Payments: d.Payments, Logger: d.Logger, Now: d.Now}
+	svc := &checkout.Service{DB: d.DB, Keys: store, Payments: d.Payments, Logger: d.Logger, Now: d.Now,
+		Saga: cfg.Saga, Metrics: checkout.NewMetrics(reg)}
 	gateway := &idempotency.Gateway{
 		Config: idempotency.Config{
 			Lease:        cfg.Lease,

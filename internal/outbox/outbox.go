@@ -26,6 +26,9 @@ const (
 	TypeOrderCreated       = "order.created"
 	TypeOrderPaid          = "order.paid"
 	TypeOrderPaymentFailed = "order.payment_failed"
+	// TypeOrderCanceled: an order in requires_action was canceled (POST
+	// /v1/orders/{id}/cancel); its PaymentIntent is canceled at Stripe.
+	TypeOrderCanceled = "order.canceled"
 )
 
 // Event is one domain event. Its JSON form is the message body:
