@@ -19,6 +19,7 @@ import (
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/problem"
 	"github.com/onceonly/checkout/internal/telemetry"
+	"github.com/onceonly/checkout/internal/webhooks"
 )
 
 // Deps are the API's dependencies. Registry may be nil (no metrics).
@@ -119,6 +120,21 @@ func New(cfg Config, d Deps) *API {
 	if d.Registry != nil {
 		r.GET("/metrics", gin.WrapH(telemetry.MetricsHandler(d.Registry)))
 	}
+
+	// Stripe's webhooks: authenticated by their signature, not by a bearer
+	// key, and outside the idempotency gateway (the inbox deduplicates them).
+	secret := cfg.WebhookSecret
+	if secret == "" {
+		secret = webhooks.DefaultSecret
+	}
+	r.POST(webhooks.Path, gin.WrapH(&webhooks.Handler{
+		DB:       d.DB,
+		Verifier: webhooks.Verifier{Secret: secret},
+		Orders:   webhookOrders{svc},
+		Stripe:   webhookStripe{d.Payments},
+		Logger:   d.Logger,
+		Metrics:  webhooks.NewMetrics(reg),
+	}))
 
 	v1 := r.Group("/", auth.Middleware(d.Keys))
 	handler.Register(v1, gateway)

@@ -51,6 +51,10 @@ type options struct {
 	now         func() time.Time
 	stripe      *payments.Config
 	saga        checkout.SagaConfig
+	// webhooks makes the emulator deliver its signed events to the API's
+	// POST /v1/webhooks/stripe (off: events are only logged, and a test
+	// delivers them itself with deliverEvent).
+	webhooks bool
 }
 
 // harness is one test's running API over its own database and Redis prefix,
@@ -129,7 +133,15 @@ func setup(t testing.TB, opt ...func(*options)) *harness {
 		h.rdb, h.prefix = rdb, "test:"+testenv.Random(6)+":"
 	}
 
-	h.emu = stripeemu.New()
+	// The API's server is created (listening, not yet serving) first, so
+	// that the emulator can be told where to send its webhooks.
+	h.srv = httptest.NewUnstartedServer(nil)
+	var emuOpts []stripeemu.Option
+	if o.webhooks {
+		emuOpts = append(emuOpts, stripeemu.WithWebhookURL("http://"+h.srv.Listener.Addr().String()+"/v1/webhooks/stripe"),
+			stripeemu.WithWebhookRetry(50*time.Millisecond, 500*time.Millisecond, 30*time.Second))
+	}
+	h.emu = stripeemu.New(emuOpts...)
 	emuSrv := httptest.NewServer(h.emu)
 	t.Cleanup(emuSrv.Close)
 	t.Cleanup(h.emu.Close)
@@ -154,7 +166,8 @@ func setup(t testing.TB, opt ...func(*options)) *harness {
 		WorkTimeout:    30 * time.Second,
 		Saga:           o.saga,
 	}, api.Deps{DB: h.db, Redis: h.rdb, Payments: pay, Keys: keys, Logger: logger, Registry: reg, Now: o.now})
-	h.srv = httptest.NewServer(h.api.Handler)
+	h.srv.Config.Handler = h.api.Handler
+	h.srv.Start()
 	t.Cleanup(h.srv.Close)
 	t.Cleanup(func() {
 		if t.Failed() {

@@ -112,9 +112,15 @@ type PaymentIntent struct {
 	// carries.
 	OrderID  string
 	TenantID string
-	// LastPaymentErrorCode is last_payment_error's decline_code, else its
-	// code: why the latest attempt failed.
-	LastPaymentErrorCode string
+	// LastErrorCode and LastDeclineCode are last_payment_error's code and
+	// decline_code: why the latest attempt failed.
+	LastErrorCode, LastDeclineCode string
+	// CancellationReason is set when Status is canceled.
+	CancellationReason string
+	// NextAction (raw JSON) and ClientSecret are set while Status is
+	// requires_action.
+	NextAction   json.RawMessage
+	ClientSecret string
 }
 
 // Ours reports whether the PaymentIntent names an order of a tenant.
@@ -130,13 +136,16 @@ func (pi PaymentIntent) Final() bool { return pi.Status == "succeeded" || pi.Sta
 // paymentIntentJSON is the wire form. Metadata values are decoded loosely:
 // a value that is not a string is ignored rather than failing the event.
 type paymentIntentJSON struct {
-	ID               string         `json:"id"`
-	Object           string         `json:"object"`
-	Status           string         `json:"status"`
-	Amount           int64          `json:"amount"`
-	Currency         string         `json:"currency"`
-	Metadata         map[string]any `json:"metadata"`
-	LastPaymentError *struct {
+	ID                 string          `json:"id"`
+	Object             string          `json:"object"`
+	Status             string          `json:"status"`
+	Amount             int64           `json:"amount"`
+	Currency           string          `json:"currency"`
+	Metadata           map[string]any  `json:"metadata"`
+	CancellationReason string          `json:"cancellation_reason"`
+	ClientSecret       string          `json:"client_secret"`
+	NextAction         json.RawMessage `json:"next_action"`
+	LastPaymentError   *struct {
 		Code        string `json:"code"`
 		DeclineCode string `json:"decline_code"`
 	} `json:"last_payment_error"`
@@ -152,14 +161,15 @@ func DecodePaymentIntent(raw []byte) (PaymentIntent, error) {
 	if j.ID == "" || (j.Object != "" && j.Object != "payment_intent") {
 		return PaymentIntent{}, fmt.Errorf("%w: not a payment intent (object %q, id %q)", ErrMalformedEvent, j.Object, j.ID)
 	}
-	pi := PaymentIntent{ID: j.ID, Status: j.Status, Amount: j.Amount, Currency: j.Currency}
+	pi := PaymentIntent{ID: j.ID, Status: j.Status, Amount: j.Amount, Currency: j.Currency,
+		CancellationReason: j.CancellationReason, ClientSecret: j.ClientSecret}
+	if len(j.NextAction) > 0 && string(j.NextAction) != "null" {
+		pi.NextAction = j.NextAction
+	}
 	pi.OrderID, _ = j.Metadata["order_id"].(string)
 	pi.TenantID, _ = j.Metadata["tenant_id"].(string)
 	if e := j.LastPaymentError; e != nil {
-		pi.LastPaymentErrorCode = e.DeclineCode
-		if pi.LastPaymentErrorCode == "" {
-			pi.LastPaymentErrorCode = e.Code
-		}
+		pi.LastErrorCode, pi.LastDeclineCode = e.Code, e.DeclineCode
 	}
 	return pi, nil
 }

@@ -139,7 +139,7 @@ func TestDecodeToleratesOtherAPIVersions(t *testing.T) {
 	pi, err := DecodePaymentIntent(ev.Data.Object)
 	require.NoError(t, err)
 	require.Equal(t, PaymentIntent{ID: "pi_9", Status: "requires_payment_method", Amount: 2500, Currency: "usd",
-		OrderID: "ord_1", TenantID: "acme", LastPaymentErrorCode: "generic_decline"}, pi)
+		OrderID: "ord_1", TenantID: "acme", LastErrorCode: "card_declined", LastDeclineCode: "generic_decline"}, pi)
 	require.False(t, pi.Final())
 
 	_, err = DecodeEvent([]byte(`{"id":"evt"}`))
