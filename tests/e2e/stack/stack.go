@@ -106,6 +106,10 @@ type Options struct {
 	// GatewayTimeout is how long the gateway waits for the api before it
 	// answers 504 (default 5s).
 	GatewayTimeout time.Duration
+	// Webhooks makes the emulator deliver its signed webhooks to the api's
+	// POST /v1/webhooks/stripe (STRIPE_EMULATOR_WEBHOOK_URL; same default
+	// STRIPE_WEBHOOK_SECRET on both sides). Off: the emulator sends none.
+	Webhooks bool
 	// NoBackground leaves the dispatcher and the worker stopped.
 	NoBackground bool
 	// Env adds or overrides variables per process name ("api", "worker",
@@ -286,7 +290,8 @@ func start(t TB, opts Options) (*Stack, error) {
 	topology := []string{"AMQP_EXCHANGE=" + s.Names.Exchange, "NOTIFY_QUEUE=" + s.Names.NotifyQueue}
 
 	s.Emulator = newProcess("stripe-emulator", opts.BinDir, opts.LogDir, s.EmulatorURL+"/healthz",
-		env("stripe-emulator", "STRIPE_EMULATOR_ADDR="+ports["emulator"], "STRIPE_EMULATOR_SEARCH_LAG="+opts.SearchLag.String()))
+		env("stripe-emulator", append([]string{"STRIPE_EMULATOR_ADDR=" + ports["emulator"], "STRIPE_EMULATOR_SEARCH_LAG=" + opts.SearchLag.String()},
+			emulatorWebhookEnv(opts.Webhooks, s.APIURL)...)...))
 	s.Sink = newProcess("smtp-sink", opts.BinDir, opts.LogDir, s.SinkURL+"/messages",
 		env("smtp-sink", "SMTP_SINK_ADDR="+ports["smtp"], "SMTP_SINK_HTTP_ADDR="+ports["sink"]))
 	s.API = newProcess("api", opts.BinDir, opts.LogDir, s.APIURL+"/readyz", env("api", apiEnv...))

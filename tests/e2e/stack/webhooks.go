@@ -1,0 +1,65 @@
+package stack
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+
+	"github.com/onceonly/checkout/internal/payments/stripeemu"
+)
+
+// emulatorWebhookEnv is the emulator's environment for Options.Webhooks.
+func emulatorWebhookEnv(on bool, apiURL string) []string {
+	if !on {
+		return nil
+	}
+	return []string{"STRIPE_EMULATOR_WEBHOOK_URL=" + apiURL + "/v1/webhooks/stripe"}
+}
+
+// HookFault injects webhook faults at the emulator (POST
+// /_emulator/webhooks/faults): duplicate, shuffle, delay, drop_first.
+func (s *Stack) HookFault(faults ...stripeemu.HookFault) {
+	s.t.Helper()
+	b, _ := json.Marshal(faults)
+	s.adminCall(http.MethodPost, "/_emulator/webhooks/faults", b)
+}
+
+// ClearHookFaults removes every webhook fault; events a shuffle holds are
+// released.
+func (s *Stack) ClearHookFaults() {
+	s.t.Helper()
+	s.adminCall(http.MethodDelete, "/_emulator/webhooks/faults", nil)
+}
+
+// Authenticate plays the customer's 3D Secure challenge on PaymentIntent id
+// (POST /_emulator/payment_intents/{id}/authenticate).
+func (s *Stack) Authenticate(id string, succeed bool) {
+	s.t.Helper()
+	outcome := "fail"
+	if succeed {
+		outcome = "succeed"
+	}
+	s.adminCall(http.MethodPost, "/_emulator/payment_intents/"+id+"/authenticate", []byte(fmt.Sprintf(`{"outcome":%q}`, outcome)))
+}
+
+// Webhooks returns the emulator's webhook log (GET /_emulator/webhooks).
+func (s *Stack) Webhooks() stripeemu.WebhookLog {
+	s.t.Helper()
+	var l stripeemu.WebhookLog
+	s.getJSON(s.EmulatorURL+"/_emulator/webhooks", &l)
+	return l
+}
+
+// OrderForStripe is the order status CONTRACT.md derives from a
+// PaymentIntent's final status: succeeded is paid; requires_payment_method
+// (after a failed attempt) and canceled are payment_failed; any other
+// status is not final and maps to "".
+func OrderForStripe(piStatus string) string {
+	switch piStatus {
+	case "succeeded":
+		return "paid"
+	case "requires_payment_method", "canceled":
+		return "payment_failed"
+	}
+	return ""
+}
