@@ -18,6 +18,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -108,6 +109,9 @@ type keyState struct {
 	key    string
 	mu     sync.Mutex
 	finals []stack.Result
+	// challenged: the customer has played the 3D Secure challenge of the
+	// key's 202.
+	challenged bool
 }
 
 // tally counts client answers by kind and faults by kind.
@@ -172,6 +176,9 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 		StripeTimeout:    time.Second,
 		StripeMaxElapsed: 3 * time.Second,
 		GatewayTimeout:   1500 * time.Millisecond,
+		// The emulator delivers its signed webhooks to the api; the
+		// webhook faults below duplicate, reorder, delay and drop them.
+		Webhooks: true,
 	})
 	fmt.Fprintf(os.Stderr, "chaos: stack up (logs in %s); %d checkouts, %d clients\n", logDir, n, clients)
 
@@ -200,6 +207,9 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 	}
 	apiLayers := func() {
 		layerSnapshot(s.APIURL+"/metrics", "checkout_idempotency_duplicates_total", "layer", "redis", "postgres")
+		if x, err := stack.Metric(s.APIURL+"/metrics", "checkout_stripe_webhooks_total", `outcome="duplicate"`); err == nil {
+			layers.add("inbox (stripe webhooks)", int(x))
+		}
 	}
 	workerLayer := func() {
 		if x, err := stack.Metric(s.WorkerOps+"/metrics", "checkout_inbox_duplicates_total", "consumer", "notify.order_paid"); err == nil {
@@ -209,6 +219,9 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 
 	// Clients: each takes the next key and retries it until a final
 	// answer; a share of the keys gets a second client at the same time.
+	// A 202 (3D Secure) is followed by the customer's challenge, once per
+	// key, passed or failed at random; the webhooks (or the reconciler)
+	// settle the order.
 	send := func(k *keyState, body stack.Body) {
 		c := s.Client()
 		for ctx.Err() == nil {
@@ -218,7 +231,12 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 			if res.Final() {
 				k.mu.Lock()
 				k.finals = append(k.finals, res)
+				challenge := res.Status == 202 && !k.challenged
+				k.challenged = k.challenged || challenge
 				k.mu.Unlock()
+				if challenge {
+					customer3DS(s, res, rand.IntN(4) != 0, &answers)
+				}
 				return
 			}
 			time.Sleep(time.Duration(100+rand.IntN(200)) * time.Millisecond)
@@ -229,7 +247,8 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 		wg      sync.WaitGroup
 		started atomic.Int64
 	)
-	methods := []string{"pm_card_visa", "pm_card_visa", "pm_card_visa", "pm_card_visa", "pm_card_chargeDeclined"}
+	methods := []string{"pm_card_visa", "pm_card_visa", "pm_card_visa", "pm_card_visa", "pm_card_chargeDeclined",
+		"pm_card_visa", "pm_card_authenticationRequired"}
 	for range clients {
 		wg.Add(1)
 		go func() {
@@ -268,7 +287,7 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 	}
 	for started.Load() < int64(n) && ctx.Err() == nil {
 		time.Sleep(time.Duration(200+rng.IntN(500)) * time.Millisecond)
-		switch k := rng.IntN(15); k {
+		switch k := rng.IntN(17); k {
 		case 0:
 			s.Fault(stripeemu.Fault{Kind: stripeemu.FaultFail, Count: 1 + rng.IntN(3), Status: []int{500, 503, 429}[rng.IntN(3)]})
 			faults.add("stripe 5xx/429", 1)
@@ -332,6 +351,24 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 			s.Fault(stripeemu.Fault{Kind: stripeemu.FaultStored500, Op: op, Count: 1 + rng.IntN(2),
 				RollForward: stripeemu.RollForwardAfter(time.Duration(rng.IntN(200)) * time.Millisecond)})
 			faults.add("stripe stored 500 rolled forward ("+op+")", 1)
+		case 13:
+			// Stripe delivers events at least once and in no particular
+			// order (https://docs.stripe.com/webhooks#event-ordering).
+			if rng.IntN(2) == 0 {
+				s.HookFault(stripeemu.HookFault{Kind: stripeemu.HookDuplicate, Count: 5 + rng.IntN(20)})
+				faults.add("webhooks duplicated", 1)
+			} else {
+				s.HookFault(stripeemu.HookFault{Kind: stripeemu.HookShuffle, Count: 1 + rng.IntN(3), Window: 2 + rng.IntN(5)})
+				faults.add("webhooks reordered", 1)
+			}
+		case 14:
+			if rng.IntN(2) == 0 {
+				s.HookFault(stripeemu.HookFault{Kind: stripeemu.HookDelay, Count: 1 + rng.IntN(5), Delay: time.Duration(200+rng.IntN(1800)) * time.Millisecond})
+				faults.add("webhooks delayed", 1)
+			} else {
+				s.HookFault(stripeemu.HookFault{Kind: stripeemu.HookDropFirst, Count: 1 + rng.IntN(5)})
+				faults.add("webhooks dropped (first attempt)", 1)
+			}
 		default:
 			// Quiet period.
 		}
@@ -340,6 +377,7 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 	// Quiesce: faults off, every link and process back, clients finish.
 	fmt.Fprintf(os.Stderr, "chaos: %d keys started after %s; faults off, quiescing\n", n, time.Since(start).Round(time.Second))
 	s.ClearFaults()
+	s.ClearHookFaults()
 	s.Gateway.SetTimeout(5 * time.Second)
 	for _, p := range proxies {
 		p.Heal()
@@ -351,6 +389,11 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 	if ctx.Err() != nil {
 		r.Fatalf("clients did not finish: %v", ctx.Err())
 	}
+	// 3D Secure orders settle once their events arrive (resent after a
+	// drop or a killed api) or the reconciler polls Stripe.
+	for deadline := time.Now().Add(time.Minute); s.Count(`SELECT count(*) FROM orders WHERE status = 'requires_action'`) > 0 && time.Now().Before(deadline); {
+		time.Sleep(200 * time.Millisecond)
+	}
 	quiesceErr := s.Quiesce(2 * time.Minute)
 	// PaymentIntents that Stripe rolled forward after the saga's search are
 	// canceled by the worker's sweep (ORPHAN_SWEEP_INTERVAL=1s here).
@@ -361,6 +404,7 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 	workerLayer()
 
 	violations, resends, canceledOrphans := check(s, keys, quiesceErr)
+	hooks := s.Webhooks()
 	stats := s.Stats()
 	stripeReplays := 0
 	stripe409 := 0
@@ -379,9 +423,11 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 	w := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "checkouts (keys)\t%d\n", n)
 	fmt.Fprintf(w, "HTTP requests sent\t%d\n", requests.Load())
-	fmt.Fprintf(w, "orders\t%d (paid %d, payment_failed %d)\n", s.Orders(),
+	fmt.Fprintf(w, "orders\t%d (paid %d, payment_failed %d, requires_action %d)\n", s.Orders(),
 		s.Count(`SELECT count(*) FROM orders WHERE status = 'paid'`),
-		s.Count(`SELECT count(*) FROM orders WHERE status = 'payment_failed'`))
+		s.Count(`SELECT count(*) FROM orders WHERE status = 'payment_failed'`),
+		s.Count(`SELECT count(*) FROM orders WHERE status = 'requires_action'`))
+	fmt.Fprintf(w, "webhook deliveries\t%d attempts of %d events\n", len(hooks.Attempts), len(hooks.Events))
 	fmt.Fprintf(w, "PaymentIntents created\t%d (canceled orphans %d)\n", stats.PaymentIntentsCreated, canceledOrphans)
 	fmt.Fprintf(w, "emails\t%d\n", len(s.Messages()))
 	fmt.Fprintf(w, "gateway 504s\t%d\n", s.Gateway.Timeouts())
@@ -570,5 +616,29 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*vi
 	if n := s.Unpublished(); n > 0 {
 		unpublished.examples = append(unpublished.examples, fmt.Sprintf("%d rows", n))
 	}
-	return []*violation{oneCharge, asStripe, orphans, oneOrder, oneEmail, seen201, sameAnswer, finished, unpublished, quiet}, resends, canceledOrphans
+	// Every customer played the challenge: no order may still wait for it.
+	settled := inv("every 3D Secure order settled")
+	if n := s.Count(`SELECT count(*) FROM orders WHERE status = 'requires_action'`); n > 0 {
+		settled.examples = append(settled.examples, fmt.Sprintf("%d orders still requires_action", n))
+	}
+	return []*violation{oneCharge, asStripe, orphans, oneOrder, oneEmail, seen201, sameAnswer, finished, unpublished, settled, quiet}, resends, canceledOrphans
+}
+
+// customer3DS plays the customer of a 202 requires_action answer: the 3D
+// Secure challenge of its PaymentIntent at the emulator, passed or failed.
+func customer3DS(s *stack.Stack, res stack.Result, succeed bool, answers *tally) {
+	var o stack.Order
+	if err := json.Unmarshal(res.Body, &o); err != nil || o.Payment.PaymentIntentID == "" {
+		answers.add("(3D Secure answer without a PaymentIntent)", 1)
+		return
+	}
+	if err := s.Authenticate(o.Payment.PaymentIntentID, succeed); err != nil {
+		answers.add("(3D Secure challenge refused)", 1)
+		return
+	}
+	if succeed {
+		answers.add("(3D Secure passed)", 1)
+	} else {
+		answers.add("(3D Secure failed)", 1)
+	}
 }

@@ -3,7 +3,9 @@ package stack
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"strings"
 
 	"github.com/onceonly/checkout/internal/payments/stripeemu"
 )
@@ -32,14 +34,24 @@ func (s *Stack) ClearHookFaults() {
 }
 
 // Authenticate plays the customer's 3D Secure challenge on PaymentIntent id
-// (POST /_emulator/payment_intents/{id}/authenticate).
-func (s *Stack) Authenticate(id string, succeed bool) {
-	s.t.Helper()
+// (POST /_emulator/payment_intents/{id}/authenticate). It returns the
+// emulator's refusal, e.g. for a PaymentIntent no longer in requires_action.
+func (s *Stack) Authenticate(id string, succeed bool) error {
 	outcome := "fail"
 	if succeed {
 		outcome = "succeed"
 	}
-	s.adminCall(http.MethodPost, "/_emulator/payment_intents/"+id+"/authenticate", []byte(fmt.Sprintf(`{"outcome":%q}`, outcome)))
+	resp, err := http30.Post(s.EmulatorURL+"/_emulator/payment_intents/"+id+"/authenticate", "application/json",
+		strings.NewReader(fmt.Sprintf(`{"outcome":%q}`, outcome)))
+	if err != nil {
+		return fmt.Errorf("authenticate %s: %w", id, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("authenticate %s: %s %s", id, resp.Status, b)
+	}
+	return nil
 }
 
 // Webhooks returns the emulator's webhook log (GET /_emulator/webhooks).
