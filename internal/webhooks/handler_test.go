@@ -473,3 +473,49 @@ func TestBodyLimits(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, r.status)
 	require.Contains(t, r.body, `"code":"malformed_event"`)
 }
+
+// refundsLog is a Refunds over a real table of its own: one row per
+// refund, its status moved only from pending.
+type refundsLog struct{ known map[string]bool }
+
+func (l refundsLog) ApplyRefund(ctx context.Context, tx *gorm.DB, r webhooks.Refund) (bool, error) {
+	if !l.known[r.ID] {
+		return false, fmt.Errorf("refund %s: %w", r.ID, webhooks.ErrNotOurs)
+	}
+	res := tx.WithContext(ctx).Exec(`INSERT INTO test_refunds (id, status) VALUES (?, ?)
+		ON CONFLICT (id) DO UPDATE SET status = EXCLUDED.status WHERE test_refunds.status = 'pending'`, r.ID, r.Status)
+	return res.RowsAffected == 1, res.Error
+}
+
+// TestRefundEvents: with a Refunds wired, refund.updated, refund.failed and
+// charge.refunded (whose charge embeds its refunds in older API versions)
+// are applied once each, in the inbox's transaction; refunds not ours are
+// ignored.
+func TestRefundEvents(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	require.NoError(t, b.db.Exec(`CREATE TABLE test_refunds (id text PRIMARY KEY, status text NOT NULL)`).Error)
+	b.handler.Refunds = refundsLog{known: map[string]bool{"re_1": true, "re_2": true}}
+	meta := `"metadata":{"refund_id":"rf_1","order_id":"ord_x","tenant_id":"acme"}`
+
+	pending := []byte(`{"id":"evt_r0","type":"refund.updated","data":{"object":{"id":"re_1","object":"refund","status":"pending","amount":500,` + meta + `}}}`)
+	require.Equal(t, reply{200, received(webhooks.OutcomeApplied)}, b.send(pending))
+	succeeded := []byte(`{"id":"evt_r1","type":"refund.updated","data":{"object":{"id":"re_1","object":"refund","status":"succeeded","amount":500,` + meta + `}}}`)
+	require.Equal(t, reply{200, received(webhooks.OutcomeApplied)}, b.send(succeeded))
+	require.Equal(t, reply{200, received(webhooks.OutcomeDuplicate)}, b.send(succeeded))
+	failedLate := []byte(`{"id":"evt_r2","type":"refund.failed","data":{"object":{"id":"re_1","object":"refund","status":"pending",` + meta + `}}}`)
+	require.Equal(t, reply{200, received(webhooks.OutcomeStale)}, b.send(failedLate), "an older state changes nothing")
+
+	charge := []byte(`{"id":"evt_r3","type":"charge.refunded","api_version":"2020-08-27","data":{"object":{"id":"ch_1","object":"charge",
+		"refunds":{"object":"list","data":[{"id":"re_2","object":"refund","status":"succeeded",` + meta + `}]}}}}`)
+	require.Equal(t, reply{200, received(webhooks.OutcomeApplied)}, b.send(charge))
+	require.Equal(t, 2, b.count(`SELECT count(*) FROM test_refunds WHERE status = 'succeeded'`))
+
+	notOurs := []byte(`{"id":"evt_r4","type":"refund.updated","data":{"object":{"id":"re_9","object":"refund","status":"succeeded",` + meta + `}}}`)
+	require.Equal(t, reply{200, received(webhooks.OutcomeIgnored)}, b.send(notOurs))
+	noMeta := []byte(`{"id":"evt_r5","type":"refund.updated","data":{"object":{"id":"re_1","object":"refund","status":"failed","metadata":{}}}}`)
+	require.Equal(t, reply{200, received(webhooks.OutcomeIgnored)}, b.send(noMeta))
+	newCharge := []byte(`{"id":"evt_r6","type":"charge.refunded","api_version":"2023-10-16","data":{"object":{"id":"ch_2","object":"charge"}}}`)
+	require.Equal(t, reply{200, received(webhooks.OutcomeIgnored)}, b.send(newCharge), "no embedded refunds: the refund.* events carry them")
+	require.Equal(t, 4, b.count(`SELECT count(*) FROM inbox WHERE consumer = 'stripe_webhook'`))
+}

@@ -24,10 +24,13 @@ type Refund struct {
 	OrderID  string
 	TenantID string
 	RefundID string
+	// Metadata is the refund's metadata (string values only).
+	Metadata map[string]string
 }
 
-// Ours reports whether the refund names an order of a tenant.
-func (r Refund) Ours() bool { return r.OrderID != "" && r.TenantID != "" }
+// Ours reports whether the refund carries the metadata the service sets on
+// the refunds it creates: its own refund id, or the order and tenant.
+func (r Refund) Ours() bool { return r.RefundID != "" || (r.OrderID != "" && r.TenantID != "") }
 
 // Refunds is what the handler needs of the refunds feature: apply Stripe's
 // state of a refund to the service's rows inside the caller's transaction,
@@ -62,9 +65,13 @@ func (j refundJSON) refund() Refund {
 	case map[string]any:
 		r.PaymentIntentID, _ = pi["id"].(string)
 	}
-	r.OrderID, _ = j.Metadata["order_id"].(string)
-	r.TenantID, _ = j.Metadata["tenant_id"].(string)
-	r.RefundID, _ = j.Metadata["refund_id"].(string)
+	r.Metadata = map[string]string{}
+	for k, v := range j.Metadata {
+		if s, ok := v.(string); ok {
+			r.Metadata[k] = s
+		}
+	}
+	r.OrderID, r.TenantID, r.RefundID = r.Metadata["order_id"], r.Metadata["tenant_id"], r.Metadata["refund_id"]
 	return r
 }
 
