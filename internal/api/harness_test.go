@@ -51,6 +51,9 @@ type options struct {
 	now         func() time.Time
 	stripe      *payments.Config
 	saga        checkout.SagaConfig
+	// wrap, when set, wraps the Stripe client the API uses (to play
+	// answers the emulator cannot give on its own).
+	wrap func(checkout.PaymentProvider) checkout.PaymentProvider
 }
 
 // harness is one test's running API over its own database and Redis prefix,
@@ -143,7 +146,10 @@ func setup(t testing.TB, opt ...func(*options)) *harness {
 		stripeCfg = *o.stripe
 		stripeCfg.APIBase, stripeCfg.SecretKey = emuSrv.URL, "sk_test_123"
 	}
-	pay := payments.NewClient(stripeCfg, logger, nil)
+	var pay checkout.PaymentProvider = payments.NewClient(stripeCfg, logger, nil)
+	if o.wrap != nil {
+		pay = o.wrap(pay)
+	}
 	reg := telemetry.NewRegistry()
 	h.registry = &registry{reg}
 	h.api = api.New(api.Config{
