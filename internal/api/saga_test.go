@@ -601,7 +601,9 @@ func TestConfirmRefusedAfterRollForward(t *testing.T) {
 		}
 		return real.ConfirmPaymentIntent(ctx, req)
 	}
-	h := setup(t, func(o *options) { o.wrap = func(p checkout.PaymentProvider) checkout.PaymentProvider { s.PaymentProvider = p; return s } })
+	h := setup(t, func(o *options) {
+		o.wrap = func(p checkout.PaymentProvider) checkout.PaymentProvider { s.PaymentProvider = p; return s }
+	})
 	r := h.checkout("refused-confirm-1", teeBody)
 	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
 	o := decodeOrder(t, r)
@@ -628,7 +630,9 @@ func TestPaymentStillProcessing(t *testing.T) {
 		return processing(pi), err
 	}
 	s.retrieve = processing
-	h := setup(t, func(o *options) { o.wrap = func(p checkout.PaymentProvider) checkout.PaymentProvider { s.PaymentProvider = p; return s } })
+	h := setup(t, func(o *options) {
+		o.wrap = func(p checkout.PaymentProvider) checkout.PaymentProvider { s.PaymentProvider = p; return s }
+	})
 	before := h.stock("sku_tee")
 	r := h.checkout("processing-1", teeBody)
 	require.Equal(t, http.StatusBadGateway, r.status, "%s", r.body)
