@@ -680,3 +680,35 @@ func TestEveryCreateIndeterminate(t *testing.T) {
 	require.Len(t, pis, 1)
 	require.Equal(t, 4, h.count(`SELECT count(*) FROM payment_attempts WHERE step = 'create'`))
 }
+
+// TestCancelResumedByCompleter: Stripe is down when the customer cancels
+// (502, the key at cancel_requested); nobody retries, and the worker's
+// completer finishes the cancellation through the same saga: the
+// PaymentIntent canceled, the order canceled with its stock back, and the
+// client's later retry gets the stored 200.
+func TestCancelResumedByCompleter(t *testing.T) {
+	t.Parallel()
+	h := setup(t, func(o *options) { o.stripe = &payments.Config{Timeout: time.Second, MaxElapsed: 100 * time.Millisecond} })
+	before := h.stock("sku_tee")
+	o := threeDS(t, h, "cancel-resume-3ds")
+	require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultFail, Op: stripeemu.OpPICancel, Status: 503}))
+	r := h.cancelOrder(o.ID, "cancel-resume", "{}")
+	require.Equal(t, http.StatusBadGateway, r.status, "%s", r.body)
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM idempotency_keys WHERE key = 'cancel-resume' AND recovery_point = ?`, checkout.RecoveryPointCancelRequested))
+	require.Equal(t, checkout.StatusRequiresAction, h.order(o.ID).Status)
+
+	h.emu.ClearFaults()
+	require.NoError(t, h.db.Exec(`UPDATE idempotency_keys SET lease_expires_at = now() - interval '1 hour' WHERE key = 'cancel-resume'`).Error)
+	c, err := maintenance.NewCompleter(h.db, h.api.KeyStore, h.api.Service, maintenance.CompleterConfig{Grace: time.Millisecond})
+	require.NoError(t, err)
+	round, err := c.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, maintenance.Round{Completed: 1}, round)
+
+	h.requirePaymentInvariants(o.ID, checkout.StatusCanceled)
+	require.Equal(t, before, h.stock("sku_tee"))
+	retry := h.cancelOrder(o.ID, "cancel-resume", "{}")
+	require.Equal(t, http.StatusOK, retry.status, "%s", retry.body)
+	require.Equal(t, "true", retry.header.Get(idempotency.ReplayedHeader))
+	require.Equal(t, checkout.StatusCanceled, decodeOrder(t, retry).Status)
+}
