@@ -688,7 +688,9 @@ func TestEveryCreateIndeterminate(t *testing.T) {
 // client's later retry gets the stored 200.
 func TestCancelResumedByCompleter(t *testing.T) {
 	t.Parallel()
-	h := setup(t, func(o *options) { o.stripe = &payments.Config{Timeout: time.Second, MaxElapsed: 100 * time.Millisecond} })
+	h := setup(t, func(o *options) {
+		o.stripe = &payments.Config{Timeout: time.Second, MaxElapsed: 100 * time.Millisecond}
+	})
 	before := h.stock("sku_tee")
 	o := threeDS(t, h, "cancel-resume-3ds")
 	require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultFail, Op: stripeemu.OpPICancel, Status: 503}))
