@@ -349,14 +349,17 @@ func TestThreeDSecure(t *testing.T) {
 	}
 }
 
-// cancelOrder posts POST /v1/orders/{id}/cancel as tenant acme with key.
+// cancelOrder posts POST /v1/orders/{id}/cancel as tenant acme with key;
+// an empty body is sent without a Content-Type.
 func (h *harness) cancelOrder(id, key, body string) reply {
 	h.t.Helper()
 	req, err := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/orders/"+id+"/cancel", strings.NewReader(body))
 	require.NoError(h.t, err)
 	req.Header.Set("Authorization", "Bearer sk_test_acme")
 	req.Header.Set("Idempotency-Key", key)
-	req.Header.Set("Content-Type", "application/json")
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	return h.send(req)
 }
 
@@ -390,6 +393,9 @@ func TestCancelOrder(t *testing.T) {
 	require.Equal(t, string(r.body), string(again.body), "replayed byte for byte")
 	require.Equal(t, "true", again.header.Get(idempotency.ReplayedHeader))
 
+	notJSON := h.cancelOrder(o.ID, "cancel-1", "x")
+	require.Equal(t, http.StatusBadRequest, notJSON.status, "a body, when there is one, is JSON")
+	require.Equal(t, "malformed_json", decodeProblem(t, notJSON).Code)
 	other := h.cancelOrder(o.ID, "cancel-2", "{}")
 	require.Equal(t, http.StatusConflict, other.status, "%s", other.body)
 	require.Equal(t, "order_not_cancelable", decodeProblem(t, other).Code)
