@@ -18,6 +18,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -229,7 +230,11 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 		wg      sync.WaitGroup
 		started atomic.Int64
 	)
-	methods := []string{"pm_card_visa", "pm_card_visa", "pm_card_visa", "pm_card_visa", "pm_card_chargeDeclined"}
+	// Mostly cards that pay, then a decline, a 3D Secure card (202; the
+	// customers authenticate, or fail to, after the run) and a payment
+	// method Stripe does not know (402 payment_rejected).
+	methods := []string{"pm_card_visa", "pm_card_visa", "pm_card_visa", "pm_card_visa", "pm_card_visa", "pm_card_visa",
+		"pm_card_chargeDeclined", "pm_card_chargeDeclined", "pm_card_authenticationRequired", "pm_card_unknownToStripe"}
 	for range clients {
 		wg.Add(1)
 		go func() {
@@ -351,7 +356,36 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 	if ctx.Err() != nil {
 		r.Fatalf("clients did not finish: %v", ctx.Err())
 	}
-	quiesceErr := s.Quiesce(2 * time.Minute)
+	// The customers of the 3D Secure checkouts play their challenge, every
+	// other one failing it; the worker's reconciler settles the orders.
+	var actionErr error
+	q, err := s.DB.Query(context.Background(), `SELECT payment_intent_id FROM orders WHERE status = 'requires_action' ORDER BY id`)
+	if err != nil {
+		r.Fatalf("%v", err)
+	}
+	var waiting []string
+	for q.Next() {
+		var pi string
+		if err := q.Scan(&pi); err != nil {
+			r.Fatalf("%v", err)
+		}
+		waiting = append(waiting, pi)
+	}
+	q.Close()
+	for i, pi := range waiting {
+		s.Authenticate(pi, i%2 == 0)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		n := s.Count(`SELECT count(*) FROM orders WHERE status = 'requires_action'`)
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			actionErr = fmt.Errorf("%d orders still in requires_action a minute after their customers authenticated", n)
+			break
+		}
+	}
+	quiesceErr := errors.Join(actionErr, s.Quiesce(2*time.Minute))
 	// PaymentIntents that Stripe rolled forward after the saga's search are
 	// canceled by the worker's sweep (ORPHAN_SWEEP_INTERVAL=1s here).
 	for deadline := time.Now().Add(30 * time.Second); s.Orphans() > 0 && time.Now().Before(deadline); {
@@ -379,9 +413,10 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 	w := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "checkouts (keys)\t%d\n", n)
 	fmt.Fprintf(w, "HTTP requests sent\t%d\n", requests.Load())
-	fmt.Fprintf(w, "orders\t%d (paid %d, payment_failed %d)\n", s.Orders(),
+	fmt.Fprintf(w, "orders\t%d (paid %d, payment_failed %d, of which 3D Secure %d)\n", s.Orders(),
 		s.Count(`SELECT count(*) FROM orders WHERE status = 'paid'`),
-		s.Count(`SELECT count(*) FROM orders WHERE status = 'payment_failed'`))
+		s.Count(`SELECT count(*) FROM orders WHERE status = 'payment_failed'`),
+		s.Count(`SELECT count(*) FROM orders WHERE requires_action_at IS NOT NULL`))
 	fmt.Fprintf(w, "PaymentIntents created\t%d (canceled orphans %d)\n", stats.PaymentIntentsCreated, canceledOrphans)
 	fmt.Fprintf(w, "emails\t%d\n", len(s.Messages()))
 	fmt.Fprintf(w, "gateway 504s\t%d\n", s.Gateway.Timeouts())
