@@ -103,9 +103,6 @@ type waitError struct{ reason string }
 
 func (e *waitError) Error() string { return e.reason }
 
-// SagaDefaults returns cfg with the defaults of its zero fields applied.
-func SagaDefaults(cfg SagaConfig) SagaConfig { return cfg.withDefaults() }
-
 func (s *Service) newRun(c *idempotency.Claim, route string, o *Order) *run {
 	return &run{s: s, cfg: s.Saga.withDefaults(), claim: c, route: route, o: o}
 }
