@@ -55,6 +55,9 @@ type options struct {
 	// POST /v1/webhooks/stripe (off: events are only logged, and a test
 	// delivers them itself with deliverEvent).
 	webhooks bool
+	// wrap, when set, wraps the Stripe client the API uses (to play
+	// answers the emulator cannot give on its own).
+	wrap func(checkout.PaymentProvider) checkout.PaymentProvider
 }
 
 // harness is one test's running API over its own database and Redis prefix,
@@ -155,7 +158,10 @@ func setup(t testing.TB, opt ...func(*options)) *harness {
 		stripeCfg = *o.stripe
 		stripeCfg.APIBase, stripeCfg.SecretKey = emuSrv.URL, "sk_test_123"
 	}
-	pay := payments.NewClient(stripeCfg, logger, nil)
+	var pay checkout.PaymentProvider = payments.NewClient(stripeCfg, logger, nil)
+	if o.wrap != nil {
+		pay = o.wrap(pay)
+	}
 	reg := telemetry.NewRegistry()
 	h.registry = &registry{reg}
 	h.api = api.New(api.Config{

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -348,14 +349,17 @@ func TestThreeDSecure(t *testing.T) {
 	}
 }
 
-// cancelOrder posts POST /v1/orders/{id}/cancel as tenant acme with key.
+// cancelOrder posts POST /v1/orders/{id}/cancel as tenant acme with key;
+// an empty body is sent without a Content-Type.
 func (h *harness) cancelOrder(id, key, body string) reply {
 	h.t.Helper()
 	req, err := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/orders/"+id+"/cancel", strings.NewReader(body))
 	require.NoError(h.t, err)
 	req.Header.Set("Authorization", "Bearer sk_test_acme")
 	req.Header.Set("Idempotency-Key", key)
-	req.Header.Set("Content-Type", "application/json")
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	return h.send(req)
 }
 
@@ -389,6 +393,9 @@ func TestCancelOrder(t *testing.T) {
 	require.Equal(t, string(r.body), string(again.body), "replayed byte for byte")
 	require.Equal(t, "true", again.header.Get(idempotency.ReplayedHeader))
 
+	notJSON := h.cancelOrder(o.ID, "cancel-1", "x")
+	require.Equal(t, http.StatusBadRequest, notJSON.status, "a body, when there is one, is JSON")
+	require.Equal(t, "malformed_json", decodeProblem(t, notJSON).Code)
 	other := h.cancelOrder(o.ID, "cancel-2", "{}")
 	require.Equal(t, http.StatusConflict, other.status, "%s", other.body)
 	require.Equal(t, "order_not_cancelable", decodeProblem(t, other).Code)
@@ -547,4 +554,169 @@ func TestOrphanSweep(t *testing.T) {
 	round, err = rec.RunOnce(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, maintenance.ReconcileRound{}, round, "swept again only after ORPHAN_SWEEP_INTERVAL")
+}
+
+// scripted wraps the real client and lets a test replace single calls.
+type scripted struct {
+	checkout.PaymentProvider
+	mu       sync.Mutex
+	confirms int
+	confirm  func(n int, req checkout.ConfirmIntentRequest, real checkout.PaymentProvider) (checkout.PaymentIntentState, error)
+	retrieve func(real checkout.PaymentIntentState) checkout.PaymentIntentState
+}
+
+func (s *scripted) ConfirmPaymentIntent(ctx context.Context, req checkout.ConfirmIntentRequest) (checkout.PaymentIntentState, error) {
+	s.mu.Lock()
+	s.confirms++
+	n := s.confirms
+	s.mu.Unlock()
+	if s.confirm != nil {
+		return s.confirm(n, req, s.PaymentProvider)
+	}
+	return s.PaymentProvider.ConfirmPaymentIntent(ctx, req)
+}
+
+func (s *scripted) RetrievePaymentIntent(ctx context.Context, id string) (checkout.PaymentIntentState, error) {
+	pi, err := s.PaymentProvider.RetrievePaymentIntent(ctx, id)
+	s.mu.Lock()
+	f := s.retrieve
+	s.mu.Unlock()
+	if err == nil && f != nil {
+		pi = f(pi)
+	}
+	return pi, err
+}
+
+// TestConfirmRefusedAfterRollForward: the first confirm is answered with a
+// stored 500 and Stripe rolls it forward just after the saga read the
+// PaymentIntent (still unconfirmed): the saga's second confirm is refused
+// (400 payment_intent_unexpected_state, the PaymentIntent has succeeded).
+// A refusal at confirm is checked against Stripe's state before it is
+// taken as final: the order is paid, as at Stripe, never payment_failed.
+func TestConfirmRefusedAfterRollForward(t *testing.T) {
+	t.Parallel()
+	s := &scripted{}
+	s.confirm = func(n int, req checkout.ConfirmIntentRequest, real checkout.PaymentProvider) (checkout.PaymentIntentState, error) {
+		ctx := context.Background()
+		if n == 1 {
+			return checkout.PaymentIntentState{}, fmt.Errorf("stripe confirm: %w: stripe 500 api_error", checkout.ErrProviderIndeterminate)
+		}
+		// Stripe's remediation executes the first confirm now.
+		if _, err := real.ConfirmPaymentIntent(ctx, checkout.ConfirmIntentRequest{IdempotencyKey: "rolled-forward", PaymentIntentID: req.PaymentIntentID}); err != nil {
+			return checkout.PaymentIntentState{}, err
+		}
+		return real.ConfirmPaymentIntent(ctx, req)
+	}
+	h := setup(t, func(o *options) {
+		o.wrap = func(p checkout.PaymentProvider) checkout.PaymentProvider { s.PaymentProvider = p; return s }
+	})
+	r := h.checkout("refused-confirm-1", teeBody)
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+	o := decodeOrder(t, r)
+	h.requirePaymentInvariants(o.ID, checkout.StatusPaid, stripeemu.OpPIConfirm)
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM payment_attempts WHERE order_id = ? AND step = 'confirm' AND outcome = 'rejected'`, o.ID))
+	require.Equal(t, 0, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.payment_failed'`, o.ID))
+}
+
+// TestPaymentStillProcessing: a PaymentIntent that is processing (or
+// requires_capture) may still move money, so the order is settled neither
+// way: 502, the order pending, the stock still reserved; once Stripe says
+// succeeded, the retry settles it paid.
+func TestPaymentStillProcessing(t *testing.T) {
+	t.Parallel()
+	s := &scripted{}
+	processing := func(pi checkout.PaymentIntentState) checkout.PaymentIntentState {
+		if pi.Status == checkout.PISucceeded {
+			pi.Status = checkout.PIProcessing
+		}
+		return pi
+	}
+	s.confirm = func(_ int, req checkout.ConfirmIntentRequest, real checkout.PaymentProvider) (checkout.PaymentIntentState, error) {
+		pi, err := real.ConfirmPaymentIntent(context.Background(), req)
+		return processing(pi), err
+	}
+	s.retrieve = processing
+	h := setup(t, func(o *options) {
+		o.wrap = func(p checkout.PaymentProvider) checkout.PaymentProvider { s.PaymentProvider = p; return s }
+	})
+	before := h.stock("sku_tee")
+	r := h.checkout("processing-1", teeBody)
+	require.Equal(t, http.StatusBadGateway, r.status, "%s", r.body)
+	require.Equal(t, "payment_provider_unavailable", decodeProblem(t, r).Code)
+	var orderID string
+	require.NoError(t, h.db.Raw(`SELECT order_id FROM idempotency_keys WHERE key = 'processing-1'`).Scan(&orderID).Error)
+	require.Equal(t, checkout.StatusPendingPayment, h.order(orderID).Status)
+	require.Equal(t, before-2, h.stock("sku_tee"), "still reserved")
+	require.Equal(t, http.StatusBadGateway, h.checkout("processing-1", teeBody).status, "still processing")
+
+	s.mu.Lock()
+	s.retrieve = nil
+	s.mu.Unlock()
+	r = h.checkout("processing-1", teeBody)
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+	h.requirePaymentInvariants(orderID, checkout.StatusPaid)
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM payment_attempts WHERE order_id = ? AND step = 'confirm'`, orderID), "confirmed once")
+}
+
+// TestEveryCreateIndeterminate: Stripe answers every create with a stored
+// 500 that it never executes. Each attempt is reconciled (search: nothing)
+// before the next, a run stops after MaxAttempts new attempts (502), and
+// the next run goes on; once Stripe recovers, one PaymentIntent is created
+// and paid.
+func TestEveryCreateIndeterminate(t *testing.T) {
+	t.Parallel()
+	h := setup(t, func(o *options) { o.saga = checkout.SagaConfig{MaxAttempts: 3} })
+	require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultStored500, Op: stripeemu.OpPICreate}))
+	r := h.checkout("all-500-1", teeBody)
+	require.Equal(t, http.StatusBadGateway, r.status, "%s", r.body)
+	require.Equal(t, 3, h.count(`SELECT count(*) FROM payment_attempts WHERE step = 'create' AND outcome = 'indeterminate'`))
+	searches := 0
+	for _, rq := range h.emu.Requests() {
+		if rq.Op == stripeemu.OpPISearch {
+			searches++
+		}
+	}
+	require.Equal(t, 3, searches, "every indeterminate attempt is reconciled before the next")
+
+	h.emu.ClearFaults()
+	r = h.checkout("all-500-1", teeBody)
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+	o := decodeOrder(t, r)
+	pis := h.requirePaymentInvariants(o.ID, checkout.StatusPaid)
+	require.Len(t, pis, 1)
+	require.Equal(t, 4, h.count(`SELECT count(*) FROM payment_attempts WHERE step = 'create'`))
+}
+
+// TestCancelResumedByCompleter: Stripe is down when the customer cancels
+// (502, the key at cancel_requested); nobody retries, and the worker's
+// completer finishes the cancellation through the same saga: the
+// PaymentIntent canceled, the order canceled with its stock back, and the
+// client's later retry gets the stored 200.
+func TestCancelResumedByCompleter(t *testing.T) {
+	t.Parallel()
+	h := setup(t, func(o *options) {
+		o.stripe = &payments.Config{Timeout: time.Second, MaxElapsed: 100 * time.Millisecond}
+	})
+	before := h.stock("sku_tee")
+	o := threeDS(t, h, "cancel-resume-3ds")
+	require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultFail, Op: stripeemu.OpPICancel, Status: 503}))
+	r := h.cancelOrder(o.ID, "cancel-resume", "{}")
+	require.Equal(t, http.StatusBadGateway, r.status, "%s", r.body)
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM idempotency_keys WHERE key = 'cancel-resume' AND recovery_point = ?`, checkout.RecoveryPointCancelRequested))
+	require.Equal(t, checkout.StatusRequiresAction, h.order(o.ID).Status)
+
+	h.emu.ClearFaults()
+	require.NoError(t, h.db.Exec(`UPDATE idempotency_keys SET lease_expires_at = now() - interval '1 hour' WHERE key = 'cancel-resume'`).Error)
+	c, err := maintenance.NewCompleter(h.db, h.api.KeyStore, h.api.Service, maintenance.CompleterConfig{Grace: time.Millisecond})
+	require.NoError(t, err)
+	round, err := c.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, maintenance.Round{Completed: 1}, round)
+
+	h.requirePaymentInvariants(o.ID, checkout.StatusCanceled)
+	require.Equal(t, before, h.stock("sku_tee"))
+	retry := h.cancelOrder(o.ID, "cancel-resume", "{}")
+	require.Equal(t, http.StatusOK, retry.status, "%s", retry.body)
+	require.Equal(t, "true", retry.header.Get(idempotency.ReplayedHeader))
+	require.Equal(t, checkout.StatusCanceled, decodeOrder(t, retry).Status)
 }

@@ -187,7 +187,7 @@ func (s *Service) apply(ctx context.Context, r *run, pi PaymentIntentState) (boo
 // (no PaymentIntent recorded yet) is left to its saga. It returns how many
 // it canceled and records the sweep on the order
 // (payment_orphans_checked_at). The reconciler calls it for orders with an
-// indeterminate create, every SagaConfig.OrphanSweepEvery.
+// indeterminate create, every ORPHAN_SWEEP_INTERVAL for 72 hours.
 func (s *Service) SweepOrphans(ctx context.Context, tenantID, id string) (int, error) {
 	o, err := loadOrder(ctx, s.DB, tenantID, id)
 	if err != nil {

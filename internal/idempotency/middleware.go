@@ -135,7 +135,8 @@ type middlewareOptions struct {
 
 // EmptyBodyIsObject admits an empty body as the JSON object {} (for routes
 // whose body is optional, such as POST /v1/orders/{id}/cancel) instead of
-// answering 400 malformed_json.
+// answering 400 malformed_json, and a request with neither a body nor a
+// Content-Type instead of answering 415.
 func EmptyBodyIsObject(o *middlewareOptions) { o.emptyBodyIsObject = true }
 
 // Middleware guards route (the method and route template, e.g. "POST
@@ -270,8 +271,11 @@ func (g *Gateway) acquire(ctx context.Context, req *Request) (Acquisition, error
 
 // admit runs the checks that need no state: media type, size, key, JSON.
 func (g *Gateway) admit(c *gin.Context, route string, o middlewareOptions) (*Request, error) {
-	if err := checkContentType(c.Request.Header); err != nil {
-		return nil, err
+	noBody := c.Request.ContentLength == 0 && len(c.Request.Header.Values("Content-Type")) == 0
+	if !(o.emptyBodyIsObject && noBody) {
+		if err := checkContentType(c.Request.Header); err != nil {
+			return nil, err
+		}
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, g.Config.MaxBodyBytes))
 	if err != nil {

@@ -150,3 +150,57 @@ func TestKillAtEachSagaStep(t *testing.T) {
 		require.NotEqual(t, 400, r.Status, "no idempotency_error: %s %s", r.Method, r.Path)
 	}
 }
+
+// TestThreeDSecureThroughTheWorker: three checkouts need 3D Secure (202,
+// replayed as stored). The customer of the first authenticates, the second
+// fails the challenge, the third cancels through the API. The worker's
+// reconciler, polling Stripe, settles the first two without any client
+// call: paid with one email, payment_failed with the stock back; the
+// cancellation is canceled at Stripe with its stock back.
+func TestThreeDSecureThroughTheWorker(t *testing.T) {
+	t.Parallel()
+	s := setup(t, stack.Options{})
+	ctx := testCtx(t, 60*time.Second)
+	c := s.DirectClient()
+	stock := func() int {
+		return s.Count(`SELECT stock FROM products WHERE sku = 'sku_tee'`)
+	}
+	before := stock()
+
+	orders := make([]*stack.Order, 3)
+	for i := range orders {
+		body := stack.TeeBody(fmt.Sprintf("threeds%d@example.com", i), 1)
+		body.PaymentMethod = "pm_card_authenticationRequired"
+		key := fmt.Sprintf("k-3ds-%d", i)
+		r := c.Checkout(ctx, key, body)
+		require.Equal(t, 202, r.Status, "%s %s", r, r.Body)
+		require.Equal(t, "requires_action", r.Order.Status)
+		again := c.Checkout(ctx, key, body)
+		require.Equal(t, 202, again.Status)
+		require.True(t, again.Replayed)
+		require.Equal(t, string(r.Body), string(again.Body))
+		orders[i] = r.Order
+	}
+	require.Equal(t, before-3, stock(), "reserved while the customers authenticate")
+
+	s.Authenticate(orders[0].Payment.PaymentIntentID, true)
+	s.Authenticate(orders[1].Payment.PaymentIntentID, false)
+	canceled := c.CancelOrder(ctx, orders[2].ID, "k-3ds-cancel")
+	require.Equal(t, 200, canceled.Status, "%s %s", canceled, canceled.Body)
+	require.Equal(t, "canceled", canceled.Order.Status)
+
+	eventually(t, 20*time.Second, func() bool {
+		return s.OrderStatus(orders[0].ID) == "paid" && s.OrderStatus(orders[1].ID) == "payment_failed"
+	}, "the reconciler to settle both orders")
+	require.NoError(t, s.Quiesce(20*time.Second))
+	require.Equal(t, 1, s.Emails(orders[0].ID))
+	require.Zero(t, s.Emails(orders[1].ID))
+	require.Zero(t, s.Emails(orders[2].ID))
+	require.Equal(t, before-1, stock(), "the failed and the canceled order gave their stock back")
+	byOrder := stack.IntentsByOrder(s.PaymentIntents())
+	for i, want := range []string{"succeeded", "requires_payment_method", "canceled"} {
+		require.Len(t, byOrder[orders[i].ID], 1)
+		require.Equal(t, want, byOrder[orders[i].ID][0].Status)
+	}
+	require.Equal(t, 1, s.Count(`SELECT count(*) FROM outbox WHERE type = 'order.canceled'`))
+}

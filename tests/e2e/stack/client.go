@@ -32,7 +32,7 @@ type Result struct {
 	Code     string // the problem's code, when the body is a problem
 	Replayed bool   // Idempotent-Replayed: true
 	Body     []byte
-	Order    *Order // decoded on 201
+	Order    *Order // decoded on 201, 202 and 200
 	Err      error
 }
 
@@ -91,7 +91,11 @@ func TeeBody(email string, n int) Body {
 // Checkout sends one POST /v1/checkouts with the Idempotency-Key key.
 func (c *Client) Checkout(ctx context.Context, key string, body Body) Result {
 	b, _ := json.Marshal(body)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.BaseURL+"/v1/checkouts", bytes.NewReader(b))
+	return c.post(ctx, "/v1/checkouts", key, b)
+}
+
+func (c *Client) post(ctx context.Context, path, key string, b []byte) Result {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.BaseURL+path, bytes.NewReader(b))
 	if err != nil {
 		return Result{Err: err}
 	}
@@ -111,13 +115,19 @@ func (c *Client) Checkout(ctx context.Context, key string, body Body) Result {
 	if json.Unmarshal(rb, &p) == nil {
 		r.Code = p.Code
 	}
-	if resp.StatusCode == http.StatusCreated {
+	if resp.StatusCode == http.StatusCreated || resp.StatusCode == http.StatusAccepted || resp.StatusCode == http.StatusOK {
 		var o Order
 		if err := json.Unmarshal(rb, &o); err == nil {
 			r.Order = &o
 		}
 	}
 	return r
+}
+
+// CancelOrder sends POST /v1/orders/{id}/cancel (body {}) with the
+// Idempotency-Key key.
+func (c *Client) CancelOrder(ctx context.Context, id, key string) Result {
+	return c.post(ctx, "/v1/orders/"+id+"/cancel", key, []byte("{}"))
 }
 
 // CheckoutUntilFinal sends the checkout with the same key until the answer

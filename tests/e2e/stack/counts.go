@@ -30,6 +30,17 @@ func (s *Stack) Fault(faults ...stripeemu.Fault) {
 	s.adminCall(http.MethodPost, "/_emulator/faults", b)
 }
 
+// Authenticate plays the customer's 3D Secure challenge for PaymentIntent
+// id at the emulator (POST /_emulator/payment_intents/{id}/authenticate).
+func (s *Stack) Authenticate(id string, succeed bool) {
+	s.t.Helper()
+	outcome := "fail"
+	if succeed {
+		outcome = "succeed"
+	}
+	s.adminCall(http.MethodPost, "/_emulator/payment_intents/"+id+"/authenticate", []byte(`{"outcome":"`+outcome+`"}`))
+}
+
 // ClearFaults removes every fault still active at the emulator.
 func (s *Stack) ClearFaults() {
 	s.t.Helper()

@@ -33,10 +33,9 @@ func (s *Stack) ClearHookFaults() {
 	s.adminCall(http.MethodDelete, "/_emulator/webhooks/faults", nil)
 }
 
-// Authenticate plays the customer's 3D Secure challenge on PaymentIntent id
-// (POST /_emulator/payment_intents/{id}/authenticate). It returns the
-// emulator's refusal, e.g. for a PaymentIntent no longer in requires_action.
-func (s *Stack) Authenticate(id string, succeed bool) error {
+// TryAuthenticate is Authenticate returning the emulator's refusal (e.g.
+// for a PaymentIntent no longer in requires_action) instead of failing.
+func (s *Stack) TryAuthenticate(id string, succeed bool) error {
 	outcome := "fail"
 	if succeed {
 		outcome = "succeed"
