@@ -46,6 +46,7 @@ type settings struct {
 	MetricsAddr   string        `env:"METRICS_ADDR" envDefault:":9092"`
 	Prefetch      int           `env:"NOTIFY_PREFETCH" envDefault:"32"`
 	SweepInterval time.Duration `env:"NOTIFY_SWEEP_INTERVAL" envDefault:"1s"`
+	SequenceWait  time.Duration `env:"NOTIFY_SEQUENCE_WAIT" envDefault:"30s"`
 
 	// The completer runs the checkout state machine, so it needs what the
 	// API needs to call Stripe with the same keys and parameters.
@@ -76,6 +77,9 @@ func (s *settings) check() error {
 	}
 	if s.SweepInterval <= 0 {
 		errs = append(errs, errors.New("NOTIFY_SWEEP_INTERVAL: must be positive"))
+	}
+	if s.SequenceWait <= 0 {
+		errs = append(errs, errors.New("NOTIFY_SEQUENCE_WAIT: must be positive"))
 	}
 	for name, d := range map[string]time.Duration{
 		"IDEMPOTENCY_TTL": s.IdempotencyTTL, "IDEMPOTENCY_LEASE": s.IdempotencyLease,
@@ -124,8 +128,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	defer conn.Close()
 
 	notifier, err := notify.NewService(db, conn, &notify.SMTPMailer{Addr: s.SMTPAddr}, notify.Config{
-		Queue:    s.NotifyQueue,
-		Prefetch: s.Prefetch,
+		Queue:        s.NotifyQueue,
+		Prefetch:     s.Prefetch,
+		SequenceWait: s.SequenceWait,
 		Sender: notify.SenderConfig{
 			From:          s.SMTPFrom,
 			SweepInterval: s.SweepInterval,
