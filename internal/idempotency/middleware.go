@@ -269,9 +269,18 @@ func (g *Gateway) admit(c *gin.Context, route string) (*Request, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A route with path parameters (POST /v1/orders/{id}/refunds) is one
+	// scope for every value of them, so the values go into the
+	// fingerprint: the same key sent for another order is a different
+	// request (422), never a replay of the first order's answer. Routes
+	// without parameters keep the fingerprint they always had.
+	target := route
+	for _, p := range c.Params {
+		target += "\x00" + p.Key + "=" + p.Value
+	}
 	return &Request{
 		Scope:       Scope{Tenant: g.Tenant(c), Route: route, Key: key},
-		Fingerprint: fingerprint(c.Request.Method, route, canonical),
+		Fingerprint: fingerprint(c.Request.Method, target, canonical),
 		Owner:       NewOwnerToken(),
 		Body:        canonical,
 	}, nil
