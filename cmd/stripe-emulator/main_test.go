@@ -97,6 +97,19 @@ func TestRunServesAndDrains(t *testing.T) {
 
 func TestRunFailsOnBadAddress(t *testing.T) {
 	t.Parallel()
-	err := run(t.Context(), func(string) string { return "not-an-address" }, io.Discard)
+	env := map[string]string{"STRIPE_EMULATOR_ADDR": "not-an-address"}
+	err := run(t.Context(), func(k string) string { return env[k] }, io.Discard)
 	require.ErrorContains(t, err, "STRIPE_EMULATOR_ADDR")
+}
+
+func TestRunRejectsBadDurations(t *testing.T) {
+	t.Parallel()
+	for name, val := range map[string]string{
+		"STRIPE_EMULATOR_KEY_TTL":    "0s",
+		"STRIPE_EMULATOR_SEARCH_LAG": "soon",
+	} {
+		env := map[string]string{"STRIPE_EMULATOR_ADDR": "127.0.0.1:0", name: val}
+		err := run(t.Context(), func(k string) string { return env[k] }, io.Discard)
+		require.ErrorContains(t, err, name)
+	}
 }

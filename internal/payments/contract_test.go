@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/stripe/stripe-go/v76"
+	"github.com/stripe/stripe-go/v76/client"
 
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/payments/stripeemu"
@@ -31,7 +33,9 @@ import (
 
 func TestContractEmulator(t *testing.T) {
 	t.Parallel()
-	srv := httptest.NewServer(stripeemu.New())
+	emu := stripeemu.New()
+	srv := httptest.NewServer(emu)
+	t.Cleanup(emu.Close)
 	t.Cleanup(srv.Close)
 	runContract(t, srv.URL)
 }
@@ -64,6 +68,85 @@ func runContract(t *testing.T, base string) {
 		require.Equal(t, "payment_intent", r.object())
 	})
 
+	t.Run("payment intent lifecycle with stripe-go", func(t *testing.T) {
+		t.Parallel()
+		sc := stripeGo(base)
+		create := &stripe.PaymentIntentParams{Amount: stripe.Int64(2500), Currency: stripe.String("usd"),
+			PaymentMethod: stripe.String("pm_card_visa"), PaymentMethodTypes: stripe.StringSlice([]string{"card"}),
+			Confirm: stripe.Bool(false)}
+		create.AddMetadata("order_id", "ord_contract")
+		create.AddMetadata("tenant_id", "acme")
+		create.SetIdempotencyKey("contract-create-" + t.Name())
+		pi, err := sc.PaymentIntents.New(create)
+		require.NoError(t, err, "create without confirm")
+		require.Regexp(t, `^pi_`, pi.ID)
+
+		confirm := &stripe.PaymentIntentConfirmParams{}
+		confirm.SetIdempotencyKey("contract-confirm-" + t.Name())
+		confirmed, err := sc.PaymentIntents.Confirm(pi.ID, confirm)
+		require.NoError(t, err, "confirm")
+		require.Regexp(t, `^pi_`, confirmed.ID)
+
+		got, err := sc.PaymentIntents.Get(pi.ID, &stripe.PaymentIntentParams{Expand: stripe.StringSlice([]string{"latest_charge"})})
+		require.NoError(t, err, "retrieve with latest_charge expanded")
+		require.Regexp(t, `^pi_`, got.ID)
+
+		refund := &stripe.RefundParams{PaymentIntent: stripe.String(pi.ID), Amount: stripe.Int64(1000),
+			Reason: stripe.String("requested_by_customer")}
+		refund.AddMetadata("order_id", "ord_contract")
+		refund.SetIdempotencyKey("contract-refund-" + t.Name())
+		rf, err := sc.Refunds.New(refund)
+		require.NoError(t, err, "partial refund of the PaymentIntent")
+		require.Regexp(t, `^re_`, rf.ID)
+		gotRefund, err := sc.Refunds.Get(rf.ID, nil)
+		require.NoError(t, err, "retrieve the refund")
+		require.Regexp(t, `^re_`, gotRefund.ID)
+		refunds := &stripe.RefundListParams{PaymentIntent: stripe.String(pi.ID)}
+		refunds.Single = true
+		rit := sc.Refunds.List(refunds)
+		for rit.Next() {
+			require.Regexp(t, `^re_`, rit.Refund().ID)
+		}
+		require.NoError(t, rit.Err(), "list the PaymentIntent's refunds")
+
+		threeDS := &stripe.PaymentIntentParams{Amount: stripe.Int64(4200), Currency: stripe.String("eur"),
+			PaymentMethod: stripe.String("pm_card_authenticationRequired"), Confirm: stripe.Bool(true),
+			ReturnURL: stripe.String("https://shop.example/return")}
+		threeDS.AddMetadata("order_id", "ord_contract_3ds")
+		action, err := sc.PaymentIntents.New(threeDS)
+		require.NoError(t, err, "create and confirm with 3D Secure and a return_url")
+		require.Regexp(t, `^pi_`, action.ID)
+
+		toCancel, err := sc.PaymentIntents.New(&stripe.PaymentIntentParams{Amount: stripe.Int64(100), Currency: stripe.String("usd"),
+			PaymentMethod: stripe.String("pm_card_visa")})
+		require.NoError(t, err)
+		cancel := &stripe.PaymentIntentCancelParams{CancellationReason: stripe.String("duplicate")}
+		cancel.SetIdempotencyKey("contract-cancel-" + t.Name())
+		canceled, err := sc.PaymentIntents.Cancel(toCancel.ID, cancel)
+		require.NoError(t, err, "cancel")
+		require.Regexp(t, `^pi_`, canceled.ID)
+
+		list := &stripe.PaymentIntentListParams{}
+		list.Limit = stripe.Int64(3)
+		list.Single = true
+		it := sc.PaymentIntents.List(list)
+		n := 0
+		for it.Next() {
+			require.Regexp(t, `^pi_`, it.PaymentIntent().ID)
+			n++
+		}
+		require.NoError(t, it.Err(), "list")
+		require.NotZero(t, n)
+
+		search := &stripe.PaymentIntentSearchParams{SearchParams: stripe.SearchParams{
+			Query: "metadata['order_id']:'ord_contract'", Limit: stripe.Int64(10), Single: true}}
+		sit := sc.PaymentIntents.Search(search)
+		for sit.Next() {
+			require.Regexp(t, `^pi_`, sit.PaymentIntent().ID)
+		}
+		require.NoError(t, sit.Err(), "search by metadata")
+	})
+
 	t.Run("unknown parameter rejected", func(t *testing.T) {
 		t.Parallel()
 		r := rawRequest(t, base, http.MethodPost, "/v1/payment_intents", "sk_test_123",
@@ -85,6 +168,19 @@ func runContract(t *testing.T, base string) {
 		require.Equal(t, http.StatusUnauthorized, r.status, string(r.body))
 		require.Equal(t, "invalid_request_error", r.errorType())
 	})
+}
+
+// stripeGo is a stripe-go v76 client of base, without retries.
+func stripeGo(base string) *client.API {
+	backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
+		URL:               stripe.String(base),
+		MaxNetworkRetries: stripe.Int64(0),
+		EnableTelemetry:   stripe.Bool(false),
+		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
+	})
+	api := &client.API{}
+	api.Init("sk_test_123", &stripe.Backends{API: backend, Connect: backend, Uploads: backend})
+	return api
 }
 
 // rawReply is a raw HTTP response.
