@@ -47,6 +47,8 @@ type options struct {
 	redisURL    string // "" = the shared Redis with a test prefix
 	now         func() time.Time
 	stripe      *payments.Config
+	// refundRetryAfter is REFUND_RETRY_AFTER (0: the default).
+	refundRetryAfter time.Duration
 }
 
 // harness is one test's running API over its own database and Redis prefix,
@@ -140,11 +142,12 @@ func setup(t testing.TB, opt ...func(*options)) *harness {
 	reg := telemetry.NewRegistry()
 	h.registry = &registry{reg}
 	h.api = api.New(api.Config{
-		RedisKeyPrefix: h.prefix,
-		TTL:            o.ttl,
-		Lease:          o.lease,
-		FailureMode:    o.failureMode,
-		WorkTimeout:    30 * time.Second,
+		RedisKeyPrefix:   h.prefix,
+		TTL:              o.ttl,
+		Lease:            o.lease,
+		FailureMode:      o.failureMode,
+		WorkTimeout:      30 * time.Second,
+		RefundRetryAfter: o.refundRetryAfter,
 	}, api.Deps{DB: h.db, Redis: h.rdb, Payments: pay, Keys: keys, Logger: logger, Registry: reg, Now: o.now})
 	h.srv = httptest.NewServer(h.api.Handler)
 	t.Cleanup(h.srv.Close)
