@@ -53,6 +53,7 @@ type settings struct {
 	DedupFailureMode string        `env:"DEDUP_FAILURE_MODE" envDefault:"closed"`
 	APIKeys          string        `env:"CHECKOUT_API_KEYS" envDefault:"acme:sk_test_acme,globex:sk_test_globex" secret:"true"`
 	WorkTimeout      time.Duration `env:"WORK_TIMEOUT" envDefault:"60s"`
+	RefundRetryAfter time.Duration `env:"REFUND_RETRY_AFTER" envDefault:"1m"`
 	ShutdownTimeout  time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"20s"`
 	LogLevel         slog.Level    `env:"LOG_LEVEL" envDefault:"info"`
 }
@@ -78,7 +79,7 @@ func (s *settings) check() (*auth.Keys, idempotency.FailureMode, error) {
 		errs = append(errs, fmt.Errorf("IDEMPOTENCY_TTL: %s must exceed IDEMPOTENCY_LEASE (%s)", s.IdempotencyTTL, s.IdempotencyLease))
 	}
 	for name, d := range map[string]time.Duration{"STRIPE_TIMEOUT": s.StripeTimeout, "STRIPE_MAX_ELAPSED": s.StripeMaxElapsed,
-		"WORK_TIMEOUT": s.WorkTimeout, "SHUTDOWN_TIMEOUT": s.ShutdownTimeout} {
+		"WORK_TIMEOUT": s.WorkTimeout, "SHUTDOWN_TIMEOUT": s.ShutdownTimeout, "REFUND_RETRY_AFTER": s.RefundRetryAfter} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s: must be positive, got %s", name, d))
 		}
@@ -141,11 +142,12 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}, logger, reg)
 
 	app := api.New(api.Config{
-		RedisKeyPrefix: s.RedisKeyPrefix,
-		TTL:            s.IdempotencyTTL,
-		Lease:          s.IdempotencyLease,
-		FailureMode:    mode,
-		WorkTimeout:    s.WorkTimeout,
+		RedisKeyPrefix:   s.RedisKeyPrefix,
+		TTL:              s.IdempotencyTTL,
+		Lease:            s.IdempotencyLease,
+		FailureMode:      mode,
+		WorkTimeout:      s.WorkTimeout,
+		RefundRetryAfter: s.RefundRetryAfter,
 	}, api.Deps{DB: db, Redis: rdb, Payments: pay, Keys: keys, Logger: logger, Registry: reg})
 
 	ln, err := net.Listen("tcp", s.HTTPAddr)

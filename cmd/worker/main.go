@@ -1,6 +1,8 @@
 // Command worker runs the background work after a checkout commits: the
-// order.paid consumer and the notification sender (CONTRACT.md, "Events"),
-// the completer (checkouts whose process died) and the reaper (retention).
+// order events consumer and the notification sender (CONTRACT.md,
+// "Events"), the completer (checkouts and refunds whose process died), the
+// refund reconciler (refunds Stripe keeps pending) and the reaper
+// (retention).
 // Any number may run at once. It does not migrate: it waits until the API
 // has created the schema.
 package main
@@ -26,6 +28,7 @@ import (
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/rabbitmq"
+	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/telemetry"
 )
 
@@ -55,6 +58,8 @@ type settings struct {
 	IdempotencyTTL    time.Duration `env:"IDEMPOTENCY_TTL" envDefault:"24h"`
 	IdempotencyLease  time.Duration `env:"IDEMPOTENCY_LEASE" envDefault:"30s"`
 	CompleterInterval time.Duration `env:"COMPLETER_INTERVAL" envDefault:"5s"`
+	RefundRetryAfter  time.Duration `env:"REFUND_RETRY_AFTER" envDefault:"1m"`
+	RefundPoll        time.Duration `env:"REFUND_POLL_INTERVAL" envDefault:"10s"`
 	ReaperInterval    time.Duration `env:"REAPER_INTERVAL" envDefault:"1m"`
 	InboxRetention    time.Duration `env:"INBOX_RETENTION" envDefault:"168h"`
 	OutboxRetention   time.Duration `env:"OUTBOX_RETENTION" envDefault:"168h"`
@@ -84,6 +89,7 @@ func (s *settings) check() error {
 	for name, d := range map[string]time.Duration{
 		"IDEMPOTENCY_TTL": s.IdempotencyTTL, "IDEMPOTENCY_LEASE": s.IdempotencyLease,
 		"COMPLETER_INTERVAL": s.CompleterInterval, "REAPER_INTERVAL": s.ReaperInterval,
+		"REFUND_RETRY_AFTER": s.RefundRetryAfter, "REFUND_POLL_INTERVAL": s.RefundPoll,
 		"INBOX_RETENTION": s.InboxRetention, "OUTBOX_RETENTION": s.OutboxRetention,
 	} {
 		if d <= 0 {
@@ -148,7 +154,15 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		Metrics: idempotency.NewMetrics(reg)}
 	pay := payments.NewClient(payments.Config{APIBase: s.StripeAPIBase, SecretKey: s.StripeSecretKey}, logger, reg)
 	svc := &checkout.Service{DB: db, Keys: keys, Payments: pay, Logger: logger, Now: time.Now}
-	completer, err := maintenance.NewCompleter(db, keys, svc, maintenance.CompleterConfig{
+	// Refunds whose request died are finished the same way; refunds Stripe
+	// keeps pending are polled until Stripe settles them.
+	refundSvc := &refunds.Service{DB: db, Keys: keys, Stripe: pay, Logger: logger.With("loop", "refunds"),
+		Now: time.Now, RetryAfter: s.RefundRetryAfter}
+	byRoute := maintenance.ByRoute{DB: db, Routes: map[string]maintenance.KeyCompleter{
+		checkout.Route: svc,
+		refunds.Route:  refundSvc,
+	}}
+	completer, err := maintenance.NewCompleter(db, keys, byRoute, maintenance.CompleterConfig{
 		Interval:   s.CompleterInterval,
 		Grace:      s.IdempotencyLease,
 		KeyTimeout: 15 * time.Second, // inside the drain; a cut charge stays resumable
@@ -175,6 +189,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		notifier.Run,
 		completer.Run,
 		reaper.Run,
+		func(ctx context.Context) error { return refundSvc.RunReconciler(ctx, s.RefundPoll) },
 	)
 	logger.Info("worker stopped", "err", err)
 	return err

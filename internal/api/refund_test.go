@@ -12,7 +12,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/maintenance"
 	"github.com/onceonly/checkout/internal/payments/stripeemu"
 	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/testenv"
@@ -439,4 +441,34 @@ func TestPendingRefundSucceedsByPolling(t *testing.T) {
 	require.Equal(t, "partially_refunded", v.Status)
 	require.EqualValues(t, 500, v.AmountRefunded)
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.refunded'`, orderID))
+}
+
+// TestCompleterFinishesARefundWhoseRequestDied: the refund's request got a
+// 502 (a stored 500 that never ran) and the client never retries. The
+// worker's completer, through maintenance.ByRoute, takes the key over after
+// REFUND_RETRY_AFTER, reconciles, creates under the next attempt's key and
+// finishes it; the client's late retry is a replay. One refund at Stripe.
+func TestCompleterFinishesARefundWhoseRequestDied(t *testing.T) {
+	t.Parallel()
+	h := setup(t, func(o *options) { o.refundRetryAfter = 300 * time.Millisecond })
+	orderID, pi := h.paidOrder()
+	require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultStored500, Op: stripeemu.OpRefundCreate, Count: 1}))
+	first := h.refund(orderID, "died", `{"amount":700}`)
+	require.Equal(t, http.StatusBadGateway, first.status, "%s", first.body)
+
+	var keyID int64
+	require.NoError(t, h.db.Raw(`SELECT id FROM idempotency_keys WHERE key = 'died'`).Scan(&keyID).Error)
+	completer := maintenance.ByRoute{DB: h.db, Routes: map[string]maintenance.KeyCompleter{
+		checkout.Route: h.api.Service, refunds.Route: h.api.Refunds,
+	}}
+	eventually(t, "the completer finishes the refund", func() bool {
+		done, _ := completer.Complete(context.Background(), keyID)
+		return done
+	})
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM idempotency_keys WHERE id = ? AND recovery_point = 'finished' AND response_status = 201`, keyID))
+	late := h.refund(orderID, "died", `{"amount":700}`)
+	require.Equal(t, http.StatusCreated, late.status)
+	require.Equal(t, "true", late.header.Get(idempotency.ReplayedHeader))
+	require.Len(t, h.stripeRefunds(pi), 1)
+	require.EqualValues(t, 700, h.order(orderID).AmountRefunded)
 }
