@@ -20,6 +20,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/api"
 	"github.com/onceonly/checkout/internal/auth"
+	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/config"
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/payments"
@@ -48,6 +49,9 @@ type settings struct {
 	StripeSecretKey  string        `env:"STRIPE_SECRET_KEY" envDefault:"sk_test_123" secret:"true"`
 	StripeTimeout    time.Duration `env:"STRIPE_TIMEOUT" envDefault:"10s"`
 	StripeMaxElapsed time.Duration `env:"STRIPE_MAX_ELAPSED" envDefault:"20s"`
+	StripeSettle     time.Duration `env:"STRIPE_SEARCH_SETTLE" envDefault:"60s"`
+	UnknownAfter     time.Duration `env:"PAYMENT_UNKNOWN_AFTER" envDefault:"1h"`
+	ActionTimeout    time.Duration `env:"PAYMENT_ACTION_TIMEOUT" envDefault:"30m"`
 	IdempotencyTTL   time.Duration `env:"IDEMPOTENCY_TTL" envDefault:"24h"`
 	IdempotencyLease time.Duration `env:"IDEMPOTENCY_LEASE" envDefault:"30s"`
 	DedupFailureMode string        `env:"DEDUP_FAILURE_MODE" envDefault:"closed"`
@@ -78,8 +82,12 @@ func (s *settings) check() (*auth.Keys, idempotency.FailureMode, error) {
 	if s.IdempotencyTTL <= s.IdempotencyLease {
 		errs = append(errs, fmt.Errorf("IDEMPOTENCY_TTL: %s must exceed IDEMPOTENCY_LEASE (%s)", s.IdempotencyTTL, s.IdempotencyLease))
 	}
+	if s.StripeSettle < 0 {
+		errs = append(errs, fmt.Errorf("STRIPE_SEARCH_SETTLE: must not be negative, got %s", s.StripeSettle))
+	}
 	for name, d := range map[string]time.Duration{"STRIPE_TIMEOUT": s.StripeTimeout, "STRIPE_MAX_ELAPSED": s.StripeMaxElapsed,
-		"WORK_TIMEOUT": s.WorkTimeout, "SHUTDOWN_TIMEOUT": s.ShutdownTimeout, "REFUND_RETRY_AFTER": s.RefundRetryAfter} {
+		"WORK_TIMEOUT": s.WorkTimeout, "SHUTDOWN_TIMEOUT": s.ShutdownTimeout,
+		"PAYMENT_UNKNOWN_AFTER": s.UnknownAfter, "PAYMENT_ACTION_TIMEOUT": s.ActionTimeout, "REFUND_RETRY_AFTER": s.RefundRetryAfter} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s: must be positive, got %s", name, d))
 		}
@@ -148,6 +156,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		FailureMode:      mode,
 		WorkTimeout:      s.WorkTimeout,
 		RefundRetryAfter: s.RefundRetryAfter,
+		Saga: checkout.SagaConfig{
+			SearchSettle:  s.StripeSettle,
+			UnknownAfter:  s.UnknownAfter,
+			ActionTimeout: s.ActionTimeout,
+		},
 	}, api.Deps{DB: db, Redis: rdb, Payments: pay, Keys: keys, Logger: logger, Registry: reg})
 
 	ln, err := net.Listen("tcp", s.HTTPAddr)

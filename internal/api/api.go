@@ -44,6 +44,9 @@ type Config struct {
 	FailureMode    idempotency.FailureMode // DEDUP_FAILURE_MODE
 	// WorkTimeout bounds one checkout's work (default 60s).
 	WorkTimeout time.Duration
+	// Saga tunes the payment saga (STRIPE_SEARCH_SETTLE,
+	// PAYMENT_UNKNOWN_AFTER, PAYMENT_ACTION_TIMEOUT).
+	Saga checkout.SagaConfig
 	// RefundRetryAfter is how long an indeterminate refund attempt is
 	// reconciled before a new attempt (REFUND_RETRY_AFTER, default 1m).
 	RefundRetryAfter time.Duration
@@ -71,7 +74,8 @@ func New(cfg Config, d Deps) *API {
 	}
 	metrics := idempotency.NewMetrics(reg)
 	store := &idempotency.Store{Lease: cfg.Lease, TTL: cfg.TTL, Now: d.Now, Metrics: metrics}
-	svc := &checkout.Service{DB: d.DB, Keys: store, Payments: d.Payments, Logger: d.Logger, Now: d.Now}
+	svc := &checkout.Service{DB: d.DB, Keys: store, Payments: d.Payments, Logger: d.Logger, Now: d.Now,
+		Saga: cfg.Saga, Metrics: checkout.NewMetrics(reg)}
 	gateway := &idempotency.Gateway{
 		Config: idempotency.Config{
 			Lease:        cfg.Lease,

@@ -13,11 +13,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+	"github.com/stripe/stripe-go/v76"
 	"go.uber.org/goleak"
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/api"
 	"github.com/onceonly/checkout/internal/auth"
+	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/payments/stripeemu"
@@ -47,6 +49,7 @@ type options struct {
 	redisURL    string // "" = the shared Redis with a test prefix
 	now         func() time.Time
 	stripe      *payments.Config
+	saga        checkout.SagaConfig
 	// refundRetryAfter is REFUND_RETRY_AFTER (0: the default).
 	refundRetryAfter time.Duration
 }
@@ -129,6 +132,7 @@ func setup(t testing.TB, opt ...func(*options)) *harness {
 	h.emu = stripeemu.New()
 	emuSrv := httptest.NewServer(h.emu)
 	t.Cleanup(emuSrv.Close)
+	t.Cleanup(h.emu.Close)
 
 	logger := telemetry.NewLogger(h.logs, slog.LevelDebug)
 	keys, err := auth.ParseKeys(auth.DefaultKeys)
@@ -147,6 +151,7 @@ func setup(t testing.TB, opt ...func(*options)) *harness {
 		Lease:            o.lease,
 		FailureMode:      o.failureMode,
 		WorkTimeout:      30 * time.Second,
+		Saga:             o.saga,
 		RefundRetryAfter: o.refundRetryAfter,
 	}, api.Deps{DB: h.db, Redis: h.rdb, Payments: pay, Keys: keys, Logger: logger, Registry: reg, Now: o.now})
 	h.srv = httptest.NewServer(h.api.Handler)
@@ -238,4 +243,93 @@ func mustRead(t testing.TB, resp *http.Response) string {
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return string(b)
+}
+
+// intents returns the PaymentIntents of order id at the emulator, from its
+// own state (not lagged like search).
+func (h *harness) intents(orderID string) []*stripe.PaymentIntent {
+	h.t.Helper()
+	var out []*stripe.PaymentIntent
+	for _, pi := range h.emu.PaymentIntents() {
+		if pi.Metadata["order_id"] == orderID {
+			out = append(out, pi)
+		}
+	}
+	return out
+}
+
+// orderRow is what the invariant checks read of an order.
+type orderRow struct {
+	Status          string
+	PaymentIntentID *string
+	PaymentStatus   *string
+}
+
+func (h *harness) order(id string) orderRow {
+	h.t.Helper()
+	var o orderRow
+	require.NoError(h.t, h.db.Raw(`SELECT status, payment_intent_id, payment_status FROM orders WHERE id = ?`, id).Scan(&o).Error)
+	require.NotEmpty(h.t, o.Status, "order %s", id)
+	return o
+}
+
+// requirePaymentInvariants checks CONTRACT.md's payment guarantees for one
+// order against the emulator's own state: at most one PaymentIntent moves
+// money; the order's status is Stripe's (paid exactly when its recorded
+// PaymentIntent succeeded); every other PaymentIntent of the order is
+// canceled; and Stripe never answered idempotency_error (a key sent again
+// with other parameters). It returns the order's PaymentIntents.
+func (h *harness) requirePaymentInvariants(orderID, wantStatus string) []*stripe.PaymentIntent {
+	h.t.Helper()
+	pis := h.intents(orderID)
+	o := h.order(orderID)
+	require.Equal(h.t, wantStatus, o.Status, "order %s", orderID)
+	moving := 0
+	for _, pi := range pis {
+		if checkout.MovesMoney(string(pi.Status)) {
+			moving++
+		}
+	}
+	require.LessOrEqual(h.t, moving, 1, "money-moving PaymentIntents of order %s", orderID)
+	var mine *stripe.PaymentIntent
+	for _, pi := range pis {
+		if o.PaymentIntentID != nil && pi.ID == *o.PaymentIntentID {
+			mine = pi
+			continue
+		}
+		require.Equal(h.t, stripe.PaymentIntentStatusCanceled, pi.Status, "PaymentIntent %s of order %s is an orphan", pi.ID, orderID)
+	}
+	switch wantStatus {
+	case checkout.StatusPaid:
+		require.NotNil(h.t, mine, "the paid order's PaymentIntent exists at Stripe")
+		require.Equal(h.t, stripe.PaymentIntentStatusSucceeded, mine.Status)
+		require.Equal(h.t, 1, moving)
+	case checkout.StatusPaymentFailed, checkout.StatusCanceled:
+		require.Zero(h.t, moving, "a failed order moved no money")
+	}
+	for _, r := range h.emu.Requests() {
+		require.NotContains(h.t, []int{http.StatusBadRequest}, r.Status,
+			"Stripe refused %s %s (key %s): an idempotency_error or a resent key", r.Method, r.Path, r.IdempotencyKey)
+	}
+	return pis
+}
+
+// untilFinal sends the checkout again with the same key, as a client that
+// follows Retry-After would, until its answer is final (not 409, 502 or
+// 503), and returns every answer.
+func (h *harness) untilFinal(key, body string) []reply {
+	h.t.Helper()
+	var rs []reply
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		r := h.checkout(key, body)
+		rs = append(rs, r)
+		if r.status != http.StatusConflict && r.status != http.StatusBadGateway && r.status != http.StatusServiceUnavailable {
+			return rs
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("no final answer for %s after %d tries; last %d %s", key, len(rs), r.status, r.body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

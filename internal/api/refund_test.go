@@ -63,7 +63,7 @@ type orderView struct {
 	Refunds        []refunds.Refund `json:"refunds"`
 }
 
-func (h *harness) order(orderID string) orderView {
+func (h *harness) orderView(orderID string) orderView {
 	h.t.Helper()
 	r := h.get("sk_test_acme", "/v1/orders/"+orderID)
 	require.Equal(h.t, http.StatusOK, r.status, "%s", r.body)
@@ -115,7 +115,7 @@ func TestRefundPartialThenFull(t *testing.T) {
 	require.Equal(t, "requested_by_customer", *rf1.Reason)
 	requireReplay(t, first, h.refund(orderID, "refund-1", `{"reason":"requested_by_customer", "amount":1500}`))
 
-	v := h.order(orderID)
+	v := h.orderView(orderID)
 	require.Equal(t, "partially_refunded", v.Status)
 	require.EqualValues(t, 1500, v.AmountRefunded)
 	require.Len(t, v.Refunds, 1)
@@ -123,7 +123,7 @@ func TestRefundPartialThenFull(t *testing.T) {
 	rest := decodeRefund(t, h.refund(orderID, "refund-2", `{}`))
 	require.EqualValues(t, 3500, rest.Amount, "no amount: the rest")
 	require.Nil(t, rest.Reason)
-	v = h.order(orderID)
+	v = h.orderView(orderID)
 	require.Equal(t, "refunded", v.Status)
 	require.EqualValues(t, 5000, v.AmountRefunded)
 	require.Len(t, v.Refunds, 2)
@@ -213,7 +213,7 @@ func TestRefundBeyondWhatIsLeft(t *testing.T) {
 	reused := h.refund(otherID, "fix-me", `{"amount":1000,"reason":"duplicate"}`)
 	require.Equal(t, http.StatusUnprocessableEntity, reused.status, "the same key for another order is another request")
 	require.Len(t, h.stripeRefunds(pi), 2)
-	require.Equal(t, "refunded", h.order(orderID).Status)
+	require.Equal(t, "refunded", h.orderView(orderID).Status)
 }
 
 // TestSameRefundKeyFiftyTimesAtOnce: one Stripe refund, one answer: every
@@ -262,7 +262,7 @@ func TestSameRefundKeyFiftyTimesAtOnce(t *testing.T) {
 	}
 	require.Len(t, h.stripeRefunds(pi), 1)
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM refunds WHERE order_id = ?`, orderID))
-	require.EqualValues(t, 1200, h.order(orderID).AmountRefunded)
+	require.EqualValues(t, 1200, h.orderView(orderID).AmountRefunded)
 }
 
 // TestConcurrentRefundsNeverExceedThePayment: 20 refunds of 1000 with
@@ -309,7 +309,7 @@ func TestConcurrentRefundsNeverExceedThePayment(t *testing.T) {
 		atStripe += r.Amount
 	}
 	require.Equal(t, sum, atStripe)
-	v := h.order(orderID)
+	v := h.orderView(orderID)
 	require.Equal(t, sum, v.AmountRefunded)
 	require.Equal(t, "refunded", v.Status)
 }
@@ -368,7 +368,7 @@ func TestRefundStored500(t *testing.T) {
 			at := h.stripeRefunds(pi)
 			require.Len(t, at, 1, "one refund at Stripe")
 			require.Equal(t, *rf.StripeRefundID, at[0].ID)
-			require.EqualValues(t, 2000, h.order(orderID).AmountRefunded)
+			require.EqualValues(t, 2000, h.orderView(orderID).AmountRefunded)
 			var outcomes []string
 			require.NoError(t, h.db.Raw(`SELECT outcome FROM payment_attempts WHERE step = ? ORDER BY attempt`, "refund:"+rf.ID).Scan(&outcomes).Error)
 			if tc.rollForward == nil {
@@ -393,7 +393,7 @@ func TestRefundFailedLaterGivesItsAmountBack(t *testing.T) {
 	pending := decodeRefund(t, h.refund(orderID, "all", `{}`))
 	require.Equal(t, refunds.StatusPending, pending.Status)
 	require.EqualValues(t, 5000, pending.Amount)
-	v := h.order(orderID)
+	v := h.orderView(orderID)
 	require.Equal(t, "paid", v.Status, "a pending refund changes no status")
 	require.EqualValues(t, 0, v.AmountRefunded)
 	blocked := h.refund(orderID, "more", `{"amount":1}`)
@@ -405,7 +405,7 @@ func TestRefundFailedLaterGivesItsAmountBack(t *testing.T) {
 	changed, err := h.api.Refunds.PollPending(context.Background(), 0, 100)
 	require.NoError(t, err)
 	require.Equal(t, 1, changed)
-	v = h.order(orderID)
+	v = h.orderView(orderID)
 	require.Equal(t, "paid", v.Status)
 	require.EqualValues(t, 0, v.AmountRefunded)
 	require.Equal(t, refunds.StatusFailed, v.Refunds[0].Status)
@@ -415,7 +415,7 @@ func TestRefundFailedLaterGivesItsAmountBack(t *testing.T) {
 	again := decodeRefund(t, h.refund(orderID, "again", `{}`))
 	require.EqualValues(t, 5000, again.Amount)
 	require.Equal(t, refunds.StatusSucceeded, again.Status)
-	require.Equal(t, "refunded", h.order(orderID).Status)
+	require.Equal(t, "refunded", h.orderView(orderID).Status)
 	require.Len(t, h.stripeRefunds(pi), 2)
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.refunded'`, orderID), "only the succeeded refund is announced")
 }
@@ -437,7 +437,7 @@ func TestPendingRefundSucceedsByPolling(t *testing.T) {
 	st, err := h.api.Refunds.ApplyStripeRefund(context.Background(), refunds.StripeRefund{ID: *rf.StripeRefundID, Status: "pending"})
 	require.NoError(t, err)
 	require.False(t, st, "an older state changes nothing")
-	v := h.order(orderID)
+	v := h.orderView(orderID)
 	require.Equal(t, "partially_refunded", v.Status)
 	require.EqualValues(t, 500, v.AmountRefunded)
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.refunded'`, orderID))
@@ -470,5 +470,5 @@ func TestCompleterFinishesARefundWhoseRequestDied(t *testing.T) {
 	require.Equal(t, http.StatusCreated, late.status)
 	require.Equal(t, "true", late.header.Get(idempotency.ReplayedHeader))
 	require.Len(t, h.stripeRefunds(pi), 1)
-	require.EqualValues(t, 700, h.order(orderID).AmountRefunded)
+	require.EqualValues(t, 700, h.orderView(orderID).AmountRefunded)
 }

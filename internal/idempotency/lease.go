@@ -92,9 +92,26 @@ type cachedResponse struct {
 func leaseValue(owner, fingerprint string) string { return owner + " " + fingerprint }
 
 // Acquire returns the cached response of a finished key, or takes the lease
-// for owner for ttl (SET NX PX), or reports who holds it. An error means
-// Redis did not answer; DEDUP_FAILURE_MODE decides what happens then.
+// for owner for ttl (SET NX PX), or reports who holds it. A cached entry
+// that does not decode is treated as absent: it is deleted and the lease
+// taken, so that Postgres, the authority, answers. An error means Redis did
+// not answer; DEDUP_FAILURE_MODE decides what happens then.
 func (l *Leases) Acquire(ctx context.Context, s Scope, fingerprint, owner string, ttl time.Duration) (Acquisition, error) {
+	acq, err := l.acquire(ctx, s, fingerprint, owner, ttl)
+	if !errors.Is(err, errCorruptCache) {
+		return acq, err
+	}
+	_, respKey := l.keys(s)
+	if err := l.rdb.Del(ctx, respKey).Err(); err != nil {
+		return Acquisition{}, fmt.Errorf("redis acquire: delete corrupt cached response: %w", err)
+	}
+	return l.acquire(ctx, s, fingerprint, owner, ttl)
+}
+
+// errCorruptCache is a cached response that does not decode.
+var errCorruptCache = errors.New("corrupt cached response")
+
+func (l *Leases) acquire(ctx context.Context, s Scope, fingerprint, owner string, ttl time.Duration) (Acquisition, error) {
 	leaseKey, respKey := l.keys(s)
 	res, err := acquireScript.Run(ctx, l.rdb, []string{leaseKey, respKey},
 		leaseValue(owner, fingerprint), ttl.Milliseconds()).Slice()
@@ -110,8 +127,7 @@ func (l *Leases) Acquire(ctx context.Context, s Scope, fingerprint, owner string
 	case 1:
 		var c cachedResponse
 		if err := json.Unmarshal([]byte(value), &c); err != nil || c.Response == nil {
-			// A corrupt entry is treated as absent; Postgres answers.
-			return Acquisition{}, fmt.Errorf("redis acquire: decode cached response: %v", err)
+			return Acquisition{}, fmt.Errorf("redis acquire: %w: %v", errCorruptCache, err)
 		}
 		return Acquisition{Cached: c.Response, CachedFingerprint: c.Fingerprint}, nil
 	case 2:

@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -125,18 +126,37 @@ func (r *Request) Fail(w http.ResponseWriter, err error) bool {
 	return problem.Write(w, err)
 }
 
+// MiddlewareOption changes how Middleware admits a request.
+type MiddlewareOption func(*middlewareOptions)
+
+type middlewareOptions struct {
+	emptyBodyIsObject bool
+}
+
+// EmptyBodyIsObject admits an empty body as the JSON object {} (for routes
+// whose body is optional, such as POST /v1/orders/{id}/cancel) instead of
+// answering 400 malformed_json.
+func EmptyBodyIsObject(o *middlewareOptions) { o.emptyBodyIsObject = true }
+
 // Middleware guards route (the method and route template, e.g. "POST
-// /v1/checkouts"). It answers, in the contract's order and without storing
+// /v1/checkouts" or "POST /v1/orders/{id}/cancel": the key's scope). The
+// request's path takes part in its fingerprint when it is not the template
+// itself, so the same key sent for another order is 422, never that order's
+// replay. It answers, in the contract's order and without storing
 // anything: 415 unsupported_media_type, 413 payload_too_large, 400
 // idempotency_key_missing / idempotency_key_invalid, 400 malformed_json; then
 // from Redis: a cached replay, 422 idempotency_key_reused, 409
 // idempotency_key_in_use, or 503 unavailable when Redis fails in closed mode.
 // Otherwise it runs the handler on a context detached from the client, with
 // the leases extended until the handler returns.
-func (g *Gateway) Middleware(route string) gin.HandlerFunc {
+func (g *Gateway) Middleware(route string, opts ...MiddlewareOption) gin.HandlerFunc {
+	var o middlewareOptions
+	for _, f := range opts {
+		f(&o)
+	}
 	g.Metrics.expose(route)
 	return func(c *gin.Context) {
-		req, err := g.admit(c, route)
+		req, err := g.admit(c, route, o)
 		if err != nil {
 			g.reject(c, route, err)
 			return
@@ -249,7 +269,7 @@ func (g *Gateway) acquire(ctx context.Context, req *Request) (Acquisition, error
 }
 
 // admit runs the checks that need no state: media type, size, key, JSON.
-func (g *Gateway) admit(c *gin.Context, route string) (*Request, error) {
+func (g *Gateway) admit(c *gin.Context, route string, o middlewareOptions) (*Request, error) {
 	if err := checkContentType(c.Request.Header); err != nil {
 		return nil, err
 	}
@@ -265,22 +285,20 @@ func (g *Gateway) admit(c *gin.Context, route string) (*Request, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.emptyBodyIsObject && len(bytes.TrimSpace(body)) == 0 {
+		body = []byte("{}")
+	}
 	canonical, err := Canonicalize(body)
 	if err != nil {
 		return nil, err
 	}
-	// A route with path parameters (POST /v1/orders/{id}/refunds) is one
-	// scope for every value of them, so the values go into the
-	// fingerprint: the same key sent for another order is a different
-	// request (422), never a replay of the first order's answer. Routes
-	// without parameters keep the fingerprint they always had.
-	target := route
-	for _, p := range c.Params {
-		target += "\x00" + p.Key + "=" + p.Value
+	fpRoute := route
+	if _, tmpl, _ := strings.Cut(route, " "); tmpl != c.Request.URL.Path {
+		fpRoute = route + " " + c.Request.URL.Path
 	}
 	return &Request{
 		Scope:       Scope{Tenant: g.Tenant(c), Route: route, Key: key},
-		Fingerprint: fingerprint(c.Request.Method, target, canonical),
+		Fingerprint: fingerprint(c.Request.Method, fpRoute, canonical),
 		Owner:       NewOwnerToken(),
 		Body:        canonical,
 	}, nil
@@ -309,12 +327,27 @@ func (g *Gateway) reject(c *gin.Context, route string, err error) {
 // returned stop is called; stop waits for the keeper to end. A slow request
 // therefore never loses its key to a duplicate while it still runs.
 func (g *Gateway) keepLease(ctx context.Context, req *Request, redisHeld bool) (stop func()) {
+	return keepAlive(ctx, g.Config.Lease/3, func(ctx context.Context) {
+		if redisHeld {
+			if ok, err := g.Leases.Extend(ctx, req.Scope, req.Fingerprint, req.Owner, g.Config.Lease); err != nil {
+				g.Logger.WarnContext(ctx, "extend redis lease", "err", err)
+			} else if ok {
+				g.Metrics.extended("redis")
+			}
+		}
+		g.Store.extend(ctx, g.DB, req.Scope, req.Owner, g.Logger)
+	})
+}
+
+// keepAlive calls extend every interval until stop is called; stop waits
+// for the call in flight to end.
+func keepAlive(ctx context.Context, interval time.Duration, extend func(context.Context)) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		t := time.NewTicker(g.Config.Lease / 3)
+		t := time.NewTicker(interval)
 		defer t.Stop()
 		for {
 			select {
@@ -322,18 +355,7 @@ func (g *Gateway) keepLease(ctx context.Context, req *Request, redisHeld bool) (
 				return
 			case <-t.C:
 			}
-			if redisHeld {
-				if ok, err := g.Leases.Extend(ctx, req.Scope, req.Fingerprint, req.Owner, g.Config.Lease); err != nil {
-					g.Logger.WarnContext(ctx, "extend redis lease", "err", err)
-				} else if ok {
-					g.Metrics.extended("redis")
-				}
-			}
-			if ok, err := g.Store.Extend(ctx, g.DB, req.Scope, req.Owner); err != nil {
-				g.Logger.WarnContext(ctx, "extend postgres lease", "err", err)
-			} else if ok {
-				g.Metrics.extended("postgres")
-			}
+			extend(ctx)
 		}
 	}()
 	return func() {

@@ -60,6 +60,7 @@ func setupCompleter(t testing.TB) *completerEnv {
 	e.emu = stripeemu.New()
 	emuSrv := httptest.NewServer(e.emu)
 	t.Cleanup(emuSrv.Close)
+	t.Cleanup(e.emu.Close)
 	e.emuURL = emuSrv.URL
 
 	e.logger = telemetry.NewLogger(e.logs, slog.LevelDebug)
@@ -94,8 +95,12 @@ func (e *completerEnv) payments(reg prometheus.Registerer) *payments.Client {
 // (same database, same Stripe) and a completer over them.
 type worker struct {
 	completer *maintenance.Completer
+	svc       *checkout.Service
 	reg       *prometheus.Registry
 }
+
+// takeovers returns the registry the worker's key store counts takeovers on.
+func (e *completerEnv) takeovers(w *worker) *prometheus.Registry { return w.reg }
 
 func (e *completerEnv) worker(cfg maintenance.CompleterConfig, now func() time.Time) *worker {
 	e.t.Helper()
@@ -103,13 +108,13 @@ func (e *completerEnv) worker(cfg maintenance.CompleterConfig, now func() time.T
 		now = time.Now
 	}
 	reg := prometheus.NewRegistry()
-	store := &idempotency.Store{Lease: 5 * time.Second, TTL: 24 * time.Hour, Now: now}
+	store := &idempotency.Store{Lease: 5 * time.Second, TTL: 24 * time.Hour, Now: now, Metrics: idempotency.NewMetrics(reg)}
 	svc := &checkout.Service{DB: e.db, Keys: store, Payments: e.payments(reg),
 		Logger: e.logger.With("process", "worker"), Now: now}
 	cfg.Logger, cfg.Registerer = e.logger.With("process", "worker"), reg
 	c, err := maintenance.NewCompleter(e.db, store, svc, cfg)
 	require.NoError(e.t, err)
-	return &worker{completer: c, reg: reg}
+	return &worker{completer: c, svc: svc, reg: reg}
 }
 
 type reply struct {
@@ -136,10 +141,10 @@ func (e *completerEnv) checkout(key, body string) reply {
 
 // stuck leaves each key as a process that died after transaction 1 would:
 // the order created, Stripe never reached (it answered 502 to every
-// attempt), the lease held by a dead owner and expired a minute ago.
+// attempt, 503), the lease held by a dead owner and expired a minute ago.
 func (e *completerEnv) stuck(body string, keys ...string) {
 	e.t.Helper()
-	require.NoError(e.t, e.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultFail, Status: http.StatusBadGateway}))
+	require.NoError(e.t, e.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultFail, Status: http.StatusServiceUnavailable}))
 	for _, k := range keys {
 		r := e.checkout(k, body)
 		require.Equal(e.t, http.StatusBadGateway, r.status, "%s", r.body)
@@ -177,8 +182,16 @@ func (e *completerEnv) state(key string) keyState {
 	return s
 }
 
-func (e *completerEnv) charges(key string, s keyState) int {
-	return e.emu.Created(checkout.StepKey("acme", key, s.OrderID, checkout.StepPaymentIntent))
+// charges returns how many PaymentIntents the key's order has at Stripe
+// (the emulator's own state), whatever their status.
+func (e *completerEnv) charges(_ string, s keyState) int {
+	n := 0
+	for _, pi := range e.emu.PaymentIntents() {
+		if pi.Metadata["order_id"] == s.OrderID {
+			n++
+		}
+	}
+	return n
 }
 
 func (e *completerEnv) stock(sku string) int64 {
@@ -376,6 +389,37 @@ func TestTwoCompletersConcurrently(t *testing.T) {
 	}
 	require.EqualValues(t, len(keys), completed, "each key completed by exactly one worker")
 	require.EqualValues(t, 0, failed)
+}
+
+// TestCompleterLeavesOtherRoutes: a key of a route the checkout service
+// does not run (here a made-up one) is not taken over, even for a moment:
+// its row, lease owner included, is left exactly as it was.
+func TestCompleterLeavesOtherRoutes(t *testing.T) {
+	t.Parallel()
+	e := setupCompleter(t)
+	expired := time.Now().Add(-time.Hour).UTC().Truncate(time.Microsecond)
+	var id int64
+	require.NoError(t, e.db.Raw(`
+		INSERT INTO idempotency_keys (tenant_id, route, key, fingerprint, recovery_point,
+		  lease_owner, lease_expires_at, created_at, updated_at, expires_at)
+		VALUES ('acme', 'POST /v1/somewhere/else', 'other-1', 'fp', 'started', 'dead', ?, ?, ?, ?)
+		RETURNING id`, expired, expired, expired, time.Now().Add(time.Hour)).Scan(&id).Error)
+
+	w := e.worker(maintenance.CompleterConfig{}, nil)
+	round, err := w.completer.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, maintenance.Round{Skipped: 1}, round)
+
+	var row struct {
+		LeaseOwner     string
+		LeaseExpiresAt time.Time
+		UpdatedAt      time.Time
+	}
+	require.NoError(t, e.db.Raw(`SELECT lease_owner, lease_expires_at, updated_at FROM idempotency_keys WHERE id = ?`, id).Scan(&row).Error)
+	require.Equal(t, "dead", row.LeaseOwner, "not taken over")
+	require.True(t, expired.Equal(row.LeaseExpiresAt), "lease untouched: %s", row.LeaseExpiresAt)
+	require.True(t, expired.Equal(row.UpdatedAt), "row untouched: %s", row.UpdatedAt)
+	require.EqualValues(t, 0, metric(t, e.takeovers(w), "checkout_idempotency_takeovers_total"))
 }
 
 // fakeCompleter answers Complete from a table, finishing the keys it

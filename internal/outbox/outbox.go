@@ -29,8 +29,8 @@ const (
 	// TypeOrderRefunded is published once per succeeded refund; its data is
 	// the refund.
 	TypeOrderRefunded = "order.refunded"
-	// TypeOrderCanceled is published when an order in requires_action is
-	// canceled.
+	// TypeOrderCanceled: an order in requires_action was canceled (POST
+	// /v1/orders/{id}/cancel); its PaymentIntent is canceled at Stripe.
 	TypeOrderCanceled = "order.canceled"
 )
 

@@ -21,6 +21,7 @@ import (
 	"github.com/stripe/stripe-go/v76"
 	"github.com/stripe/stripe-go/v76/client"
 
+	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/payments/stripeemu"
 )
@@ -50,20 +51,41 @@ func runContract(t *testing.T, base string) {
 	client := payments.NewClient(payments.Config{APIBase: base, SecretKey: "sk_test_123",
 		Timeout: 5 * time.Second, MaxElapsed: 5 * time.Second}, nil, nil)
 
-	t.Run("charge accepted with payment intent", func(t *testing.T) {
+	t.Run("create and confirm accepted", func(t *testing.T) {
 		t.Parallel()
-		req := chargeReq(t, "pm_card_visa")
-		res, err := client.Charge(t.Context(), req)
-		require.NoError(t, err, "the request shape Charge sends must be accepted")
-		require.Regexp(t, `^pi_`, res.PaymentIntentID)
-		require.False(t, res.Declined)
-		require.NotEmpty(t, res.Status)
+		req := createReq(t, "pm_card_visa")
+		pi, err := client.CreatePaymentIntent(t.Context(), req)
+		require.NoError(t, err, "the create request shape must be accepted")
+		require.Regexp(t, `^pi_`, pi.ID)
+		require.NotEmpty(t, pi.Status)
 
-		again, err := client.Charge(t.Context(), req)
+		again, err := client.CreatePaymentIntent(t.Context(), req)
 		require.NoError(t, err, "the same call with the same key is accepted again")
-		require.Regexp(t, `^pi_`, again.PaymentIntentID)
+		require.Regexp(t, `^pi_`, again.ID)
 
-		r := rawRequest(t, base, http.MethodGet, "/v1/payment_intents/"+res.PaymentIntentID, "sk_test_123", "")
+		got, err := client.ConfirmPaymentIntent(t.Context(), checkout.ConfirmIntentRequest{
+			IdempotencyKey: checkout.StepKey("ord_"+t.Name(), checkout.StepConfirm, 1), PaymentIntentID: pi.ID})
+		require.NoError(t, err, "the confirm request shape must be accepted")
+		require.Regexp(t, `^pi_`, got.ID)
+
+		read, err := client.RetrievePaymentIntent(t.Context(), pi.ID)
+		require.NoError(t, err, "the retrieve request shape must be accepted")
+		require.Regexp(t, `^pi_`, read.ID)
+
+		orphan, err := client.CreatePaymentIntent(t.Context(), checkout.CreateIntentRequest{
+			IdempotencyKey: checkout.StepKey("ord_"+t.Name(), checkout.StepCreate, 2), Amount: 2500, Currency: "usd",
+			PaymentMethod: "pm_card_visa", OrderID: "ord_1", TenantID: "acme"})
+		require.NoError(t, err)
+		canceled, err := client.CancelPaymentIntent(t.Context(), checkout.CancelIntentRequest{
+			IdempotencyKey:  checkout.StepKey("ord_"+t.Name(), checkout.StepCancel, 1),
+			PaymentIntentID: orphan.ID, Reason: checkout.CancelDuplicate})
+		require.NoError(t, err, "the cancel request shape must be accepted")
+		require.Regexp(t, `^pi_`, canceled.ID)
+
+		_, err = client.SearchPaymentIntents(t.Context(), "ord_1")
+		require.NoError(t, err, "the search request shape must be accepted")
+
+		r := rawRequest(t, base, http.MethodGet, "/v1/payment_intents/"+pi.ID, "sk_test_123", "")
 		require.Equal(t, http.StatusOK, r.status, string(r.body))
 		require.Equal(t, "payment_intent", r.object())
 	})

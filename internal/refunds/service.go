@@ -120,12 +120,9 @@ func (s *Service) Complete(ctx context.Context, keyID int64) (bool, error) {
 		rf    *refundRow
 	)
 	err := postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
-		c, err := s.Keys.TakeOver(ctx, tx, keyID, idempotency.NewOwnerToken())
+		c, err := s.Keys.TakeOver(ctx, tx, keyID, idempotency.NewOwnerToken(), Route)
 		if err != nil || c == nil {
 			return err
-		}
-		if c.Scope.Route != Route {
-			return errors.New("not a refund key") // roll the takeover back
 		}
 		claim = c
 		rf, err = refundOfKey(ctx, tx, c.ID)
@@ -134,6 +131,8 @@ func (s *Service) Complete(ctx context.Context, keyID int64) (bool, error) {
 	if err != nil || claim == nil {
 		return false, err
 	}
+	stop := s.Keys.KeepLease(ctx, s.DB, claim.Scope, claim.Owner, s.Logger)
+	defer stop()
 	s.Logger.InfoContext(ctx, "completing refund after an expired lease", "refund_id", rf.ID, "order_id", rf.OrderID)
 	if _, err := s.run(ctx, claim, rf); err != nil {
 		return false, err

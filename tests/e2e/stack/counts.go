@@ -60,18 +60,68 @@ func (s *Stack) Stats() stripeemu.Stats {
 	return st
 }
 
-// Charges returns how many PaymentIntents the emulator created with the
-// Stripe idempotency key of the checkout (Tenant, key) whose order is
-// orderID (checkout.StepKey).
-func (s *Stack) Charges(key, orderID string) int {
-	s.t.Helper()
-	return s.Stats().CreatedByKey[StepKey(key, orderID)]
+// PaymentIntent is what the invariant checks read of one PaymentIntent in
+// the emulator's state (GET /_emulator/state): Stripe's JSON, in part.
+type PaymentIntent struct {
+	ID       string            `json:"id"`
+	Status   string            `json:"status"`
+	Amount   int64             `json:"amount"`
+	Metadata map[string]string `json:"metadata"`
+	Created  int64             `json:"created"`
 }
 
-// StepKey is the Stripe idempotency key of the checkout (Tenant, key,
-// orderID).
-func StepKey(key, orderID string) string {
-	return checkout.StepKey(Tenant, key, orderID, checkout.StepPaymentIntent)
+// PaymentIntents returns every PaymentIntent the emulator holds, with its
+// metadata, not lagged like search (GET /_emulator/state).
+func (s *Stack) PaymentIntents() []PaymentIntent {
+	s.t.Helper()
+	var st struct {
+		PaymentIntents []PaymentIntent `json:"payment_intents"`
+	}
+	s.getJSON(s.EmulatorURL+"/_emulator/state", &st)
+	return st.PaymentIntents
+}
+
+// IntentsByOrder groups pis by metadata[order_id].
+func IntentsByOrder(pis []PaymentIntent) map[string][]PaymentIntent {
+	m := map[string][]PaymentIntent{}
+	for _, pi := range pis {
+		m[pi.Metadata["order_id"]] = append(m[pi.Metadata["order_id"]], pi)
+	}
+	return m
+}
+
+// MoneyMoving counts the PaymentIntents of pis that moved or are moving
+// money (succeeded, processing, requires_capture): at most one per order.
+func MoneyMoving(pis []PaymentIntent) int {
+	n := 0
+	for _, pi := range pis {
+		if checkout.MovesMoney(pi.Status) {
+			n++
+		}
+	}
+	return n
+}
+
+// Charges returns how many PaymentIntents of order orderID (by their
+// metadata) move money at the emulator; the checkout's key is not needed
+// any more (the Stripe keys derive from the order), and is kept for the
+// callers' readability.
+func (s *Stack) Charges(_, orderID string) int {
+	s.t.Helper()
+	return MoneyMoving(IntentsByOrder(s.PaymentIntents())[orderID])
+}
+
+// Intents returns how many PaymentIntents order orderID has at the
+// emulator, whatever their status.
+func (s *Stack) Intents(orderID string) int {
+	s.t.Helper()
+	return len(IntentsByOrder(s.PaymentIntents())[orderID])
+}
+
+// StepKey is the Stripe idempotency key of attempt 1 of step of order
+// orderID (checkout.StepKey).
+func StepKey(orderID, step string) string {
+	return checkout.StepKey(orderID, step, 1)
 }
 
 // Messages returns the emails the SMTP sink accepted.
