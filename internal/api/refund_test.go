@@ -472,3 +472,41 @@ func TestCompleterFinishesARefundWhoseRequestDied(t *testing.T) {
 	require.Len(t, h.stripeRefunds(pi), 1)
 	require.EqualValues(t, 700, h.orderView(orderID).AmountRefunded)
 }
+
+// TestApplyStripeRefundMovesOnlyForward: the function the webhook handler
+// calls, in its own transaction. An older state changes nothing, another
+// account's refund is ErrNotOurs, and a refund Stripe fails after it had
+// succeeded gives its amount back without moving the order's status back;
+// a new refund can then take the whole amount again.
+func TestApplyStripeRefundMovesOnlyForward(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	orderID, _ := h.paidOrder()
+	rf := decodeRefund(t, h.refund(orderID, "a", `{"amount":1000}`))
+	ctx := context.Background()
+
+	changed, err := h.api.Refunds.ApplyStripeRefund(ctx, refunds.StripeRefund{ID: *rf.StripeRefundID, Status: "pending"})
+	require.NoError(t, err)
+	require.False(t, changed)
+	_, err = h.api.Refunds.ApplyStripeRefund(ctx, refunds.StripeRefund{ID: "re_someone_else", Status: "succeeded"})
+	require.ErrorIs(t, err, refunds.ErrNotOurs)
+
+	failed, err := h.emu.FailRefund(*rf.StripeRefundID, "")
+	require.NoError(t, err)
+	var st struct {
+		Status        string `json:"status"`
+		FailureReason string `json:"failure_reason"`
+	}
+	require.NoError(t, json.Unmarshal(failed, &st))
+	changed, err = h.api.Refunds.ApplyStripeRefund(ctx, refunds.StripeRefund{ID: *rf.StripeRefundID, Status: st.Status, FailureReason: st.FailureReason})
+	require.NoError(t, err)
+	require.True(t, changed)
+	v := h.orderView(orderID)
+	require.Equal(t, "partially_refunded", v.Status, "no transition goes back")
+	require.EqualValues(t, 0, v.AmountRefunded)
+	require.Equal(t, refunds.StatusFailed, v.Refunds[0].Status)
+
+	all := decodeRefund(t, h.refund(orderID, "b", `{}`))
+	require.EqualValues(t, 5000, all.Amount)
+	require.Equal(t, "refunded", h.orderView(orderID).Status)
+}

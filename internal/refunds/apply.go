@@ -19,6 +19,11 @@ import (
 // operators must look (the log names both).
 var ErrDuplicateAtStripe = errors.New("a second Stripe refund for one of our refunds")
 
+// ErrNotOurs is returned by Apply for a Stripe refund that is none of ours
+// (neither its id nor its metadata[refund_id] names one of our refunds):
+// nothing changes; a webhook handler answers 200 and ignores it.
+var ErrNotOurs = errors.New("not one of our refunds")
+
 // ourStatus maps Stripe's refund status
 // (https://docs.stripe.com/api/refunds/object#refund_object-status) to ours:
 // pending and requires_action are pending, canceled is failed.
@@ -37,8 +42,8 @@ func ourStatus(stripeStatus string) string {
 // in the same one, and the API and the reconciler call it from theirs.
 //
 // It finds our refund by Stripe's id, else by metadata[refund_id] (and then
-// records Stripe's id on it). A refund that is not ours is ignored: (false,
-// nil). It locks the order row, then the refund's, and moves the refund
+// records Stripe's id on it); for a refund that is not ours it returns
+// ErrNotOurs and changes nothing. It locks the order row, then the refund's, and moves the refund
 // only forward: pending to succeeded (the order's amount_refunded grows,
 // its status becomes partially_refunded or refunded, and order.refunded is
 // added to the outbox, once, with the refund as its data), pending to
@@ -68,7 +73,7 @@ func Apply(ctx context.Context, tx *gorm.DB, st StripeRefund, now time.Time) (ch
 		}
 	}
 	if len(ids) == 0 {
-		return false, nil // not ours
+		return false, fmt.Errorf("stripe refund %s: %w", st.ID, ErrNotOurs)
 	}
 	// Lock order: the order, then the refund, as every writer does.
 	o, err := lockOrder(ctx, tx, "", ids[0].OrderID)
@@ -147,6 +152,13 @@ func Apply(ctx context.Context, tx *gorm.DB, st StripeRefund, now time.Time) (ch
 		}
 	}
 	return true, nil
+}
+
+// ApplyRefund is Apply inside the caller's tx with the Service's clock: the
+// form the webhook handler calls, recording the event in its inbox in the
+// same transaction.
+func (s *Service) ApplyRefund(ctx context.Context, tx *gorm.DB, st StripeRefund) (changed bool, err error) {
+	return Apply(ctx, tx, st, s.now())
 }
 
 // ApplyStripeRefund is Apply in its own transaction.
