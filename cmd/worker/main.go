@@ -199,6 +199,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	reconciler, err := maintenance.NewReconciler(db, svc, maintenance.ReconcilerConfig{
 		Interval:     s.ReconcilerInterval,
 		OrderTimeout: s.WorkTimeout,
+		Grace:        s.IdempotencyLease,
 		Logger:       logger.With("loop", "reconciler"),
 		Registerer:   reg,
 	})

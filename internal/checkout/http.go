@@ -165,6 +165,13 @@ func responseForError(e *Error) *idempotency.Response {
 	return idempotency.ProblemResponse(problem.From(problemFor(e)))
 }
 
+// notCancelable is the stored 409 of a cancellation of order o, which is not
+// in requires_action.
+func notCancelable(o *Order) *idempotency.Response {
+	return responseForError(&Error{Code: CodeNotCancelable,
+		Detail: fmt.Sprintf("The order is %s; only an order in requires_action can be canceled.", o.Status)})
+}
+
 // responseFor returns the response a key of route is finished with, given
 // its order's state, or nil when the order is not settled for that route
 // yet.
@@ -189,8 +196,7 @@ func responseFor(route string, o *Order) *idempotency.Response {
 		case StatusRequiresAction:
 			return nil
 		}
-		return responseForError(&Error{Code: CodeNotCancelable,
-			Detail: fmt.Sprintf("The order is %s; only an order in requires_action can be canceled.", o.Status)})
+		return notCancelable(o)
 	}
 	switch o.Status {
 	case StatusPaid:

@@ -61,7 +61,7 @@ func (s *Service) CancelOrder(ctx context.Context, cmd CancelCommand) (resp *ide
 			return err
 		}
 		if order.Status != StatusRequiresAction {
-			final = responseFor(CancelRoute, order)
+			final = notCancelable(order)
 			return s.Keys.Finish(ctx, tx, c, final)
 		}
 		return s.Keys.Advance(ctx, tx, c, RecoveryPointCancelRequested, order.ID)

@@ -42,6 +42,10 @@ type ReconcilerConfig struct {
 	// OrderTimeout bounds one order's reconciliation (default 30s), on a
 	// context detached from Run's.
 	OrderTimeout time.Duration
+	// Grace is how long after a key's lease expired the reconciler leaves
+	// an order with an unknown payment to the client's own retry (default
+	// 30s; cmd/worker passes IDEMPOTENCY_LEASE, as for the completer).
+	Grace time.Duration
 	// Logger receives a line per changed or failed order (default: discard).
 	Logger *slog.Logger
 	// Registerer receives the metrics (nil: not registered).
@@ -52,9 +56,11 @@ type ReconcilerConfig struct {
 
 // Reconciler settles, each round: orders in requires_action (their
 // PaymentIntent polled at Stripe, canceled after PAYMENT_ACTION_TIMEOUT),
-// and orders in payment_unknown or pending_payment whose last payment
-// attempt was indeterminate or unanswered and whose key's lease has expired
-// (resumed through Complete). Create it with NewReconciler.
+// and orders in payment_unknown, or pending_payment whose last payment
+// attempt was indeterminate (a stored 500), whose key's lease expired more
+// than Grace ago (resumed through Complete, the saga the API runs). Keys
+// whose process died mid-step are the completer's. Create it with
+// NewReconciler.
 type Reconciler struct {
 	db     *gorm.DB
 	svc    OrderReconciler
@@ -90,6 +96,9 @@ func NewReconciler(db *gorm.DB, svc OrderReconciler, cfg ReconcilerConfig) (*Rec
 	}
 	if cfg.OrderTimeout <= 0 {
 		cfg.OrderTimeout = 30 * time.Second
+	}
+	if cfg.Grace <= 0 {
+		cfg.Grace = 30 * time.Second
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -169,11 +178,11 @@ func (r *Reconciler) RunOnce(ctx context.Context) (ReconcileRound, error) {
 		WHERE o.status IN ('payment_unknown', 'pending_payment')
 		  AND k.recovery_point <> ? AND k.lease_expires_at < ?
 		  AND (o.status = 'payment_unknown' OR (
-		      SELECT coalesce(a.outcome, 'unanswered') FROM payment_attempts a
+		      SELECT a.outcome FROM payment_attempts a
 		      WHERE a.order_id = o.id AND a.step IN ('create', 'confirm')
-		      ORDER BY a.updated_at DESC, a.id DESC LIMIT 1) IN ('indeterminate', 'unanswered'))
+		      ORDER BY a.updated_at DESC, a.id DESC LIMIT 1) = 'indeterminate')
 		ORDER BY k.lease_expires_at LIMIT ?`,
-		idempotency.RecoveryPointFinished, r.cfg.Now(), r.cfg.BatchSize).Scan(&keys).Error
+		idempotency.RecoveryPointFinished, r.cfg.Now().Add(-r.cfg.Grace), r.cfg.BatchSize).Scan(&keys).Error
 	if err != nil {
 		return round, fmt.Errorf("list orders with an unknown payment: %w", err)
 	}

@@ -2,12 +2,15 @@
 // tests/e2e/stack) from concurrent clients while it injects faults at
 // random: Stripe failures, delays and dropped answers, gateway 504s, SIGKILL
 // and restart of the api, the dispatcher and the worker, and cut or stalled
-// connections to Postgres, Redis and RabbitMQ. Then it turns the faults off,
-// lets every client retry its key until it gets a final answer, waits for
-// the outbox and the notifications to drain, and checks every invariant:
-// one charge per key, one order per key, one email per paid order, every
-// 201 a client saw is a paid order, no key left unfinished, no outbox row
-// unpublished. It prints a table and, as its last line,
+// connections to Postgres, Redis and RabbitMQ, and Stripe's own semantics:
+// 500s stored under the idempotency key (replayed to every retry), some of
+// them rolled forward (executed anyway). Then it turns the faults off, lets
+// every client retry its key until it gets a final answer, waits for the
+// outbox and the notifications to drain, and checks every invariant: at
+// most one money-moving PaymentIntent per order (read from the emulator's
+// own state), the order's status equal to Stripe's, one order per key, one
+// email per paid order, every 201 a client saw is a paid order, no key left
+// unfinished, no outbox row unpublished. It prints a table and, as its last line,
 // "chaos: R requests, F faults, V violations", and exits 1 on a violation.
 //
 //	go run ./tests/chaos -n 2000
@@ -265,7 +268,7 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 	}
 	for started.Load() < int64(n) && ctx.Err() == nil {
 		time.Sleep(time.Duration(200+rng.IntN(500)) * time.Millisecond)
-		switch k := rng.IntN(13); k {
+		switch k := rng.IntN(15); k {
 		case 0:
 			s.Fault(stripeemu.Fault{Kind: stripeemu.FaultFail, Count: 1 + rng.IntN(3), Status: []int{500, 503, 429}[rng.IntN(3)]})
 			faults.add("stripe 5xx/429", 1)
@@ -316,6 +319,19 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 			faults.add("gateway timeout spike", 1)
 			time.Sleep(time.Duration(100+rng.IntN(200)) * time.Millisecond)
 			s.Gateway.SetTimeout(1500 * time.Millisecond)
+		case 11:
+			// Stripe stores a 500 under the key: resending it can never
+			// succeed; the saga reconciles (search, GET) instead.
+			op := []string{stripeemu.OpPICreate, stripeemu.OpPIConfirm}[rng.IntN(2)]
+			s.Fault(stripeemu.Fault{Kind: stripeemu.FaultStored500, Op: op, Count: 1 + rng.IntN(2)})
+			faults.add("stripe stored 500 ("+op+")", 1)
+		case 12:
+			// ... and executes the request anyway (remediation rolls it
+			// forward): the object exists though the answer was a 500.
+			op := []string{stripeemu.OpPICreate, stripeemu.OpPIConfirm}[rng.IntN(2)]
+			s.Fault(stripeemu.Fault{Kind: stripeemu.FaultStored500, Op: op, Count: 1 + rng.IntN(2),
+				RollForward: stripeemu.RollForwardAfter(time.Duration(rng.IntN(200)) * time.Millisecond)})
+			faults.add("stripe stored 500 rolled forward ("+op+")", 1)
 		default:
 			// Quiet period.
 		}
@@ -339,7 +355,7 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 	apiLayers()
 	workerLayer()
 
-	violations, resends := check(s, keys, quiesceErr)
+	violations, resends, canceledOrphans := check(s, keys, quiesceErr)
 	stats := s.Stats()
 	stripeReplays := 0
 	stripe409 := 0
@@ -361,7 +377,7 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 	fmt.Fprintf(w, "orders\t%d (paid %d, payment_failed %d)\n", s.Orders(),
 		s.Count(`SELECT count(*) FROM orders WHERE status = 'paid'`),
 		s.Count(`SELECT count(*) FROM orders WHERE status = 'payment_failed'`))
-	fmt.Fprintf(w, "PaymentIntents created\t%d\n", stats.PaymentIntentsCreated)
+	fmt.Fprintf(w, "PaymentIntents created\t%d (canceled orphans %d)\n", stats.PaymentIntentsCreated, canceledOrphans)
 	fmt.Fprintf(w, "emails\t%d\n", len(s.Messages()))
 	fmt.Fprintf(w, "gateway 504s\t%d\n", s.Gateway.Timeouts())
 	fmt.Fprintf(w, "duration\t%s\n", time.Since(start).Round(time.Second))
@@ -432,10 +448,11 @@ type violation struct {
 // message again after its claim expires. That is the at-least-once half of
 // the sender, made harmless by the deterministic Message-ID that receivers
 // deduplicate on; it is reported, not counted as a violation.
-func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*violation, resends []string) {
+func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*violation, resends []string, canceledOrphans int) {
 	inv := func(name string) *violation { return &violation{name: name} }
 	var (
-		oneCharge   = inv("one charge per key")
+		oneCharge   = inv("at most one money-moving PaymentIntent per order")
+		asStripe    = inv("order status equals Stripe's")
 		oneOrder    = inv("one order per key")
 		oneEmail    = inv("one email per paid order")
 		seen201     = inv("every 201 seen is a paid order")
@@ -447,8 +464,8 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*vi
 	if quiesceErr != nil {
 		quiet.examples = append(quiet.examples, quiesceErr.Error())
 	}
-	stats := s.Stats()
 	msgs := s.Messages()
+	byOrder := stack.IntentsByOrder(s.PaymentIntents())
 
 	type keyRow struct{ recoveryPoint, orderID, orderStatus, pi string }
 	rows := map[string]keyRow{}
@@ -493,8 +510,23 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*vi
 		if row.orderID == "" {
 			continue
 		}
-		if n := stats.CreatedByKey[stack.StepKey(k.key, row.orderID)]; n != 1 {
-			oneCharge.examples = append(oneCharge.examples, fmt.Sprintf("%s: %d PaymentIntents", k.key, n))
+		pis := byOrder[row.orderID]
+		if n := stack.MoneyMoving(pis); n > 1 {
+			oneCharge.examples = append(oneCharge.examples, fmt.Sprintf("%s: order %s has %d money-moving PaymentIntents", k.key, row.orderID, n))
+		}
+		var mine *stack.PaymentIntent
+		for i := range pis {
+			if pis[i].ID == row.pi {
+				mine = &pis[i]
+			} else if pis[i].Status == "canceled" {
+				canceledOrphans++
+			}
+		}
+		switch {
+		case row.orderStatus == "paid" && (mine == nil || mine.Status != "succeeded"):
+			asStripe.examples = append(asStripe.examples, fmt.Sprintf("%s: order %s paid, its PaymentIntent %v", k.key, row.orderID, mine))
+		case row.orderStatus != "paid" && stack.MoneyMoving(pis) > 0:
+			asStripe.examples = append(asStripe.examples, fmt.Sprintf("%s: order %s is %s but money moved", k.key, row.orderID, row.orderStatus))
 		}
 		if row.orderStatus == "paid" {
 			ids := stack.MessageIDsFor(msgs, row.orderID)
@@ -508,10 +540,10 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*vi
 			}
 		}
 	}
-	// Charges and orders nobody's key accounts for.
-	for sk, n := range stats.CreatedByKey {
-		if n > 1 {
-			oneCharge.examples = append(oneCharge.examples, fmt.Sprintf("Stripe key %s…: %d PaymentIntents", sk[:12], n))
+	// Money nobody's order accounts for.
+	for orderID, pis := range byOrder {
+		if n := stack.MoneyMoving(pis); n > 1 && orderID != "" {
+			oneCharge.examples = append(oneCharge.examples, fmt.Sprintf("order %s: %d money-moving PaymentIntents", orderID, n))
 		}
 	}
 	if n := s.Count(`SELECT count(*) FROM orders o WHERE NOT EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.order_id = o.id)`); n > 0 {
@@ -519,9 +551,6 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*vi
 	}
 	if n := s.Count(`SELECT count(*) FROM (SELECT order_id FROM idempotency_keys WHERE order_id IS NOT NULL GROUP BY order_id HAVING count(*) > 1) d`); n > 0 {
 		oneOrder.examples = append(oneOrder.examples, fmt.Sprintf("%d orders shared by keys", n))
-	}
-	if withPI := s.Count(`SELECT count(*) FROM orders WHERE payment_intent_id IS NOT NULL`); withPI != stats.PaymentIntentsCreated {
-		oneCharge.examples = append(oneCharge.examples, fmt.Sprintf("%d PaymentIntents for %d settled orders", stats.PaymentIntentsCreated, withPI))
 	}
 	if paid := s.Count(`SELECT count(*) FROM orders WHERE status = 'paid'`); len(msgs)-len(resends) != paid {
 		oneEmail.examples = append(oneEmail.examples, fmt.Sprintf("%d emails (%d resends) for %d paid orders", len(msgs), len(resends), paid))
@@ -532,5 +561,5 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*vi
 	if n := s.Unpublished(); n > 0 {
 		unpublished.examples = append(unpublished.examples, fmt.Sprintf("%d rows", n))
 	}
-	return []*violation{oneCharge, oneOrder, oneEmail, seen201, sameAnswer, finished, unpublished, quiet}, resends
+	return []*violation{oneCharge, asStripe, oneOrder, oneEmail, seen201, sameAnswer, finished, unpublished, quiet}, resends, canceledOrphans
 }

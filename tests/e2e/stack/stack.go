@@ -93,6 +93,10 @@ type Options struct {
 	// StripeTimeout and StripeMaxElapsed are STRIPE_TIMEOUT and
 	// STRIPE_MAX_ELAPSED.
 	StripeTimeout, StripeMaxElapsed time.Duration
+	// SearchLag is the emulator's STRIPE_EMULATOR_SEARCH_LAG and the api's
+	// and worker's STRIPE_SEARCH_SETTLE (default 300ms: the saga trusts a
+	// search only once the index has caught up).
+	SearchLag time.Duration
 	// DedupFailureMode is DEDUP_FAILURE_MODE ("closed" by default).
 	DedupFailureMode string
 	// RedisAddr is the Redis the api's proxy forwards to; empty means the
@@ -259,8 +263,19 @@ func start(t TB, opts Options) (*Stack, error) {
 		"STRIPE_API_BASE=" + s.EmulatorURL,
 		"DATABASE_MAX_CONNS=30",
 	}
-	for k, v := range map[string]time.Duration{"IDEMPOTENCY_LEASE": opts.Lease, "IDEMPOTENCY_TTL": opts.TTL,
-		"STRIPE_TIMEOUT": opts.StripeTimeout, "STRIPE_MAX_ELAPSED": opts.StripeMaxElapsed} {
+	if opts.SearchLag <= 0 {
+		opts.SearchLag = 300 * time.Millisecond
+	}
+	// The api and the worker run the same payment saga: same Stripe
+	// timeouts, same search settle delay (the emulator's search lag).
+	stripeEnv := []string{"STRIPE_SEARCH_SETTLE=" + opts.SearchLag.String()}
+	for k, v := range map[string]time.Duration{"STRIPE_TIMEOUT": opts.StripeTimeout, "STRIPE_MAX_ELAPSED": opts.StripeMaxElapsed} {
+		if v > 0 {
+			stripeEnv = append(stripeEnv, k+"="+v.String())
+		}
+	}
+	apiEnv = append(apiEnv, stripeEnv...)
+	for k, v := range map[string]time.Duration{"IDEMPOTENCY_LEASE": opts.Lease, "IDEMPOTENCY_TTL": opts.TTL} {
 		if v > 0 {
 			apiEnv = append(apiEnv, k+"="+v.String())
 		}
@@ -271,7 +286,7 @@ func start(t TB, opts Options) (*Stack, error) {
 	topology := []string{"AMQP_EXCHANGE=" + s.Names.Exchange, "NOTIFY_QUEUE=" + s.Names.NotifyQueue}
 
 	s.Emulator = newProcess("stripe-emulator", opts.BinDir, opts.LogDir, s.EmulatorURL+"/healthz",
-		env("stripe-emulator", "STRIPE_EMULATOR_ADDR="+ports["emulator"]))
+		env("stripe-emulator", "STRIPE_EMULATOR_ADDR="+ports["emulator"], "STRIPE_EMULATOR_SEARCH_LAG="+opts.SearchLag.String()))
 	s.Sink = newProcess("smtp-sink", opts.BinDir, opts.LogDir, s.SinkURL+"/messages",
 		env("smtp-sink", "SMTP_SINK_ADDR="+ports["smtp"], "SMTP_SINK_HTTP_ADDR="+ports["sink"]))
 	s.API = newProcess("api", opts.BinDir, opts.LogDir, s.APIURL+"/readyz", env("api", apiEnv...))
@@ -282,7 +297,8 @@ func start(t TB, opts Options) (*Stack, error) {
 	// this stack's emulator, with the api's lease and TTL.
 	workerEnv := []string{"DATABASE_URL=" + pgVia(s.PGWorker), "AMQP_URL=" + amqpVia(s.AMQPWorker),
 		"METRICS_ADDR=" + ports["worker"], "SMTP_ADDR=" + ports["smtp"], "NOTIFY_SWEEP_INTERVAL=200ms",
-		"STRIPE_API_BASE=" + s.EmulatorURL}
+		"STRIPE_API_BASE=" + s.EmulatorURL, "RECONCILER_INTERVAL=300ms"}
+	workerEnv = append(workerEnv, stripeEnv...)
 	for k, v := range map[string]time.Duration{"IDEMPOTENCY_LEASE": opts.Lease, "IDEMPOTENCY_TTL": opts.TTL} {
 		if v > 0 {
 			workerEnv = append(workerEnv, k+"="+v.String())
