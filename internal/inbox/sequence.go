@@ -100,10 +100,8 @@ func ReleaseOverdue(ctx context.Context, tx *gorm.DB, consumer string, wait time
 		return nil, 0, fmt.Errorf("inbox: list overdue parked events: %w", err)
 	}
 	for _, agg := range aggregates {
-		if err := tx.Exec(`INSERT INTO inbox_sequences (consumer, aggregate_id, applied_seq)
-			VALUES (?, ?, 0) ON CONFLICT DO NOTHING`, consumer, agg).Error; err != nil {
-			return nil, 0, fmt.Errorf("inbox: cursor of %s: %w", agg, err)
-		}
+		// The cursor exists: Admit writes it in the transaction that parks,
+		// and the reaper keeps cursors that have parked events.
 		var applied []int64
 		if err := tx.Raw(`SELECT applied_seq FROM inbox_sequences WHERE consumer = ? AND aggregate_id = ?
 			FOR UPDATE SKIP LOCKED`, consumer, agg).Scan(&applied).Error; err != nil {

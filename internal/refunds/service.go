@@ -31,6 +31,13 @@ var (
 		Detail: "A dependency is unavailable. Retry with the same Idempotency-Key: it resumes this refund and never refunds twice."}
 )
 
+// resendWithin is how long after an attempt was written its key may still
+// be resent as it is. Stripe keeps an idempotency key for at least 24 hours
+// (https://docs.stripe.com/api/idempotent_requests) and may prune it after;
+// an attempt left unanswered longer than this (a process that died and
+// nobody resumed) is reconciled instead, like an indeterminate one.
+const resendWithin = 12 * time.Hour
+
 // Service runs refunds. DB, Keys and Stripe are required.
 type Service struct {
 	DB     *gorm.DB
@@ -217,6 +224,13 @@ func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (
 		switch {
 		case a == nil:
 			return nil, s.fail(c, fmt.Errorf("refund %s has no attempt", r.ID))
+		case a.Outcome == nil && s.now().Sub(a.CreatedAt) > resendWithin:
+			// Stripe may have pruned the key (it keeps keys at least 24
+			// hours): resending it could run the refund a second time.
+			if rerr := recordAttempt(ctx, s.DB, a, outcomeIndeterminate, nil,
+				fmt.Errorf("unanswered for %s: reconcile instead of resending the key", resendWithin), s.now()); rerr != nil {
+				return nil, s.fail(c, rerr)
+			}
 		case a.Outcome == nil:
 			st, err := s.Stripe.CreateRefund(ctx, CreateParams{
 				IdempotencyKey: a.IdempotencyKey, PaymentIntentID: r.PaymentIntentID, Amount: r.Amount,
