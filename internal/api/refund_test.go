@@ -510,3 +510,37 @@ func TestApplyStripeRefundMovesOnlyForward(t *testing.T) {
 	require.EqualValues(t, 5000, all.Amount)
 	require.Equal(t, "refunded", h.orderView(orderID).Status)
 }
+
+// TestUnansweredAttemptPastKeyRetentionIsReconciledNotResent: the process
+// died after Stripe created the refund and before anything was recorded
+// (the attempt has no outcome), and by the time a retry comes Stripe has
+// pruned the key. Resending the key would refund a second time; the retry
+// lists the PaymentIntent's refunds instead and adopts the one it finds.
+func TestUnansweredAttemptPastKeyRetentionIsReconciledNotResent(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	orderID, pi := h.paidOrder()
+	first := decodeRefund(t, h.refund(orderID, "old", `{"amount":1000}`))
+
+	// Back to the state of a crash right after the call, 13 hours ago.
+	for _, q := range []string{
+		`UPDATE refunds SET status = 'pending', stripe_refund_id = NULL, stripe_status = NULL, settled_at = NULL WHERE order_id = $1`,
+		`UPDATE orders SET amount_refunded = 0, status = 'paid' WHERE id = $1`,
+		`UPDATE payment_attempts SET outcome = NULL, stripe_object_id = NULL, stripe_status = NULL, created_at = now() - interval '13 hours' WHERE order_id = $1 AND step LIKE 'refund:%'`,
+		`DELETE FROM outbox WHERE aggregate_id = $1 AND type = 'order.refunded'`,
+	} {
+		require.NoError(t, h.db.Exec(q, orderID).Error)
+	}
+	require.NoError(t, h.db.Exec(`UPDATE idempotency_keys SET recovery_point = 'refund_created', response_status = NULL, response_headers = NULL,
+		response_body = NULL, finished_at = NULL, lease_owner = 'dead', lease_expires_at = now() - interval '1 second' WHERE key = 'old'`).Error)
+	for _, k := range h.rdb.Keys(context.Background(), h.prefix+"*").Val() {
+		require.NoError(t, h.rdb.Del(context.Background(), k).Err())
+	}
+	require.Positive(t, h.emu.PruneKeys())
+
+	again := decodeRefund(t, h.refund(orderID, "old", `{"amount":1000}`))
+	require.Equal(t, first.ID, again.ID)
+	require.Equal(t, *first.StripeRefundID, *again.StripeRefundID, "adopted, not created again")
+	require.Len(t, h.stripeRefunds(pi), 1)
+	require.EqualValues(t, 1000, h.orderView(orderID).AmountRefunded)
+}
