@@ -181,7 +181,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	// Refunds whose request died are finished the same way; refunds Stripe
 	// keeps pending are polled until Stripe settles them.
 	refundSvc := &refunds.Service{DB: db, Keys: keys, Stripe: pay, Logger: logger.With("loop", "refunds"),
-		Now: time.Now, RetryAfter: s.RefundRetryAfter}
+		Now: time.Now, RetryAfter: s.RefundRetryAfter, Metrics: refunds.NewMetrics(reg)}
 	byRoute := maintenance.ByRoute{DB: db, Routes: map[string]maintenance.KeyCompleter{
 		checkout.Route: svc,
 		refunds.Route:  refundSvc,

@@ -97,7 +97,7 @@ func New(cfg Config, d Deps) *API {
 		stripeRefunds, _ = d.Payments.(refunds.Stripe)
 	}
 	refundSvc := &refunds.Service{DB: d.DB, Keys: store, Stripe: stripeRefunds, Logger: d.Logger, Now: d.Now,
-		RetryAfter: cfg.RefundRetryAfter}
+		RetryAfter: cfg.RefundRetryAfter, Metrics: refunds.NewMetrics(reg)}
 
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()

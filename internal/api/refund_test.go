@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/checkout/internal/checkout"
@@ -371,10 +372,16 @@ func TestRefundStored500(t *testing.T) {
 			require.EqualValues(t, 2000, h.orderView(orderID).AmountRefunded)
 			var outcomes []string
 			require.NoError(t, h.db.Raw(`SELECT outcome FROM payment_attempts WHERE step = ? ORDER BY attempt`, "refund:"+rf.ID).Scan(&outcomes).Error)
+			reconciled := func(result string) float64 {
+				return testutil.ToFloat64(gathered{h.registry.Registry, "checkout_refund_reconciliations_total", map[string]string{"result": result}})
+			}
 			if tc.rollForward == nil {
 				require.Equal(t, []string{"indeterminate", "succeeded"}, outcomes)
+				require.Equal(t, 1.0, reconciled(refunds.ReconcileNewAttempt))
 			} else {
 				require.Equal(t, []string{"succeeded"}, outcomes, "the one attempt, reconciled")
+				require.Equal(t, 1.0, reconciled(refunds.ReconcileFound))
+				require.Zero(t, reconciled(refunds.ReconcileNewAttempt))
 			}
 		})
 	}

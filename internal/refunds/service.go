@@ -54,6 +54,8 @@ type Service struct {
 	// before that could make a second refund. Until then the request
 	// answers 502 and is resumed by its retry or the completer.
 	RetryAfter time.Duration
+	// Metrics counts reconciliations and duplicates (nil: nothing).
+	Metrics *Metrics
 }
 
 func (s *Service) now() time.Time {
@@ -271,6 +273,7 @@ func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (
 				return nil, s.fail(c, problem.Wrap(ErrPaymentUnavailable, err))
 			}
 			if found != nil {
+				s.Metrics.reconciled(ReconcileFound)
 				s.Logger.InfoContext(ctx, "refund reconciled: Stripe has it", "refund_id", r.ID, "stripe_refund_id", found.ID)
 				if rerr := recordAttempt(ctx, s.DB, a, outcomeSucceeded, found, nil, s.now()); rerr != nil {
 					s.Logger.WarnContext(ctx, "record refund attempt", "err", rerr)
@@ -278,6 +281,7 @@ func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (
 				return s.settle(ctx, c, r, found, "")
 			}
 			if age := s.now().Sub(a.UpdatedAt); age < s.retryAfter() {
+				s.Metrics.reconciled(ReconcileNotYet)
 				return nil, s.fail(c, problem.Wrap(ErrPaymentUnavailable,
 					fmt.Errorf("refund %s attempt %d indeterminate %s ago and not at Stripe yet; a new attempt waits %s",
 						r.ID, a.Attempt, age.Round(time.Millisecond), s.retryAfter())))
@@ -293,6 +297,7 @@ func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (
 			if err != nil {
 				return nil, s.fail(c, err)
 			}
+			s.Metrics.reconciled(ReconcileNewAttempt)
 			s.Logger.InfoContext(ctx, "refund not at Stripe after the reconciliation window; new attempt",
 				"refund_id", r.ID, "attempt", a.Attempt+1)
 		}
@@ -318,6 +323,7 @@ func (s *Service) reconcile(ctx context.Context, r *refundRow) (*StripeRefund, e
 		return nil, nil
 	}
 	if len(ours) > 1 {
+		s.Metrics.duplicate(len(ours) - 1)
 		s.Logger.ErrorContext(ctx, "Stripe holds more than one refund for one of ours", "refund_id", r.ID, "count", len(ours))
 	}
 	slices.SortStableFunc(ours, func(a, b StripeRefund) int {
