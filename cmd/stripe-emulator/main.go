@@ -6,6 +6,8 @@
 //	STRIPE_EMULATOR_ADDR        listen address, default ":12111"
 //	STRIPE_EMULATOR_KEY_TTL     how long idempotency results are replayed, default 24h
 //	STRIPE_EMULATOR_SEARCH_LAG  how long before a new object is searchable, default 2s
+//	STRIPE_EMULATOR_WEBHOOK_URL where signed webhook events go, default "" (none)
+//	STRIPE_WEBHOOK_SECRET       their signing secret, default whsec_test_checkout
 //
 // A bad value stops it at start with an error naming the variable. Besides
 // the emulator's routes (see package stripeemu) it serves GET /healthz. It logs JSON to
@@ -21,6 +23,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
@@ -68,6 +71,18 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return err
 	}
 	opts = append(opts, stripeemu.WithKeyTTL(keyTTL), stripeemu.WithSearchLag(searchLag))
+	hookURL := getenv("STRIPE_EMULATOR_WEBHOOK_URL")
+	if hookURL != "" {
+		u, err := url.Parse(hookURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("STRIPE_EMULATOR_WEBHOOK_URL %q: want an absolute http(s) URL", hookURL)
+		}
+	}
+	secret := getenv("STRIPE_WEBHOOK_SECRET")
+	if secret == "" {
+		secret = stripeemu.DefaultWebhookSecret
+	}
+	opts = append(opts, stripeemu.WithWebhookURL(hookURL), stripeemu.WithWebhookSecret(secret))
 
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -88,7 +103,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 
 	logger.Info("stripe emulator listening", "addr", ln.Addr().String(), "key_ttl", keyTTL.String(),
-		"search_lag", searchLag.String())
+		"search_lag", searchLag.String(), "webhook_url", hookURL)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 

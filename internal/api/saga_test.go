@@ -472,3 +472,53 @@ func TestPaymentUnknown(t *testing.T) {
 	require.Equal(t, "true", retry.header.Get(idempotency.ReplayedHeader))
 	require.Equal(t, fmt.Sprint(orderID), decodeOrder(t, retry).ID)
 }
+
+// TestApplyPaymentIntentMonotonic: "apply Stripe's state of PaymentIntent X"
+// (what the reconciler does and a webhook handler will) moves an order only
+// forward: applying the same state twice, an older state after a newer one,
+// or the state of a PaymentIntent that is not the order's changes nothing
+// and writes no second event.
+func TestApplyPaymentIntentMonotonic(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	o := threeDS(t, h, "apply-1")
+	c := payments.NewClient(payments.Config{APIBase: h.emuURL, SecretKey: "sk_test_123"}, nil, nil)
+	waiting, err := c.RetrievePaymentIntent(t.Context(), o.Payment.PaymentIntentID)
+	require.NoError(t, err)
+	require.Equal(t, checkout.PIRequiresAction, waiting.Status)
+	changed, err := h.api.Service.ApplyPaymentIntent(t.Context(), waiting)
+	require.NoError(t, err)
+	require.False(t, changed, "already requires_action")
+
+	_, err = h.emu.Authenticate(o.Payment.PaymentIntentID, true)
+	require.NoError(t, err)
+	succeeded, err := c.RetrievePaymentIntent(t.Context(), o.Payment.PaymentIntentID)
+	require.NoError(t, err)
+	changed, err = h.api.Service.ApplyPaymentIntent(t.Context(), succeeded)
+	require.NoError(t, err)
+	require.True(t, changed)
+	for _, pi := range []checkout.PaymentIntentState{succeeded, waiting} {
+		changed, err = h.api.Service.ApplyPaymentIntent(t.Context(), pi)
+		require.NoError(t, err)
+		require.False(t, changed, "%s after succeeded", pi.Status)
+	}
+	canceled := succeeded
+	canceled.Status = checkout.PICanceled
+	changed, err = h.api.Service.ApplyPaymentIntent(t.Context(), canceled)
+	require.NoError(t, err)
+	require.False(t, changed, "paid never goes back")
+
+	// Another PaymentIntent naming the order in its metadata is not the
+	// order's: nothing changes.
+	other, err := c.CreatePaymentIntent(t.Context(), checkout.CreateIntentRequest{IdempotencyKey: "apply-other",
+		Amount: 5000, Currency: "usd", PaymentMethod: "pm_card_chargeDeclined", OrderID: o.ID, TenantID: "acme"})
+	require.NoError(t, err)
+	other.Status, other.LastErrorCode = checkout.PIRequiresPaymentMethod, "card_declined"
+	changed, err = h.api.Service.ApplyPaymentIntent(t.Context(), other)
+	require.NoError(t, err)
+	require.False(t, changed)
+
+	require.Equal(t, checkout.StatusPaid, h.order(o.ID).Status)
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.paid'`, o.ID))
+	require.Equal(t, 0, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type IN ('order.payment_failed', 'order.canceled')`, o.ID))
+}

@@ -151,6 +151,9 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 		case last.outcome() == outcomeSucceeded && last.StripeObjectID != nil:
 			// Answered, but the run stopped before recording it on the order.
 			pi := PaymentIntentState{ID: *last.StripeObjectID, Status: PIRequiresConfirmation}
+			if last.StripeStatus != nil {
+				pi.Status = *last.StripeStatus
+			}
 			return r.record(ctx, pi)
 		case last.outcome() == outcomeRejected || last.outcome() == outcomeFailed:
 			return PaymentIntentState{}, &verdict{refusal: refusalOf(last)}, nil
@@ -164,8 +167,10 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 			continue
 		default:
 			// Indeterminate (a stored 500), or unanswered with a key Stripe
-			// may have pruned: reconcile before any new attempt.
-			if settled := last.CreatedAt.Add(r.cfg.SearchSettle); r.s.Now().Before(settled) {
+			// may have pruned: reconcile before any new attempt. The search
+			// is trusted once the index has caught up with the attempt's
+			// last answer (anything it created existed by then).
+			if settled := last.UpdatedAt.Add(r.cfg.SearchSettle); r.s.Now().Before(settled) {
 				return PaymentIntentState{}, nil, &waitError{fmt.Sprintf(
 					"create attempt %d of order %s is indeterminate; Stripe's search settles at %s", last.Attempt, r.o.ID, settled.Format(time.RFC3339))}
 			}
@@ -387,13 +392,11 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 				return r.verdictOf(cur)
 			}
 		case last.outcome() == "" && r.fresh(last):
-			v, err := r.confirmAttempt(ctx, pi.ID, last, false)
+			v, err := r.confirmAttempt(ctx, pi.ID, last)
 			if v != nil || err != nil {
 				return v, err
 			}
 			continue
-		case last.outcome() == outcomeRejected:
-			return &verdict{refusal: refusalOf(last)}, nil
 		default:
 			// Answered before this run (resume), indeterminate, or a key
 			// Stripe may have pruned: ask Stripe for the PaymentIntent,
@@ -405,6 +408,10 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 			if cur.Status != PIRequiresConfirmation {
 				return r.verdictOf(cur)
 			}
+			if last.outcome() == outcomeRejected {
+				// Refused, and still unconfirmed: final, never sent again.
+				return &verdict{refusal: refusalOf(last)}, nil
+			}
 		}
 		if newAttempts == r.cfg.MaxAttempts {
 			return nil, &waitError{fmt.Sprintf("confirm of order %s: %d new attempts in one run", r.o.ID, newAttempts)}
@@ -414,7 +421,7 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 		if err := r.begin(ctx, a); err != nil {
 			return nil, err
 		}
-		v, err := r.confirmAttempt(ctx, pi.ID, a, true)
+		v, err := r.confirmAttempt(ctx, pi.ID, a)
 		if v != nil || err != nil {
 			return v, err
 		}
@@ -423,7 +430,7 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 
 // confirmAttempt sends confirm attempt a (already written) and returns the
 // verdict, an error, or nil, nil after an indeterminate answer.
-func (r *run) confirmAttempt(ctx context.Context, piID string, a *attempt, _ bool) (*verdict, error) {
+func (r *run) confirmAttempt(ctx context.Context, piID string, a *attempt) (*verdict, error) {
 	got, err := r.s.Payments.ConfirmPaymentIntent(ctx, ConfirmIntentRequest{
 		IdempotencyKey: a.IdempotencyKey, PaymentIntentID: piID})
 	res := r.answer(ctx, a, got, err)
@@ -785,11 +792,12 @@ func (r *run) answerCancel(ctx context.Context, a *attempt, pi PaymentIntentStat
 }
 
 // cancelable reports the PaymentIntent statuses Stripe lets a caller cancel
-// (https://docs.stripe.com/api/payment_intents/cancel).
+// (https://docs.stripe.com/api/payment_intents/cancel); processing, which
+// Stripe allows only in rare cases, is left to settle.
 func cancelable(status string) bool {
 	switch status {
-	case PIRequiresPaymentMethod, PIRequiresConfirmation, PIRequiresAction, PIRequiresCapture, PIProcessing:
-		return status != PIProcessing
+	case PIRequiresPaymentMethod, PIRequiresConfirmation, PIRequiresAction, PIRequiresCapture:
+		return true
 	}
 	return false
 }

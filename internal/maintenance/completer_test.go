@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 	"gorm.io/gorm"
@@ -511,4 +512,54 @@ func TestNewCompleterRegistersOnce(t *testing.T) {
 	require.NoError(t, err)
 	_, err = maintenance.NewCompleter(nil, store, &fakeCompleter{}, maintenance.CompleterConfig{Registerer: reg})
 	require.Error(t, err)
+}
+
+// TestCompleterKeepsLeaseWhileSlow: a completion slower than the lease (Stripe
+// holds the create) extends the key's lease while it works, as the API's
+// gateway does, so a second worker's completer finds the lease live and
+// leaves the key alone: one create attempt, one PaymentIntent, one
+// completion.
+func TestCompleterKeepsLeaseWhileSlow(t *testing.T) {
+	t.Parallel()
+	e := setupCompleter(t)
+	e.stuck(teeBody, "slow-1")
+	require.NoError(t, e.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultDelay, Op: stripeemu.OpPICreate, Count: 1, Before: 1500 * time.Millisecond}))
+
+	lease := 300 * time.Millisecond
+	mk := func() (*maintenance.Completer, *prometheus.Registry) {
+		reg := prometheus.NewRegistry()
+		store := &idempotency.Store{Lease: lease, TTL: 24 * time.Hour, Now: time.Now, Metrics: idempotency.NewMetrics(reg)}
+		svc := &checkout.Service{DB: e.db, Keys: store, Payments: payments.NewClient(payments.Config{APIBase: e.emuURL,
+			SecretKey: "sk_test_123", Timeout: 5 * time.Second, MaxElapsed: 5 * time.Second}, e.logger, reg),
+			Logger: e.logger, Now: time.Now}
+		c, err := maintenance.NewCompleter(e.db, store, svc, maintenance.CompleterConfig{Grace: time.Millisecond, Registerer: reg})
+		require.NoError(t, err)
+		return c, reg
+	}
+	first, firstReg := mk()
+	second, _ := mk()
+
+	done := make(chan maintenance.Round, 1)
+	go func() {
+		r, err := first.RunOnce(context.Background())
+		assert.NoError(t, err)
+		done <- r
+	}()
+	eventually(t, "Stripe to hold the create", func() bool { return e.emu.InFlight() == 1 })
+	taken := time.Now() // after the takeover, which leased the key until taken + lease at most
+	eventually(t, "the lease to be extended past two terms", func() bool {
+		var expires time.Time
+		require.NoError(t, e.db.Raw(`SELECT lease_expires_at FROM idempotency_keys WHERE key = 'slow-1'`).Scan(&expires).Error)
+		return expires.After(taken.Add(2 * lease))
+	})
+	round, err := second.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, maintenance.Round{}, round, "the lease is live: nothing to take over")
+
+	require.Equal(t, maintenance.Round{Completed: 1}, <-done)
+	require.GreaterOrEqual(t, metric(t, firstReg, "checkout_idempotency_lease_extensions_total", "store", "postgres"), 2.0)
+	s := e.state("slow-1")
+	require.Equal(t, checkout.StatusPaid, s.OrderStatus)
+	require.Equal(t, 1, e.charges("slow-1", s))
+	require.Equal(t, 1, count(t, e.db, `SELECT count(*) FROM payment_attempts WHERE order_id = ? AND step = 'create'`, s.OrderID))
 }

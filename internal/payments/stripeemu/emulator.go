@@ -52,6 +52,18 @@
 //	POST   /_emulator/refunds/pending     {"on":bool}: new refunds start pending
 //	POST   /_emulator/refunds/{id}/succeed  a pending refund succeeds
 //	POST   /_emulator/refunds/{id}/fail   a refund fails (later), amount refundable again
+//	GET    /_emulator/webhooks            WebhookLog: events and delivery attempts
+//	POST   /_emulator/webhooks/faults     inject one HookFault or an array
+//	GET    /_emulator/webhooks/faults     the webhook faults still active
+//	DELETE /_emulator/webhooks/faults     clear webhook faults
+//
+// Webhooks (WithWebhookURL): every change (payment_intent.created,
+// .requires_action, .succeeded, .payment_failed, .canceled,
+// .amount_capturable_updated; refund.created, refund.updated, refund.failed;
+// charge.refunded) is an Event with api_version stripe.APIVersion and the
+// object's full JSON in data.object, POSTed asynchronously with a
+// Stripe-Signature header (see Sign) and resent with exponential backoff
+// while the endpoint answers non-2xx, for a bounded time.
 package stripeemu
 
 import (
@@ -103,6 +115,7 @@ type Emulator struct {
 	gen            uint64                   // bumped by Reset: older roll-forwards do nothing
 	closed         bool
 	running        sync.WaitGroup // roll-forwards executing
+	hook           hooks
 }
 
 // scope is what an idempotency key is unique within: Stripe scopes keys to
@@ -171,10 +184,12 @@ func New(opts ...Option) *Emulator {
 		keyTTL: DefaultKeyTTL,
 		timers: map[*time.Timer]struct{}{},
 	}
+	e.initHooks()
 	for _, o := range opts {
 		o(e)
 	}
 	e.reset()
+	e.startHooks()
 	e.mux.HandleFunc("POST /v1/payment_intents", e.api(OpPICreate, e.createPaymentIntent))
 	e.mux.HandleFunc("GET /v1/payment_intents", e.api(OpPIList, e.listPaymentIntents))
 	e.mux.HandleFunc("GET /v1/payment_intents/search", e.api(OpPISearch, e.searchPaymentIntents))
@@ -197,6 +212,10 @@ func New(opts ...Option) *Emulator {
 	e.mux.HandleFunc("POST /_emulator/refunds/pending", e.postRefundsPending)
 	e.mux.HandleFunc("POST /_emulator/refunds/{id}/succeed", e.postRefundSucceed)
 	e.mux.HandleFunc("POST /_emulator/refunds/{id}/fail", e.postRefundFail)
+	e.mux.HandleFunc("GET /_emulator/webhooks", e.getWebhooks)
+	e.mux.HandleFunc("POST /_emulator/webhooks/faults", e.postWebhookFaults)
+	e.mux.HandleFunc("GET /_emulator/webhooks/faults", e.getWebhookFaults)
+	e.mux.HandleFunc("DELETE /_emulator/webhooks/faults", e.deleteWebhookFaults)
 	return e
 }
 
@@ -206,14 +225,16 @@ func (e *Emulator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // Close stops the emulator's background work: roll-forwards not run yet are
-// dropped, and Close waits for those executing. Requests served after Close
-// still work, but schedule nothing. Close is idempotent.
+// dropped, the webhook dispatcher stops and deliveries in progress are
+// abandoned; Close waits for all of them. Requests served after Close still
+// work, but schedule and deliver nothing. Close is idempotent.
 func (e *Emulator) Close() {
 	e.mu.Lock()
 	e.closed = true
 	e.stopTimersLocked()
 	e.mu.Unlock()
 	e.running.Wait()
+	e.closeHooks()
 }
 
 // Inject adds a fault. It returns an error, and adds nothing, when the fault
@@ -257,14 +278,16 @@ func (e *Emulator) ClearFaults() {
 	e.mu.Unlock()
 }
 
-// Reset removes every fault, PaymentIntent, charge, refund, idempotency key,
-// count, logged request and pending roll-forward, and ends pending refund
-// mode. Requests executing during a Reset
+// Reset removes every fault (webhook faults too), PaymentIntent, charge,
+// refund, idempotency key, count, logged request, pending roll-forward and
+// webhook event (deliveries in progress are abandoned), and ends pending
+// refund mode. Requests executing during a Reset
 // finish against the new state.
 func (e *Emulator) Reset() {
 	e.mu.Lock()
 	e.reset()
 	e.stopTimersLocked()
+	e.resetHooksLocked()
 	e.gen++
 	e.mu.Unlock()
 	e.logger.Info("stripe emulator: reset")

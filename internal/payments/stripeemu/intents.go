@@ -625,11 +625,6 @@ func (e *Emulator) emitPILocked(typ string, s *storedIntent) {
 	e.emitLocked(typ, compactJSON(e.renderPILocked(s, nil)))
 }
 
-// emitLocked records an event; webhooks deliver it. The caller holds mu.
-func (e *Emulator) emitLocked(typ string, object []byte) {
-	_, _ = typ, object
-}
-
 // docURL is Stripe's documentation link for an error code.
 func docURL(code string) string {
 	return "https://docs.stripe.com/error-codes/" + strings.ReplaceAll(code, "_", "-")
