@@ -346,7 +346,11 @@ func (s *Service) settle(ctx context.Context, c *idempotency.Claim, r *refundRow
 		}
 		if st != nil {
 			// Bind Stripe's id first, so Apply finds the refund by it
-			// whatever metadata Stripe echoes.
+			// whatever metadata Stripe echoes; the order row first, as
+			// every writer of refunds locks them (order, then refund).
+			if _, err := lockOrder(ctx, tx, "", r.OrderID); err != nil {
+				return err
+			}
 			if err := tx.WithContext(ctx).Exec(`UPDATE refunds SET stripe_refund_id = ? WHERE id = ? AND stripe_refund_id IS NULL`,
 				st.ID, r.ID).Error; err != nil {
 				return fmt.Errorf("bind refund %s to %s: %w", r.ID, st.ID, err)
