@@ -13,6 +13,18 @@ CREATE TABLE outbox_sequences (
 );
 ALTER TABLE outbox ADD COLUMN aggregate_seq bigint;    -- 1, 2, … per aggregate; NULL before this migration
 
+-- outbox_next_seq takes the aggregate's next sequence number, locking its
+-- counter row until the transaction ends. A function, so that the event's
+-- INSERT stays one plain statement (INSERT … SELECT) that can be embedded
+-- in a larger one.
+-- +goose StatementBegin
+CREATE FUNCTION outbox_next_seq(aggregate text) RETURNS bigint LANGUAGE sql VOLATILE AS $$
+    INSERT INTO outbox_sequences (aggregate_id, last_seq) VALUES (aggregate, 1)
+    ON CONFLICT (aggregate_id) DO UPDATE SET last_seq = outbox_sequences.last_seq + 1
+    RETURNING last_seq;
+$$;
+-- +goose StatementEnd
+
 -- A consumer that applies an aggregate's events in sequence keeps the
 -- highest sequence it has applied without a gap (inbox_sequences), and
 -- parks an event that arrives before its predecessor (inbox_parked) until
@@ -123,5 +135,6 @@ ALTER TABLE orders ADD CONSTRAINT orders_status_check CHECK (status IN (
     'pending_payment', 'requires_action', 'payment_unknown', 'paid', 'payment_failed', 'canceled'));
 DROP TABLE inbox_parked;
 DROP TABLE inbox_sequences;
+DROP FUNCTION outbox_next_seq(text);
 ALTER TABLE outbox DROP COLUMN aggregate_seq;
 DROP TABLE outbox_sequences;

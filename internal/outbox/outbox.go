@@ -80,24 +80,26 @@ func Add(ctx context.Context, tx *gorm.DB, e Event) error {
 		e.OccurredAt = time.Now()
 	}
 	e.OccurredAt = e.OccurredAt.UTC()
-	var seq *int64
-	if e.AggregateID != "" {
-		err := tx.WithContext(ctx).Raw(`INSERT INTO outbox_sequences (aggregate_id, last_seq) VALUES (?, 1)
-			ON CONFLICT (aggregate_id) DO UPDATE SET last_seq = outbox_sequences.last_seq + 1
-			RETURNING last_seq`, e.AggregateID).Scan(&e.Sequence).Error
-		if err != nil {
-			return fmt.Errorf("outbox: sequence of %s: %w", e.AggregateID, err)
-		}
-		seq = &e.Sequence
-	}
+	e.Sequence = 0 // the database assigns it
 	body, err := json.Marshal(e)
 	if err != nil {
 		return fmt.Errorf("outbox: encode %s: %w", e.Type, err)
 	}
-	err = tx.WithContext(ctx).Exec(
-		`INSERT INTO outbox (id, tenant_id, aggregate_id, aggregate_seq, type, payload, occurred_at)
-		 VALUES (?, ?, ?, ?, ?, ?, ?)`,
-		e.ID, e.TenantID, e.AggregateID, seq, e.Type, string(body), e.OccurredAt).Error
+	if e.AggregateID == "" {
+		err = tx.WithContext(ctx).Exec(
+			`INSERT INTO outbox (id, tenant_id, aggregate_id, type, payload, occurred_at)
+			 VALUES (?, ?, ?, ?, ?, ?)`,
+			e.ID, e.TenantID, e.AggregateID, e.Type, string(body), e.OccurredAt).Error
+	} else {
+		// Sequence is Event's last field, omitted while zero: the body
+		// with it is the body without it, its closing brace replaced by
+		// ,"sequence":N} — what json.Marshal would give, byte for byte.
+		err = tx.WithContext(ctx).Exec(
+			`INSERT INTO outbox (id, tenant_id, aggregate_id, aggregate_seq, type, payload, occurred_at)
+			 SELECT ?, ?, ?, s.n, ?, (? || s.n || '}')::json, ?
+			 FROM (SELECT outbox_next_seq(?) AS n) s`,
+			e.ID, e.TenantID, e.AggregateID, e.Type, string(body[:len(body)-1])+`,"sequence":`, e.OccurredAt, e.AggregateID).Error
+	}
 	if err != nil {
 		return fmt.Errorf("outbox: add %s: %w", e.Type, err)
 	}

@@ -3,6 +3,8 @@ package outbox_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
@@ -54,6 +56,8 @@ func TestSequenceFollowsCommitOrderPerAggregate(t *testing.T) {
 			Sequence    int64  `json:"sequence"`
 		}
 		require.NoError(t, json.Unmarshal([]byte(r.Payload), &body))
+		require.True(t, strings.HasSuffix(r.Payload, fmt.Sprintf(`"aggregate_id":%q,"sequence":%d}`, r.AggregateID, r.AggregateSeq)),
+			"the body json.Marshal gives with the sequence: %s", r.Payload)
 		require.Equal(t, r.AggregateSeq, body.Sequence)
 		require.Equal(t, r.AggregateID, body.AggregateID)
 		if r.AggregateID == "ord_a" {
