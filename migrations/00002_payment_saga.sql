@@ -22,7 +22,8 @@ ALTER TABLE orders
     ADD COLUMN payment_failure_code  text,        -- card_declined | payment_rejected | payment_action_timeout
     ADD COLUMN payment_decline_code  text,        -- Stripe's decline_code (or error code) when declined
     ADD COLUMN requires_action_at    timestamptz, -- when the order entered requires_action (PAYMENT_ACTION_TIMEOUT)
-    ADD COLUMN payment_unknown_since timestamptz; -- first unanswered or indeterminate step not yet reconciled
+    ADD COLUMN payment_unknown_since timestamptz, -- first unanswered or indeterminate step not yet reconciled
+    ADD COLUMN payment_orphans_checked_at timestamptz; -- last search for PaymentIntents an indeterminate create left
 
 -- payment_attempts is the saga's log: one row per attempt of one step,
 -- written BEFORE the call to Stripe, completed after it. A reader can see the
@@ -64,6 +65,7 @@ ALTER TABLE orders
     DROP COLUMN payment_failure_code,
     DROP COLUMN payment_decline_code,
     DROP COLUMN requires_action_at,
-    DROP COLUMN payment_unknown_since;
+    DROP COLUMN payment_unknown_since,
+    DROP COLUMN payment_orphans_checked_at;
 ALTER TABLE orders DROP CONSTRAINT orders_status_check;
 ALTER TABLE orders ADD CONSTRAINT orders_status_check CHECK (status IN ('pending_payment', 'paid', 'payment_failed'));

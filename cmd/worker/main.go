@@ -63,6 +63,7 @@ type settings struct {
 	ActionTimeout      time.Duration `env:"PAYMENT_ACTION_TIMEOUT" envDefault:"30m"`
 	WorkTimeout        time.Duration `env:"WORK_TIMEOUT" envDefault:"60s"`
 	ReconcilerInterval time.Duration `env:"RECONCILER_INTERVAL" envDefault:"10s"`
+	OrphanSweep        time.Duration `env:"ORPHAN_SWEEP_INTERVAL" envDefault:"1h"`
 	IdempotencyTTL     time.Duration `env:"IDEMPOTENCY_TTL" envDefault:"24h"`
 	IdempotencyLease   time.Duration `env:"IDEMPOTENCY_LEASE" envDefault:"30s"`
 	CompleterInterval  time.Duration `env:"COMPLETER_INTERVAL" envDefault:"5s"`
@@ -106,7 +107,7 @@ func (s *settings) check() error {
 	for name, d := range map[string]time.Duration{
 		"STRIPE_TIMEOUT": s.StripeTimeout, "STRIPE_MAX_ELAPSED": s.StripeMaxElapsed,
 		"PAYMENT_UNKNOWN_AFTER": s.UnknownAfter, "PAYMENT_ACTION_TIMEOUT": s.ActionTimeout,
-		"WORK_TIMEOUT": s.WorkTimeout, "RECONCILER_INTERVAL": s.ReconcilerInterval,
+		"WORK_TIMEOUT": s.WorkTimeout, "RECONCILER_INTERVAL": s.ReconcilerInterval, "ORPHAN_SWEEP_INTERVAL": s.OrphanSweep,
 		"IDEMPOTENCY_TTL": s.IdempotencyTTL, "IDEMPOTENCY_LEASE": s.IdempotencyLease,
 		"COMPLETER_INTERVAL": s.CompleterInterval, "REAPER_INTERVAL": s.ReaperInterval,
 		"REFUND_RETRY_AFTER": s.RefundRetryAfter, "REFUND_POLL_INTERVAL": s.RefundPoll,
@@ -200,6 +201,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		Interval:     s.ReconcilerInterval,
 		OrderTimeout: s.WorkTimeout,
 		Grace:        s.IdempotencyLease,
+		SweepEvery:   s.OrphanSweep,
 		Logger:       logger.With("loop", "reconciler"),
 		Registerer:   reg,
 	})

@@ -522,3 +522,29 @@ func TestApplyPaymentIntentMonotonic(t *testing.T) {
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.paid'`, o.ID))
 	require.Equal(t, 0, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type IN ('order.payment_failed', 'order.canceled')`, o.ID))
 }
+
+// TestOrphanSweep: Stripe rolls a create answered with a 500 forward after
+// the saga's own search looked (here 500ms later, with no search lag): the
+// order is paid through a second create, and the PaymentIntent that appears
+// afterwards is found by the reconciler's sweep and canceled, once.
+func TestOrphanSweep(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultStored500, Op: stripeemu.OpPICreate, Count: 1,
+		RollForward: stripeemu.RollForwardAfter(500 * time.Millisecond)}))
+	r := h.checkout("late-orphan-1", teeBody)
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+	o := decodeOrder(t, r)
+	eventually(t, "Stripe to roll the first create forward", func() bool { return len(h.intents(o.ID)) == 2 })
+
+	rec := h.reconciler(time.Now)
+	round, err := rec.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, maintenance.ReconcileRound{Orphans: 1}, round)
+	pis := h.requirePaymentInvariants(o.ID, checkout.StatusPaid)
+	require.Len(t, pis, 2)
+
+	round, err = rec.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, maintenance.ReconcileRound{}, round, "swept again only after ORPHAN_SWEEP_INTERVAL")
+}

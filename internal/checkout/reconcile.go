@@ -176,3 +176,54 @@ func (s *Service) apply(ctx context.Context, r *run, pi PaymentIntentState) (boo
 	})
 	return changed, err
 }
+
+// SweepOrphans searches Stripe for the PaymentIntents of tenant's order id
+// (metadata['order_id']) and cancels, with cancellation_reason duplicate,
+// every one that is not the order's and moves no money: what a create
+// answered with a 500 and rolled forward by Stripe after the saga's own
+// search left behind. They were never confirmed, so they moved nothing;
+// canceling them keeps CONTRACT.md's "any other PaymentIntent created for
+// the order is canceled". An order whose payment is still being worked on
+// (no PaymentIntent recorded yet) is left to its saga. It returns how many
+// it canceled and records the sweep on the order
+// (payment_orphans_checked_at). The reconciler calls it for orders with an
+// indeterminate create, every SagaConfig.OrphanSweepEvery.
+func (s *Service) SweepOrphans(ctx context.Context, tenantID, id string) (int, error) {
+	o, err := loadOrder(ctx, s.DB, tenantID, id)
+	if err != nil {
+		return 0, err
+	}
+	if o.Payment.PaymentIntentID == "" {
+		return 0, nil
+	}
+	found, err := s.Payments.SearchPaymentIntents(ctx, o.ID)
+	if err != nil {
+		return 0, fmt.Errorf("sweep orphans of order %s: %w", id, err)
+	}
+	r := s.newRun(nil, "", o)
+	n := 0
+	for _, pi := range found {
+		if pi.ID == o.Payment.PaymentIntentID || !cancelable(pi.Status) {
+			if pi.ID != o.Payment.PaymentIntentID && MovesMoney(pi.Status) {
+				s.Logger.ErrorContext(ctx, "a PaymentIntent that is not the order's moves money",
+					"order_id", o.ID, "payment_intent", pi.ID, "status", pi.Status)
+			}
+			continue
+		}
+		got, err := r.cancel(ctx, pi.ID, CancelDuplicate)
+		if err != nil {
+			return n, fmt.Errorf("cancel orphan %s of order %s: %w", pi.ID, id, err)
+		}
+		if got.Status == PICanceled {
+			n++
+		}
+	}
+	err = s.DB.WithContext(ctx).Exec(`UPDATE orders SET payment_orphans_checked_at = ? WHERE id = ?`, r.now(), o.ID).Error
+	if err != nil {
+		return n, fmt.Errorf("record orphan sweep of %s: %w", id, err)
+	}
+	if n > 0 {
+		s.Logger.InfoContext(ctx, "canceled orphan PaymentIntents of an indeterminate create", "order_id", o.ID, "canceled", n)
+	}
+	return n, nil
+}

@@ -41,6 +41,14 @@ type SagaConfig struct {
 	// MaxAttempts caps the new attempts of one step within one run (default
 	// 4); the run then answers 502 and a later run goes on.
 	MaxAttempts int
+	// OrphanSweepEvery is how often the reconciler searches again for
+	// PaymentIntents an indeterminate create may have left (Stripe can roll
+	// a 500 forward long after the saga's own search), to cancel them
+	// (env ORPHAN_SWEEP_INTERVAL, default 1h).
+	OrphanSweepEvery time.Duration
+	// OrphanSweepFor is how long after an indeterminate create the order
+	// keeps being swept (default 72h).
+	OrphanSweepFor time.Duration
 }
 
 func (c SagaConfig) withDefaults() SagaConfig {
@@ -55,6 +63,12 @@ func (c SagaConfig) withDefaults() SagaConfig {
 	}
 	if c.MaxAttempts <= 0 {
 		c.MaxAttempts = 4
+	}
+	if c.OrphanSweepEvery <= 0 {
+		c.OrphanSweepEvery = time.Hour
+	}
+	if c.OrphanSweepFor <= 0 {
+		c.OrphanSweepFor = 72 * time.Hour
 	}
 	if c.SearchSettle < 0 {
 		c.SearchSettle = 0
@@ -88,6 +102,9 @@ type verdict struct {
 type waitError struct{ reason string }
 
 func (e *waitError) Error() string { return e.reason }
+
+// SagaDefaults returns cfg with the defaults of its zero fields applied.
+func SagaDefaults(cfg SagaConfig) SagaConfig { return cfg.withDefaults() }
 
 func (s *Service) newRun(c *idempotency.Claim, route string, o *Order) *run {
 	return &run{s: s, cfg: s.Saga.withDefaults(), claim: c, route: route, o: o}

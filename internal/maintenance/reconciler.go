@@ -25,6 +25,9 @@ type OrderReconciler interface {
 	// Complete resumes the unfinished key keyID (a checkout whose payment
 	// is unknown or indeterminate) if its lease has expired.
 	Complete(ctx context.Context, keyID int64) (bool, error)
+	// SweepOrphans cancels the PaymentIntents of an order other than its
+	// own (left by an indeterminate create) and returns how many.
+	SweepOrphans(ctx context.Context, tenantID, orderID string) (int, error)
 }
 
 // ReconcilerConfig configures a Reconciler. Zero fields take the defaults
@@ -42,6 +45,10 @@ type ReconcilerConfig struct {
 	// OrderTimeout bounds one order's reconciliation (default 30s), on a
 	// context detached from Run's.
 	OrderTimeout time.Duration
+	// SweepEvery and SweepFor: an order with an indeterminate create is
+	// searched for orphan PaymentIntents every SweepEvery for SweepFor after
+	// that create (env ORPHAN_SWEEP_INTERVAL, default 1h; 72h).
+	SweepEvery, SweepFor time.Duration
 	// Grace is how long after a key's lease expired the reconciler leaves
 	// an order with an unknown payment to the client's own retry (default
 	// 30s; cmd/worker passes IDEMPOTENCY_LEASE, as for the completer).
@@ -68,6 +75,7 @@ type Reconciler struct {
 	logger *slog.Logger
 
 	ordersTotal    *prometheus.CounterVec
+	orphans        prometheus.Counter
 	unknown        prometheus.Gauge
 	requiresAction prometheus.Gauge
 }
@@ -82,6 +90,7 @@ const (
 // cfg.Registerer:
 //
 //	checkout_reconciler_orders_total{result}  orders handled, by result (changed, unchanged, failed)
+//	checkout_reconciler_orphans_canceled_total PaymentIntents of indeterminate creates canceled by the sweep
 //	checkout_orders_payment_unknown           orders in payment_unknown after the last round
 //	checkout_orders_requires_action           orders waiting for the customer after the last round
 func NewReconciler(db *gorm.DB, svc OrderReconciler, cfg ReconcilerConfig) (*Reconciler, error) {
@@ -100,6 +109,12 @@ func NewReconciler(db *gorm.DB, svc OrderReconciler, cfg ReconcilerConfig) (*Rec
 	if cfg.Grace <= 0 {
 		cfg.Grace = 30 * time.Second
 	}
+	if cfg.SweepEvery <= 0 {
+		cfg.SweepEvery = time.Hour
+	}
+	if cfg.SweepFor <= 0 {
+		cfg.SweepFor = 72 * time.Hour
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -113,6 +128,10 @@ func NewReconciler(db *gorm.DB, svc OrderReconciler, cfg ReconcilerConfig) (*Rec
 			Name: "checkout_reconciler_orders_total",
 			Help: "Orders the reconciler handled, by result (changed, unchanged, failed).",
 		}, []string{"result"}),
+		orphans: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "checkout_reconciler_orphans_canceled_total",
+			Help: "PaymentIntents left by indeterminate creates (not the order's, never confirmed) that the reconciler's sweep canceled.",
+		}),
 		unknown: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "checkout_orders_payment_unknown",
 			Help: "Orders in payment_unknown (PAYMENT_UNKNOWN_AFTER of failed reconciliation) after the reconciler's last round.",
@@ -126,7 +145,7 @@ func NewReconciler(db *gorm.DB, svc OrderReconciler, cfg ReconcilerConfig) (*Rec
 		r.ordersTotal.WithLabelValues(res)
 	}
 	if cfg.Registerer != nil {
-		for _, m := range []prometheus.Collector{r.ordersTotal, r.unknown, r.requiresAction} {
+		for _, m := range []prometheus.Collector{r.ordersTotal, r.orphans, r.unknown, r.requiresAction} {
 			if err := cfg.Registerer.Register(m); err != nil {
 				return nil, fmt.Errorf("reconciler: register metrics: %w", err)
 			}
@@ -152,9 +171,12 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	}
 }
 
-// ReconcileRound counts what one round did.
+// ReconcileRound counts what one round did: orders settled or resumed
+// (Changed, Unchanged, Failed), and orphan PaymentIntents canceled by the
+// sweep (Orphans; a failed sweep counts in Failed).
 type ReconcileRound struct {
 	Changed, Unchanged, Failed int
+	Orphans                    int
 }
 
 // RunOnce runs one round and refreshes the gauges. An order's failure is
@@ -185,6 +207,22 @@ func (r *Reconciler) RunOnce(ctx context.Context) (ReconcileRound, error) {
 		idempotency.RecoveryPointFinished, r.cfg.Now().Add(-r.cfg.Grace), r.cfg.BatchSize).Scan(&keys).Error
 	if err != nil {
 		return round, fmt.Errorf("list orders with an unknown payment: %w", err)
+	}
+
+	var sweeps []waiting
+	now := r.cfg.Now()
+	err = r.db.WithContext(ctx).Raw(`
+		SELECT o.tenant_id, o.id FROM orders o
+		WHERE o.payment_intent_id IS NOT NULL
+		  AND o.status NOT IN ('pending_payment', 'payment_unknown')
+		  AND (o.payment_orphans_checked_at IS NULL OR o.payment_orphans_checked_at < ?)
+		  AND EXISTS (SELECT 1 FROM payment_attempts a
+		      WHERE a.order_id = o.id AND a.step = 'create' AND a.updated_at > ?
+		        AND (a.outcome = 'indeterminate' OR a.outcome IS NULL))
+		ORDER BY o.payment_orphans_checked_at NULLS FIRST LIMIT ?`,
+		now.Add(-r.cfg.SweepEvery), now.Add(-r.cfg.SweepFor), r.cfg.BatchSize).Scan(&sweeps).Error
+	if err != nil {
+		return round, fmt.Errorf("list orders to sweep for orphans: %w", err)
 	}
 
 	var mu sync.Mutex
@@ -235,6 +273,26 @@ func (r *Reconciler) RunOnce(ctx context.Context) (ReconcileRound, error) {
 				r.logger.Warn("reconcile order with an unknown payment", "key_id", id, "err", err)
 			}
 			count(done, err)
+			return nil
+		})
+	}
+	for _, o := range sweeps {
+		if ctx.Err() != nil {
+			break
+		}
+		g.Go(func() error {
+			octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.OrderTimeout)
+			defer cancel()
+			n, err := r.svc.SweepOrphans(octx, o.TenantID, o.ID)
+			mu.Lock()
+			defer mu.Unlock()
+			round.Orphans += n
+			r.orphans.Add(float64(n))
+			if err != nil {
+				round.Failed++
+				r.ordersTotal.WithLabelValues(ResultFailed).Inc()
+				r.logger.Warn("sweep orphan PaymentIntents", "order_id", o.ID, "err", err)
+			}
 			return nil
 		})
 	}

@@ -102,6 +102,33 @@ func MoneyMoving(pis []PaymentIntent) int {
 	return n
 }
 
+// Orphans counts, over every order, the PaymentIntents that are neither the
+// order's own (recorded in orders.payment_intent_id) nor canceled.
+func (s *Stack) Orphans() int {
+	s.t.Helper()
+	recorded := map[string]string{}
+	rows, err := s.DB.Query(context.Background(), `SELECT id, coalesce(payment_intent_id, '') FROM orders`)
+	if err != nil {
+		s.t.Fatalf("stack: orders: %v", err)
+		return 0
+	}
+	for rows.Next() {
+		var id, pi string
+		if err := rows.Scan(&id, &pi); err != nil {
+			s.t.Fatalf("stack: orders: %v", err)
+		}
+		recorded[id] = pi
+	}
+	rows.Close()
+	n := 0
+	for _, pi := range s.PaymentIntents() {
+		if pi.Status != "canceled" && recorded[pi.Metadata["order_id"]] != pi.ID {
+			n++
+		}
+	}
+	return n
+}
+
 // Charges returns how many PaymentIntents of order orderID (by their
 // metadata) move money at the emulator; the checkout's key is not needed
 // any more (the Stripe keys derive from the order), and is kept for the

@@ -297,7 +297,7 @@ func start(t TB, opts Options) (*Stack, error) {
 	// this stack's emulator, with the api's lease and TTL.
 	workerEnv := []string{"DATABASE_URL=" + pgVia(s.PGWorker), "AMQP_URL=" + amqpVia(s.AMQPWorker),
 		"METRICS_ADDR=" + ports["worker"], "SMTP_ADDR=" + ports["smtp"], "NOTIFY_SWEEP_INTERVAL=200ms",
-		"STRIPE_API_BASE=" + s.EmulatorURL, "RECONCILER_INTERVAL=300ms"}
+		"STRIPE_API_BASE=" + s.EmulatorURL, "RECONCILER_INTERVAL=300ms", "ORPHAN_SWEEP_INTERVAL=1s"}
 	workerEnv = append(workerEnv, stripeEnv...)
 	for k, v := range map[string]time.Duration{"IDEMPOTENCY_LEASE": opts.Lease, "IDEMPOTENCY_TTL": opts.TTL} {
 		if v > 0 {
