@@ -28,7 +28,11 @@ $$;
 -- A consumer that applies an aggregate's events in sequence keeps the
 -- highest sequence it has applied without a gap (inbox_sequences), and
 -- parks an event that arrives before its predecessor (inbox_parked) until
--- the predecessor is applied or the wait ends (package inbox, Sequencer).
+-- the predecessor is applied or the wait ends (package inbox, Admit).
+-- Neither counters nor cursors are reaped: one small row per order each,
+-- like the order itself. A cursor deleted while its order can still get
+-- events (a refund weeks later) would make that event look early: it would
+-- wait NOTIFY_SEQUENCE_WAIT and be counted as applied out of order.
 CREATE TABLE inbox_sequences (
     consumer     text        NOT NULL,
     aggregate_id text        NOT NULL,

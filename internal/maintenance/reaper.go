@@ -19,7 +19,6 @@ const (
 	TableIdempotencyKeys = "idempotency_keys"
 	TableInbox           = "inbox"
 	TableOutbox          = "outbox"
-	TableInboxSequences  = "inbox_sequences"
 )
 
 // ReaperConfig configures a Reaper. Zero fields take the defaults named in
@@ -95,10 +94,10 @@ func NewReaper(db *gorm.DB, cfg ReaperConfig) (*Reaper, error) {
 		db: db, cfg: cfg, logger: logger,
 		deleted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "checkout_reaper_deleted_total",
-			Help: "Rows the reaper deleted past their retention, by table (idempotency_keys, inbox, outbox, inbox_sequences).",
+			Help: "Rows the reaper deleted past their retention, by table (idempotency_keys, inbox, outbox).",
 		}, []string{"table"}),
 	}
-	for _, t := range []string{TableIdempotencyKeys, TableInbox, TableOutbox, TableInboxSequences} {
+	for _, t := range []string{TableIdempotencyKeys, TableInbox, TableOutbox} {
 		r.deleted.WithLabelValues(t)
 	}
 	if cfg.Registerer != nil {
@@ -144,9 +143,6 @@ type TableReap struct {
 // Reap is what one round did, by table.
 type Reap struct {
 	Keys, Inbox, Outbox TableReap
-	// Sequences are the consumers' per-order cursors (inbox_sequences),
-	// kept as long as inbox rows.
-	Sequences TableReap
 }
 
 // RunOnce runs one round: for each table it deletes batches until one comes
@@ -189,15 +185,6 @@ func (r *Reaper) RunOnce(ctx context.Context) (Reap, error) {
 		  WHERE published_at IS NOT NULL AND published_at < ?
 		  ORDER BY published_at LIMIT ? FOR UPDATE SKIP LOCKED))`,
 		now.Add(-r.cfg.OutboxRetention))
-	// A cursor untouched for the inbox's retention belongs to an order
-	// whose events are long applied; one with parked events stays.
-	res.Sequences, errs = r.reap(ctx, TableInboxSequences, errs, `
-		DELETE FROM inbox_sequences s WHERE (consumer, aggregate_id) IN (
-		  SELECT consumer, aggregate_id FROM inbox_sequences c
-		  WHERE updated_at < ? AND NOT EXISTS (
-		    SELECT 1 FROM inbox_parked p WHERE p.consumer = c.consumer AND p.aggregate_id = c.aggregate_id)
-		  ORDER BY updated_at LIMIT ? FOR UPDATE SKIP LOCKED)`,
-		now.Add(-r.cfg.InboxRetention))
 	return res, errors.Join(errs...)
 }
 

@@ -115,10 +115,9 @@ func TestReaperDeletesOnlyPastRetention(t *testing.T) {
 	require.NoError(t, err)
 	// Full batches, then one short batch that ends the table's loop.
 	require.Equal(t, maintenance.Reap{
-		Keys:      maintenance.TableReap{Deleted: 2000, Statements: 5},
-		Inbox:     maintenance.TableReap{Deleted: 700, Statements: 2},
-		Outbox:    maintenance.TableReap{Deleted: 1200, Statements: 3},
-		Sequences: maintenance.TableReap{Statements: 1},
+		Keys:   maintenance.TableReap{Deleted: 2000, Statements: 5},
+		Inbox:  maintenance.TableReap{Deleted: 700, Statements: 2},
+		Outbox: maintenance.TableReap{Deleted: 1200, Statements: 3},
 	}, res)
 
 	require.Equal(t, 0, e.count(`SELECT count(*) FROM idempotency_keys WHERE key LIKE 'expired-%'`))
@@ -141,7 +140,6 @@ func TestReaperDeletesOnlyPastRetention(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, maintenance.Reap{
 		Keys: maintenance.TableReap{Statements: 1}, Inbox: maintenance.TableReap{Statements: 1}, Outbox: maintenance.TableReap{Statements: 1},
-		Sequences: maintenance.TableReap{Statements: 1},
 	}, res)
 	require.EqualValues(t, 2000, e.deleted(maintenance.TableIdempotencyKeys))
 	require.EqualValues(t, 700, e.deleted(maintenance.TableInbox))
@@ -194,10 +192,9 @@ func TestReaperSkipsLockedRows(t *testing.T) {
 	res, err = e.reaper.RunOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, maintenance.Reap{
-		Keys:      maintenance.TableReap{Deleted: 1, Statements: 1},
-		Inbox:     maintenance.TableReap{Deleted: 1, Statements: 1},
-		Outbox:    maintenance.TableReap{Deleted: 1, Statements: 1},
-		Sequences: maintenance.TableReap{Statements: 1},
+		Keys:   maintenance.TableReap{Deleted: 1, Statements: 1},
+		Inbox:  maintenance.TableReap{Deleted: 1, Statements: 1},
+		Outbox: maintenance.TableReap{Deleted: 1, Statements: 1},
 	}, res)
 	require.EqualValues(t, 1200, e.deleted(maintenance.TableIdempotencyKeys))
 }
@@ -266,26 +263,4 @@ func TestNewReaperRegistersOnce(t *testing.T) {
 	require.NoError(t, err)
 	_, err = maintenance.NewReaper(nil, maintenance.ReaperConfig{Registerer: reg})
 	require.Error(t, err)
-}
-
-// TestReaperDeletesOldSequenceCursorsButNotOnesWithParkedEvents: a
-// consumer's cursor of an order untouched for INBOX_RETENTION goes; one
-// that still has a parked event stays, or that event could never be
-// unparked by its predecessor.
-func TestReaperDeletesOldSequenceCursorsButNotOnesWithParkedEvents(t *testing.T) {
-	t.Parallel()
-	db, _ := pgtest.NewDB(t)
-	require.NoError(t, db.Exec(`INSERT INTO inbox_sequences (consumer, aggregate_id, applied_seq, updated_at) VALUES
-		('c', 'ord_old', 2, now() - interval '10 days'),
-		('c', 'ord_parked', 1, now() - interval '10 days'),
-		('c', 'ord_new', 2, now())`).Error)
-	require.NoError(t, db.Exec(`INSERT INTO inbox_parked (consumer, aggregate_id, seq, message_id, body) VALUES ('c', 'ord_parked', 3, 'evt_3', '{}')`).Error)
-	r, err := maintenance.NewReaper(db, maintenance.ReaperConfig{InboxRetention: 7 * 24 * time.Hour, OutboxRetention: time.Hour})
-	require.NoError(t, err)
-	res, err := r.RunOnce(context.Background())
-	require.NoError(t, err)
-	require.EqualValues(t, 1, res.Sequences.Deleted)
-	var left []string
-	require.NoError(t, db.Raw(`SELECT aggregate_id FROM inbox_sequences ORDER BY aggregate_id`).Scan(&left).Error)
-	require.Equal(t, []string{"ord_new", "ord_parked"}, left)
 }
