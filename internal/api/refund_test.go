@@ -497,6 +497,14 @@ func TestApplyStripeRefundMovesOnlyForward(t *testing.T) {
 	require.False(t, changed)
 	_, err = h.api.Refunds.ApplyStripeRefund(ctx, refunds.StripeRefund{ID: "re_someone_else", Status: "succeeded"})
 	require.ErrorIs(t, err, refunds.ErrNotOurs)
+	// A second Stripe refund carrying our refund_id: not applied, counted,
+	// and not an error a webhook would be retried for.
+	_, err = h.api.Refunds.ApplyStripeRefund(ctx, refunds.StripeRefund{ID: "re_second", Status: "succeeded", Amount: 1000,
+		Metadata: map[string]string{"refund_id": rf.ID}})
+	require.ErrorIs(t, err, refunds.ErrDuplicateAtStripe)
+	require.ErrorIs(t, err, refunds.ErrNotOurs)
+	require.Equal(t, 1.0, testutil.ToFloat64(gathered{h.registry.Registry, "checkout_refund_duplicates_at_stripe_total", nil}))
+	require.EqualValues(t, 1000, h.orderView(orderID).AmountRefunded)
 
 	failed, err := h.emu.FailRefund(*rf.StripeRefundID, "")
 	require.NoError(t, err)

@@ -16,7 +16,7 @@ import (
 // the metadata refund_id of one of our refunds that is already bound to
 // another Stripe refund: Stripe made two refunds for one of ours (a stored
 // 500 rolled forward after the reconciliation window). Nothing is changed;
-// operators must look (the log names both).
+// operators must look (the log names both). The error wraps ErrNotOurs too.
 var ErrDuplicateAtStripe = errors.New("a second Stripe refund for one of our refunds")
 
 // ErrNotOurs is returned by Apply for a Stripe refund that is none of ours
@@ -85,7 +85,9 @@ func Apply(ctx context.Context, tx *gorm.DB, st StripeRefund, now time.Time) (ch
 		return false, err
 	}
 	if r.StripeRefundID != nil && *r.StripeRefundID != st.ID {
-		return false, fmt.Errorf("refund %s is %s at Stripe, not %s: %w", r.ID, *r.StripeRefundID, st.ID, ErrDuplicateAtStripe)
+		// Also ErrNotOurs: a webhook for it is acknowledged, not retried
+		// for days; Service.ApplyRefund logs and counts it.
+		return false, fmt.Errorf("refund %s is %s at Stripe, not %s: %w: %w", r.ID, *r.StripeRefundID, st.ID, ErrDuplicateAtStripe, ErrNotOurs)
 	}
 
 	target := ourStatus(st.Status)
@@ -158,7 +160,13 @@ func Apply(ctx context.Context, tx *gorm.DB, st StripeRefund, now time.Time) (ch
 // form the webhook handler calls, recording the event in its inbox in the
 // same transaction.
 func (s *Service) ApplyRefund(ctx context.Context, tx *gorm.DB, st StripeRefund) (changed bool, err error) {
-	return Apply(ctx, tx, st, s.now())
+	changed, err = Apply(ctx, tx, st, s.now())
+	if errors.Is(err, ErrDuplicateAtStripe) {
+		s.Metrics.duplicate(1)
+		s.Logger.ErrorContext(ctx, "Stripe holds more than one refund for one of ours", "refund_id", st.Metadata["refund_id"],
+			"stripe_refund_id", st.ID, "err", err)
+	}
+	return changed, err
 }
 
 // ApplyStripeRefund is Apply in its own transaction.
@@ -166,7 +174,7 @@ func (s *Service) ApplyStripeRefund(ctx context.Context, st StripeRefund) (bool,
 	var changed bool
 	err := postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
 		var err error
-		changed, err = Apply(ctx, tx, st, s.now())
+		changed, err = s.ApplyRefund(ctx, tx, st)
 		return err
 	})
 	return changed, err

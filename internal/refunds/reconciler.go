@@ -31,9 +31,6 @@ func (s *Service) PollPending(ctx context.Context, olderThan time.Duration, limi
 			continue
 		}
 		ok, err := s.ApplyStripeRefund(ctx, st)
-		if errors.Is(err, ErrDuplicateAtStripe) {
-			s.Metrics.duplicate(1)
-		}
 		if err != nil {
 			errs = append(errs, err)
 			continue

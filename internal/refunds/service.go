@@ -355,7 +355,11 @@ func (s *Service) settle(ctx context.Context, c *idempotency.Claim, r *refundRow
 				st.ID, r.ID).Error; err != nil {
 				return fmt.Errorf("bind refund %s to %s: %w", r.ID, st.ID, err)
 			}
-			if _, err := Apply(ctx, tx, *st, now); err != nil {
+			// A second Stripe refund for this one (a 500 rolled forward
+			// after another attempt was adopted) changes nothing here:
+			// logged and counted, and the key is finished with the refund
+			// as it stands.
+			if _, err := s.ApplyRefund(ctx, tx, *st); err != nil && !errors.Is(err, ErrDuplicateAtStripe) {
 				return err
 			}
 		} else if err := failUnsent(ctx, tx, r, failureReason, now); err != nil {
