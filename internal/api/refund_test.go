@@ -559,3 +559,27 @@ func TestUnansweredAttemptPastKeyRetentionIsReconciledNotResent(t *testing.T) {
 	require.Len(t, h.stripeRefunds(pi), 1)
 	require.EqualValues(t, 1000, h.orderView(orderID).AmountRefunded)
 }
+
+// TestRefundWhileStripeIsDownResendsTheSameKey: Stripe answers 503 (stored
+// by nobody) until the retries run out: 502, and the attempt stays open.
+// Once Stripe is back the retry resends the same key at once (no
+// reconciliation window to wait out): one attempt, one refund.
+func TestRefundWhileStripeIsDownResendsTheSameKey(t *testing.T) {
+	t.Parallel()
+	h := setup(t, func(o *options) { o.refundRetryAfter = time.Hour })
+	orderID, pi := h.paidOrder()
+	require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultFail, Op: stripeemu.OpRefundCreate, Status: 503}))
+
+	down := h.refund(orderID, "down", `{"amount":900}`)
+	require.Equal(t, http.StatusBadGateway, down.status, "%s", down.body)
+	require.Equal(t, "payment_provider_unavailable", decodeProblem(t, down).Code)
+	require.NotEmpty(t, down.header.Get("Retry-After"))
+	h.emu.ClearFaults()
+
+	rf := decodeRefund(t, h.refund(orderID, "down", `{"amount":900}`))
+	require.Equal(t, refunds.StatusSucceeded, rf.Status)
+	require.Len(t, h.stripeRefunds(pi), 1)
+	var outcomes []string
+	require.NoError(t, h.db.Raw(`SELECT outcome FROM payment_attempts WHERE step = ? ORDER BY attempt`, "refund:"+rf.ID).Scan(&outcomes).Error)
+	require.Equal(t, []string{"succeeded"}, outcomes, "the same attempt, resent")
+}

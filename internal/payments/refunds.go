@@ -42,7 +42,7 @@ func refundCall[T any](ctx context.Context, c *Client, o op, key string, do func
 		case res == resultTransient:
 			return zero, err
 		case res == resultIndeterminate:
-			return zero, backoff.Permanent(err)
+			return zero, backoff.Permanent(fmt.Errorf("%w: %w", refunds.ErrIndeterminate, err))
 		default:
 			return zero, backoff.Permanent(fmt.Errorf("%w: %w", refunds.ErrRejected, err))
 		}
@@ -60,10 +60,11 @@ func refundCall[T any](ctx context.Context, c *Client, o op, key string, do func
 // same key and parameters until Config.MaxElapsed. It returns the refund
 // Stripe answered with, whatever its status; an error wrapping
 // refunds.ErrRejected for a 4xx (nothing was created); an error wrapping
-// ErrIndeterminate for a 500, which Stripe stores under the key, so it is
-// not resent (https://docs.stripe.com/api/idempotent_requests); and an
-// error wrapping ErrUnavailable when the retries ran out, in which case the
-// refund may have been created too.
+// refunds.ErrIndeterminate (and ErrIndeterminate) for a 500, which Stripe
+// stores under the key, so it is not resent
+// (https://docs.stripe.com/api/idempotent_requests); and an error wrapping
+// ErrUnavailable when the retries ran out without an answer, in which case
+// the refund may have been created too, and resending the key is safe.
 func (c *Client) CreateRefund(ctx context.Context, p refunds.CreateParams) (refunds.StripeRefund, error) {
 	if strings.TrimSpace(p.IdempotencyKey) == "" {
 		return refunds.StripeRefund{}, fmt.Errorf("refund %s: %w: %w", p.RefundID, refunds.ErrRejected, ErrNoIdempotencyKey)

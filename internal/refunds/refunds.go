@@ -113,9 +113,8 @@ type CreateParams struct {
 // retry with it; it returns the refund Stripe created (whatever its
 // status), or an error wrapping ErrRejected when Stripe refused the request
 // itself (a 4xx: nothing was created and the same request cannot succeed),
-// or another error when the outcome is unknown: a 500 (which Stripe stores
-// under the key, so the key will never succeed again), a timeout, Stripe
-// unreachable. GetRefund retrieves one refund by id; ListRefunds lists
+// an error wrapping ErrIndeterminate for a 500 Stripe stored under the key,
+// or another error when Stripe gave no answer (a timeout, unreachable). GetRefund retrieves one refund by id; ListRefunds lists
 // every refund of a PaymentIntent (strongly consistent, unlike search).
 type Stripe interface {
 	CreateRefund(ctx context.Context, p CreateParams) (StripeRefund, error)
@@ -126,3 +125,12 @@ type Stripe interface {
 // ErrRejected is wrapped by Stripe's errors when Stripe refused the request
 // as such (4xx other than 409 and 429): final, never retried.
 var ErrRejected = errors.New("stripe rejected the refund request")
+
+// ErrIndeterminate is wrapped by CreateRefund's error when Stripe stored an
+// error under the key (a 500): the key can never succeed again and the
+// refund may or may not exist, or appear later
+// (https://docs.stripe.com/api/idempotent_requests). Any other error of
+// CreateRefund (no answer: a timeout, Stripe unreachable, 503s until the
+// retries ran out) leaves the key usable: resending it either runs the
+// request or replays what it did.
+var ErrIndeterminate = errors.New("stripe stored an indeterminate answer under the key")

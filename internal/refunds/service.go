@@ -249,7 +249,7 @@ func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (
 					return nil, s.fail(c, rerr)
 				}
 				return s.settle(ctx, c, r, nil, "stripe_rejected")
-			default:
+			case errors.Is(err, ErrIndeterminate):
 				s.Logger.WarnContext(ctx, "refund attempt indeterminate; reconciling before any new attempt",
 					"refund_id", r.ID, "attempt", a.Attempt, "err", err)
 				if rerr := recordAttempt(ctx, s.DB, a, outcomeIndeterminate, nil, err, s.now()); rerr != nil {
@@ -257,6 +257,15 @@ func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (
 				}
 				// The next round reconciles at once: with a roll-forward
 				// of "0s" the refund is already there.
+			default:
+				// No answer: Stripe stored nothing we know of under the
+				// key, so the attempt stays open and the retry (or the
+				// completer) resends the same key, which runs the request
+				// or replays what it did.
+				if rerr := noteAttemptError(ctx, s.DB, a, err, s.now()); rerr != nil {
+					s.Logger.WarnContext(ctx, "record refund attempt", "err", rerr)
+				}
+				return nil, s.fail(c, problem.Wrap(ErrPaymentUnavailable, err))
 			}
 		case *a.Outcome == outcomeSucceeded && a.StripeObjectID != nil:
 			// Stripe answered but transaction 2 did not commit.

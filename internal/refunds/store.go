@@ -203,3 +203,17 @@ func recordAttempt(ctx context.Context, db *gorm.DB, a *attemptRow, outcome stri
 	a.Outcome, a.UpdatedAt = &outcome, now
 	return nil
 }
+
+// noteAttemptError records the last error of an attempt that got no answer,
+// for people; its outcome stays open (NULL), so its key is resent.
+func noteAttemptError(ctx context.Context, db *gorm.DB, a *attemptRow, cause error, now time.Time) error {
+	msg := cause.Error()
+	if len(msg) > 1000 {
+		msg = msg[:1000]
+	}
+	if err := db.WithContext(ctx).Model(&attemptRow{}).Where("id = ? AND outcome IS NULL", a.ID).
+		Updates(map[string]any{"error": msg, "updated_at": now}).Error; err != nil {
+		return fmt.Errorf("record error of attempt %d of %s: %w", a.Attempt, a.Step, err)
+	}
+	return nil
+}
