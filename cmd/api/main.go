@@ -60,6 +60,7 @@ type settings struct {
 	DedupFailureMode    string        `env:"DEDUP_FAILURE_MODE" envDefault:"closed"`
 	APIKeys             string        `env:"CHECKOUT_API_KEYS" envDefault:"acme:sk_test_acme,globex:sk_test_globex" secret:"true"`
 	WorkTimeout         time.Duration `env:"WORK_TIMEOUT" envDefault:"60s"`
+	RefundRetryAfter    time.Duration `env:"REFUND_RETRY_AFTER" envDefault:"1m"`
 	ShutdownTimeout     time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"20s"`
 	LogLevel            slog.Level    `env:"LOG_LEVEL" envDefault:"info"`
 }
@@ -89,7 +90,7 @@ func (s *settings) check() (*auth.Keys, idempotency.FailureMode, error) {
 	}
 	for name, d := range map[string]time.Duration{"STRIPE_TIMEOUT": s.StripeTimeout, "STRIPE_MAX_ELAPSED": s.StripeMaxElapsed,
 		"WORK_TIMEOUT": s.WorkTimeout, "SHUTDOWN_TIMEOUT": s.ShutdownTimeout,
-		"PAYMENT_UNKNOWN_AFTER": s.UnknownAfter, "PAYMENT_ACTION_TIMEOUT": s.ActionTimeout} {
+		"PAYMENT_UNKNOWN_AFTER": s.UnknownAfter, "PAYMENT_ACTION_TIMEOUT": s.ActionTimeout, "REFUND_RETRY_AFTER": s.RefundRetryAfter} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s: must be positive, got %s", name, d))
 		}
@@ -158,12 +159,13 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}, logger, reg)
 
 	app := api.New(api.Config{
-		RedisKeyPrefix: s.RedisKeyPrefix,
-		TTL:            s.IdempotencyTTL,
-		Lease:          s.IdempotencyLease,
-		FailureMode:    mode,
-		WorkTimeout:    s.WorkTimeout,
-		WebhookSecret:  s.StripeWebhookSecret,
+		RedisKeyPrefix:   s.RedisKeyPrefix,
+		TTL:              s.IdempotencyTTL,
+		Lease:            s.IdempotencyLease,
+		FailureMode:      mode,
+		WorkTimeout:      s.WorkTimeout,
+		WebhookSecret:    s.StripeWebhookSecret,
+		RefundRetryAfter: s.RefundRetryAfter,
 		Saga: checkout.SagaConfig{
 			SearchSettle:  s.StripeSettle,
 			UnknownAfter:  s.UnknownAfter,

@@ -1,7 +1,8 @@
 // Command worker runs the background work after a checkout commits: the
-// order.paid consumer and the notification sender (CONTRACT.md, "Events"),
-// the completer (checkouts whose process died), the reconciler (payments
-// waiting for Stripe or the customer) and the reaper (retention).
+// order events consumer and the notification sender (CONTRACT.md,
+// "Events"), the completer (checkouts and refunds whose process died), the
+// reconciler (payments waiting for Stripe or the customer), the refund
+// reconciler (refunds Stripe keeps pending) and the reaper (retention).
 // Any number may run at once. It does not migrate: it waits until the API
 // has created the schema.
 package main
@@ -27,6 +28,7 @@ import (
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/rabbitmq"
+	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/telemetry"
 )
 
@@ -47,6 +49,7 @@ type settings struct {
 	MetricsAddr   string        `env:"METRICS_ADDR" envDefault:":9092"`
 	Prefetch      int           `env:"NOTIFY_PREFETCH" envDefault:"32"`
 	SweepInterval time.Duration `env:"NOTIFY_SWEEP_INTERVAL" envDefault:"1s"`
+	SequenceWait  time.Duration `env:"NOTIFY_SEQUENCE_WAIT" envDefault:"30s"`
 
 	// The completer and the reconciler run the checkout's payment saga, so
 	// they need what the API needs to call Stripe with the same keys,
@@ -64,6 +67,8 @@ type settings struct {
 	IdempotencyTTL     time.Duration `env:"IDEMPOTENCY_TTL" envDefault:"24h"`
 	IdempotencyLease   time.Duration `env:"IDEMPOTENCY_LEASE" envDefault:"30s"`
 	CompleterInterval  time.Duration `env:"COMPLETER_INTERVAL" envDefault:"5s"`
+	RefundRetryAfter   time.Duration `env:"REFUND_RETRY_AFTER" envDefault:"1m"`
+	RefundPoll         time.Duration `env:"REFUND_POLL_INTERVAL" envDefault:"10s"`
 	ReaperInterval     time.Duration `env:"REAPER_INTERVAL" envDefault:"1m"`
 	InboxRetention     time.Duration `env:"INBOX_RETENTION" envDefault:"168h"`
 	OutboxRetention    time.Duration `env:"OUTBOX_RETENTION" envDefault:"168h"`
@@ -87,6 +92,9 @@ func (s *settings) check() error {
 	if s.SweepInterval <= 0 {
 		errs = append(errs, errors.New("NOTIFY_SWEEP_INTERVAL: must be positive"))
 	}
+	if s.SequenceWait <= 0 {
+		errs = append(errs, errors.New("NOTIFY_SEQUENCE_WAIT: must be positive"))
+	}
 	if s.StripeSettle < 0 {
 		errs = append(errs, fmt.Errorf("STRIPE_SEARCH_SETTLE: must not be negative, got %s", s.StripeSettle))
 	}
@@ -102,6 +110,7 @@ func (s *settings) check() error {
 		"WORK_TIMEOUT": s.WorkTimeout, "RECONCILER_INTERVAL": s.ReconcilerInterval, "ORPHAN_SWEEP_INTERVAL": s.OrphanSweep,
 		"IDEMPOTENCY_TTL": s.IdempotencyTTL, "IDEMPOTENCY_LEASE": s.IdempotencyLease,
 		"COMPLETER_INTERVAL": s.CompleterInterval, "REAPER_INTERVAL": s.ReaperInterval,
+		"REFUND_RETRY_AFTER": s.RefundRetryAfter, "REFUND_POLL_INTERVAL": s.RefundPoll,
 		"INBOX_RETENTION": s.InboxRetention, "OUTBOX_RETENTION": s.OutboxRetention,
 	} {
 		if d <= 0 {
@@ -146,8 +155,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	defer conn.Close()
 
 	notifier, err := notify.NewService(db, conn, &notify.SMTPMailer{Addr: s.SMTPAddr}, notify.Config{
-		Queue:    s.NotifyQueue,
-		Prefetch: s.Prefetch,
+		Queue:        s.NotifyQueue,
+		Prefetch:     s.Prefetch,
+		SequenceWait: s.SequenceWait,
 		Sender: notify.SenderConfig{
 			From:          s.SMTPFrom,
 			SweepInterval: s.SweepInterval,
@@ -169,7 +179,15 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	svc := &checkout.Service{DB: db, Keys: keys, Payments: pay, Logger: logger, Now: time.Now,
 		Saga:    checkout.SagaConfig{SearchSettle: s.StripeSettle, UnknownAfter: s.UnknownAfter, ActionTimeout: s.ActionTimeout},
 		Metrics: checkout.NewMetrics(reg)}
-	completer, err := maintenance.NewCompleter(db, keys, svc, maintenance.CompleterConfig{
+	// Refunds whose request died are finished the same way; refunds Stripe
+	// keeps pending are polled until Stripe settles them.
+	refundSvc := &refunds.Service{DB: db, Keys: keys, Stripe: pay, Logger: logger.With("loop", "refunds"),
+		Now: time.Now, RetryAfter: s.RefundRetryAfter, Metrics: refunds.NewMetrics(reg)}
+	byRoute := maintenance.ByRoute{DB: db, Routes: map[string]maintenance.KeyCompleter{
+		checkout.Route: svc,
+		refunds.Route:  refundSvc,
+	}}
+	completer, err := maintenance.NewCompleter(db, keys, byRoute, maintenance.CompleterConfig{
 		Interval:   s.CompleterInterval,
 		Grace:      s.IdempotencyLease,
 		KeyTimeout: s.WorkTimeout, // detached; a run cut by the drain stays resumable
@@ -208,6 +226,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		completer.Run,
 		reconciler.Run,
 		reaper.Run,
+		func(ctx context.Context) error { return refundSvc.RunReconciler(ctx, s.RefundPoll) },
 	)
 	logger.Info("worker stopped", "err", err)
 	return err

@@ -18,6 +18,7 @@ import (
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/problem"
+	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/telemetry"
 	"github.com/onceonly/checkout/internal/webhooks"
 )
@@ -27,6 +28,8 @@ type Deps struct {
 	DB       *gorm.DB
 	Redis    redis.UniversalClient
 	Payments checkout.PaymentProvider
+	// Refunds is Stripe's Refund API; nil: Payments, if it has one.
+	Refunds  refunds.Stripe
 	Keys     *auth.Keys
 	Logger   *slog.Logger
 	Registry *prometheus.Registry
@@ -48,12 +51,16 @@ type Config struct {
 	// Saga tunes the payment saga (STRIPE_SEARCH_SETTLE,
 	// PAYMENT_UNKNOWN_AFTER, PAYMENT_ACTION_TIMEOUT).
 	Saga checkout.SagaConfig
+	// RefundRetryAfter is how long an indeterminate refund attempt is
+	// reconciled before a new attempt (REFUND_RETRY_AFTER, default 1m).
+	RefundRetryAfter time.Duration
 }
 
 // API is the assembled service.
 type API struct {
 	Handler  http.Handler
 	Service  *checkout.Service
+	Refunds  *refunds.Service
 	KeyStore *idempotency.Store
 }
 
@@ -89,6 +96,12 @@ func New(cfg Config, d Deps) *API {
 		Tenant:  auth.TenantOf,
 	}
 	handler := &checkout.Handler{Service: svc, Logger: d.Logger, Tenant: auth.TenantOf}
+	stripeRefunds := d.Refunds
+	if stripeRefunds == nil {
+		stripeRefunds, _ = d.Payments.(refunds.Stripe)
+	}
+	refundSvc := &refunds.Service{DB: d.DB, Keys: store, Stripe: stripeRefunds, Logger: d.Logger, Now: d.Now,
+		RetryAfter: cfg.RefundRetryAfter, Metrics: refunds.NewMetrics(reg)}
 
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
@@ -127,18 +140,25 @@ func New(cfg Config, d Deps) *API {
 	if secret == "" {
 		secret = webhooks.DefaultSecret
 	}
-	r.POST(webhooks.Path, gin.WrapH(&webhooks.Handler{
+	hook := &webhooks.Handler{
 		DB:       d.DB,
 		Verifier: webhooks.Verifier{Secret: secret},
 		Orders:   webhookOrders{svc},
 		Stripe:   webhookStripe{d.Payments},
 		Logger:   d.Logger,
 		Metrics:  webhooks.NewMetrics(reg),
-	}))
+	}
+	if stripeRefunds != nil {
+		hook.Refunds = webhookRefunds{refundSvc}
+	}
+	r.POST(webhooks.Path, gin.WrapH(hook))
 
 	v1 := r.Group("/", auth.Middleware(d.Keys))
 	handler.Register(v1, gateway)
-	return &API{Handler: r, Service: svc, KeyStore: store}
+	if stripeRefunds != nil {
+		(&refunds.Handler{Service: refundSvc, Logger: d.Logger}).Register(v1, gateway)
+	}
+	return &API{Handler: r, Service: svc, Refunds: refundSvc, KeyStore: store}
 }
 
 // recovery turns a panic into a logged generic 500 problem.

@@ -58,6 +58,8 @@ type options struct {
 	// wrap, when set, wraps the Stripe client the API uses (to play
 	// answers the emulator cannot give on its own).
 	wrap func(checkout.PaymentProvider) checkout.PaymentProvider
+	// refundRetryAfter is REFUND_RETRY_AFTER (0: the default).
+	refundRetryAfter time.Duration
 }
 
 // harness is one test's running API over its own database and Redis prefix,
@@ -165,12 +167,13 @@ func setup(t testing.TB, opt ...func(*options)) *harness {
 	reg := telemetry.NewRegistry()
 	h.registry = &registry{reg}
 	h.api = api.New(api.Config{
-		RedisKeyPrefix: h.prefix,
-		TTL:            o.ttl,
-		Lease:          o.lease,
-		FailureMode:    o.failureMode,
-		WorkTimeout:    30 * time.Second,
-		Saga:           o.saga,
+		RedisKeyPrefix:   h.prefix,
+		TTL:              o.ttl,
+		Lease:            o.lease,
+		FailureMode:      o.failureMode,
+		WorkTimeout:      30 * time.Second,
+		Saga:             o.saga,
+		RefundRetryAfter: o.refundRetryAfter,
 	}, api.Deps{DB: h.db, Redis: h.rdb, Payments: pay, Keys: keys, Logger: logger, Registry: reg, Now: o.now})
 	h.srv.Config.Handler = h.api.Handler
 	h.srv.Start()

@@ -8,6 +8,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/checkout"
+	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/webhooks"
 )
 
@@ -73,4 +74,31 @@ func fromState(st checkout.PaymentIntentState) webhooks.PaymentIntent {
 		CancellationReason: st.CancellationReason,
 		NextAction:         st.NextAction, ClientSecret: st.ClientSecret,
 	}
+}
+
+// webhookRefunds adapts the refund saga to what the webhook handler needs
+// (webhooks.Refunds): refunds.Service.ApplyRefund inside the handler's
+// transaction, only forward.
+type webhookRefunds struct{ svc *refunds.Service }
+
+var _ webhooks.Refunds = webhookRefunds{}
+
+// ApplyRefund applies r with refunds.Service.ApplyRefund; a refund that is
+// none of ours (refunds.ErrNotOurs) is reported as webhooks.ErrNotOurs, so
+// the event is answered 200 instead of being resent for days.
+func (w webhookRefunds) ApplyRefund(ctx context.Context, tx *gorm.DB, r webhooks.Refund) (bool, error) {
+	md := map[string]string{}
+	for k, v := range map[string]string{"order_id": r.OrderID, "tenant_id": r.TenantID, "refund_id": r.RefundID} {
+		if v != "" {
+			md[k] = v
+		}
+	}
+	changed, err := w.svc.ApplyRefund(ctx, tx, refunds.StripeRefund{
+		ID: r.ID, PaymentIntentID: r.PaymentIntentID, Amount: r.Amount, Currency: r.Currency,
+		Status: r.Status, FailureReason: r.FailureReason, Metadata: md,
+	})
+	if errors.Is(err, refunds.ErrNotOurs) {
+		return false, fmt.Errorf("%w: %w", webhooks.ErrNotOurs, err)
+	}
+	return changed, err
 }

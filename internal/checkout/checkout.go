@@ -132,9 +132,12 @@ type Payment struct {
 
 // Notification is one channel's delivery state, shown on GET /v1/orders/{id}.
 type Notification struct {
-	Channel string     `json:"channel"`
-	Status  string     `json:"status"`
-	SentAt  *time.Time `json:"sent_at"`
+	Channel string `json:"channel"`
+	// Kind is what it is about: order_paid, or order_refunded (one per
+	// succeeded refund).
+	Kind   string     `json:"kind"`
+	Status string     `json:"status"`
+	SentAt *time.Time `json:"sent_at"`
 }
 
 // Request is the body of POST /v1/checkouts.

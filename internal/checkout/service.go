@@ -15,6 +15,7 @@ import (
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/problem"
+	"github.com/onceonly/checkout/internal/refunds"
 )
 
 // Service runs checkouts and their payment sagas. DB, Keys, Payments,
@@ -290,7 +291,10 @@ func (s *Service) Products(ctx context.Context) ([]Product, error) {
 // returns it.
 type OrderView struct {
 	*Order
-	Notifications []Notification `json:"notifications"`
+	// AmountRefunded is the sum of the order's succeeded refunds.
+	AmountRefunded int64            `json:"amount_refunded"`
+	Refunds        []refunds.Refund `json:"refunds"`
+	Notifications  []Notification   `json:"notifications"`
 }
 
 // Order returns tenant's order id with its notifications, or
@@ -307,7 +311,17 @@ func (s *Service) Order(ctx context.Context, tenantID, id string) (*OrderView, e
 	if err != nil {
 		return nil, s.translate(err)
 	}
-	return &OrderView{Order: o, Notifications: ns}, nil
+	rs, err := refunds.ForOrder(ctx, s.DB, id)
+	if err != nil {
+		return nil, s.translate(err)
+	}
+	var refunded int64
+	for _, r := range rs {
+		if r.Status == refunds.StatusSucceeded {
+			refunded += r.Amount
+		}
+	}
+	return &OrderView{Order: o, AmountRefunded: refunded, Refunds: rs, Notifications: ns}, nil
 }
 
 // validOrderID reports whether id has the form ids.New("ord") gives:

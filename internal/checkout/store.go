@@ -392,7 +392,8 @@ func finishAttempt(ctx context.Context, db *gorm.DB, id int64, outcome string, p
 func notificationsFor(ctx context.Context, db *gorm.DB, orderID string) ([]Notification, error) {
 	ns := []Notification{}
 	err := db.WithContext(ctx).Raw(`
-		SELECT channel, status, sent_at FROM notifications WHERE order_id = ? ORDER BY channel`, orderID).
+		SELECT channel, kind, status, sent_at FROM notifications WHERE order_id = ?
+		ORDER BY channel, coalesce(event_seq, 0), created_at`, orderID).
 		Scan(&ns).Error
 	if err != nil {
 		return nil, fmt.Errorf("load notifications of %s: %w", orderID, err)

@@ -24,6 +24,7 @@ import (
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/payments/stripeemu"
+	"github.com/onceonly/checkout/internal/refunds"
 )
 
 // The contract: the same client calls and raw requests, run against the
@@ -88,6 +89,30 @@ func runContract(t *testing.T, base string) {
 		r := rawRequest(t, base, http.MethodGet, "/v1/payment_intents/"+pi.ID, "sk_test_123", "")
 		require.Equal(t, http.StatusOK, r.status, string(r.body))
 		require.Equal(t, "payment_intent", r.object())
+	})
+
+	t.Run("refund calls accepted", func(t *testing.T) {
+		t.Parallel()
+		pi, err := client.CreatePaymentIntent(t.Context(), createReq(t, "pm_card_visa"))
+		require.NoError(t, err)
+		_, err = client.ConfirmPaymentIntent(t.Context(), checkout.ConfirmIntentRequest{
+			IdempotencyKey: checkout.StepKey("ord_"+t.Name(), checkout.StepConfirm, 1), PaymentIntentID: pi.ID})
+		require.NoError(t, err)
+
+		p := refunds.CreateParams{IdempotencyKey: "ord_1/refund:rf_" + t.Name() + "/1", PaymentIntentID: pi.ID, Amount: 1000,
+			Reason: "requested_by_customer", RefundID: "rf_1", OrderID: "ord_1", TenantID: "acme"}
+		rf, err := client.CreateRefund(t.Context(), p)
+		require.NoError(t, err, "the refund create shape must be accepted")
+		require.Regexp(t, `^re_`, rf.ID)
+		again, err := client.CreateRefund(t.Context(), p)
+		require.NoError(t, err, "the same refund with the same key is accepted again")
+		require.Regexp(t, `^re_`, again.ID)
+		got, err := client.GetRefund(t.Context(), rf.ID)
+		require.NoError(t, err, "the refund retrieve shape must be accepted")
+		require.Regexp(t, `^re_`, got.ID)
+		list, err := client.ListRefunds(t.Context(), pi.ID)
+		require.NoError(t, err, "the refund list shape must be accepted")
+		require.NotEmpty(t, list)
 	})
 
 	t.Run("payment intent lifecycle with stripe-go", func(t *testing.T) {

@@ -234,9 +234,9 @@ func (h *Handler) handle(ctx context.Context, ev Event) (string, error) {
 		return OutcomeIgnored, nil
 	case TypeChargeRefunded, TypeRefundUpdated, TypeRefundFailed:
 		if h.Refunds == nil {
-			// The API wires no refunds feature (internal/api leaves Refunds
-			// nil until POST /v1/orders/{id}/refunds exists): the service
-			// has no refund a refund event could be about, so the event is
+			// No refunds feature is wired (internal/api leaves Refunds nil
+			// when its Stripe client has no Refund API): the service has no
+			// refund a refund event could be about, so the event is
 			// acknowledged and ignored rather than resent for 3 days.
 			return OutcomeIgnored, nil
 		}

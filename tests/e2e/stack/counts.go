@@ -352,3 +352,23 @@ func Metric(metricsURL, name string, labels ...string) (float64, error) {
 	}
 	return sum, sc.Err()
 }
+
+// RefundAtStripe is what the invariant checks read of one refund in the
+// emulator's state (GET /_emulator/state).
+type RefundAtStripe struct {
+	ID            string            `json:"id"`
+	Status        string            `json:"status"`
+	Amount        int64             `json:"amount"`
+	PaymentIntent string            `json:"payment_intent"`
+	Metadata      map[string]string `json:"metadata"`
+}
+
+// RefundsAtStripe returns every refund the emulator holds.
+func (s *Stack) RefundsAtStripe() []RefundAtStripe {
+	s.t.Helper()
+	var st struct {
+		Refunds []RefundAtStripe `json:"refunds"`
+	}
+	s.getJSON(s.EmulatorURL+"/_emulator/state", &st)
+	return st.Refunds
+}

@@ -484,3 +484,28 @@ func (s *Stack) AddWorker() (*Process, string, error) {
 	}
 	return p, ops, nil
 }
+
+// AddDispatcher starts another dispatcher process beside s.Dispatcher, a
+// second replica with the same settings (and the same proxied links) and
+// its own metrics port. It is killed in the TB's cleanup.
+func (s *Stack) AddDispatcher() (*Process, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	ops := "http://127.0.0.1:" + strconv.Itoa(port)
+	env := make([]string, 0, len(s.Dispatcher.env))
+	for _, kv := range s.Dispatcher.env {
+		if !strings.HasPrefix(kv, "METRICS_ADDR=") {
+			env = append(env, kv)
+		}
+	}
+	env = append(env, "METRICS_ADDR=127.0.0.1:"+strconv.Itoa(port))
+	p := newProcess("dispatcher", s.opts.BinDir, s.opts.LogDir, ops+"/readyz", env)
+	p.logPath = filepath.Join(s.opts.LogDir, "dispatcher-"+strconv.Itoa(port)+".log")
+	s.t.Cleanup(p.Kill)
+	if err := p.Start(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
