@@ -22,6 +22,7 @@ import (
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/payments/stripeemu"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
+	"github.com/onceonly/checkout/internal/ratelimit"
 	"github.com/onceonly/checkout/internal/telemetry"
 	"github.com/onceonly/checkout/internal/testenv"
 )
@@ -35,6 +36,9 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
 		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
 		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+		// go-redis probes a refused dial again every second and sees that
+		// its pool was closed only after the sleep (tests that stop Redis).
+		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"),
 	)
 }
 
@@ -47,6 +51,7 @@ type options struct {
 	redisURL    string // "" = the shared Redis with a test prefix
 	now         func() time.Time
 	stripe      *payments.Config
+	rateLimits  ratelimit.Config // zero: no limit
 }
 
 // harness is one test's running API over its own database and Redis prefix,
@@ -145,6 +150,7 @@ func setup(t testing.TB, opt ...func(*options)) *harness {
 		Lease:          o.lease,
 		FailureMode:    o.failureMode,
 		WorkTimeout:    30 * time.Second,
+		RateLimits:     o.rateLimits,
 	}, api.Deps{DB: h.db, Redis: h.rdb, Payments: pay, Keys: keys, Logger: logger, Registry: reg, Now: o.now})
 	h.srv = httptest.NewServer(h.api.Handler)
 	t.Cleanup(h.srv.Close)

@@ -213,6 +213,20 @@ func (g *Gateway) Middleware(route string) gin.HandlerFunc {
 	}
 }
 
+// Cached reports whether the request, by its Idempotency-Key header alone
+// (the body is not read), has a finished response in the Redis replay
+// cache for route: one EXISTS, so the rate limiter can give replays a
+// bucket of their own before any idempotency work. A missing or invalid
+// key, or a Redis error, is false: the request counts as a first execution.
+func (g *Gateway) Cached(c *gin.Context, route string) bool {
+	key, err := KeyFromHeader(c.Request.Header)
+	if err != nil {
+		return false
+	}
+	ok, err := g.Leases.Cached(c.Request.Context(), Scope{Tenant: g.Tenant(c), Route: route, Key: key})
+	return err == nil && ok
+}
+
 // checkContentType accepts exactly one Content-Type, application/json, in
 // UTF-8 (RFC 8259 section 8.1: JSON exchanged between systems is UTF-8), and
 // no Content-Encoding: anything else is 415.
