@@ -227,6 +227,10 @@ func (g *Gateway) Cached(c *gin.Context, route string) bool {
 	return err == nil && ok
 }
 
+// errBodyUnreadable answers a request whose body could not be read whole.
+var errBodyUnreadable = problem.New(http.StatusBadRequest, "malformed_json",
+	"Malformed JSON", "The request body ended early or arrived too slowly; send it whole, at once.")
+
 // checkContentType accepts exactly one Content-Type, application/json, in
 // UTF-8 (RFC 8259 section 8.1: JSON exchanged between systems is UTF-8), and
 // no Content-Encoding: anything else is 415.
@@ -273,7 +277,10 @@ func (g *Gateway) admit(c *gin.Context, route string) (*Request, error) {
 		if errors.As(err, &tooLarge) {
 			return nil, ErrPayloadTooLarge
 		}
-		return nil, fmt.Errorf("read body: %w", err)
+		// The client stopped sending (disconnected, or cut by the server's
+		// read timeout): an incomplete body is not JSON. The client's fault,
+		// not a 500; nothing was claimed.
+		return nil, problem.Wrap(errBodyUnreadable, fmt.Errorf("read body: %w", err))
 	}
 	key, err := KeyFromHeader(c.Request.Header)
 	if err != nil {
