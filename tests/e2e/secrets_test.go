@@ -13,14 +13,14 @@ import (
 	"github.com/onceonly/checkout/tests/e2e/stack"
 )
 
-// TestLogsHoldNoSecrets runs a stack at LOG_LEVEL=debug with API keys, a
+// TestEndToEndLogsHoldNoSecrets runs a stack at LOG_LEVEL=debug with API keys, a
 // Stripe secret and a webhook secret of its own, sends checkouts that go
 // every way (paid, replayed, reused with another body, declined, invalid,
 // Stripe failing once, an unknown API key, a quoted key),
 // waits until the emails are out, and then scans the logs of the api, the
 // dispatcher and the worker: none holds any API key, raw Idempotency-Key,
 // the Stripe secret or the webhook secret used in the run.
-func TestLogsHoldNoSecrets(t *testing.T) {
+func TestEndToEndLogsHoldNoSecrets(t *testing.T) {
 	t.Parallel()
 	id := testenv.Random(6)
 	var (
