@@ -9,13 +9,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 FUZZTIME=${FUZZTIME:-30s}
 FUZZ_PARALLEL=${FUZZ_PARALLEL:-1}
+# Bounds the minimization of each new input (go test's default is 60s, which
+# with a slow target such as FuzzCheckout stalls the search).
+FUZZMINIMIZETIME=${FUZZMINIMIZETIME:-5s}
 
 start=$SECONDS
 count=0
 for dir in $(git ls-files '*_test.go' | xargs grep -l '^func Fuzz' | xargs -n1 dirname | sort -u); do
   for target in $(grep -h -o '^func Fuzz[A-Za-z0-9_]*' "$dir"/*_test.go | sed 's/^func //' | sort); do
     echo "fuzz: $target in ./$dir for $FUZZTIME"
-    go test -run '^$' -fuzz "^${target}\$" -fuzztime "$FUZZTIME" -parallel "$FUZZ_PARALLEL" "./$dir"
+    go test -run '^$' -fuzz "^${target}\$" -fuzztime "$FUZZTIME" -fuzzminimizetime "$FUZZMINIMIZETIME" \
+      -parallel "$FUZZ_PARALLEL" "./$dir"
     count=$((count + 1))
   done
 done

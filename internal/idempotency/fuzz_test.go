@@ -127,7 +127,7 @@ func checkRejection(t *testing.T, v string, err error) {
 func FuzzCanonicalize(f *testing.F) {
 	for _, seed := range []struct {
 		a, b string
-		seed uint64
+		seed uint8
 	}{
 		{`{"email":"buyer@example.com","items":[{"sku":"sku_tee","quantity":2}],"payment_method":"pm_card_visa"}`,
 			`{ "payment_method":"pm_card_visa", "items":[{"quantity":2.0,"sku":"sku_tee"}],"email":"buyer@example.com"}`, 1},
@@ -148,7 +148,9 @@ func FuzzCanonicalize(f *testing.F) {
 		f.Add([]byte(seed.a), []byte(seed.b), seed.seed)
 	}
 	const route = "POST /v1/checkouts"
-	f.Fuzz(func(t *testing.T, a, b []byte, seed uint64) {
+	// seed is a uint8 on purpose: go test's minimizer shrinks an integer
+	// one by one, which for a uint64 can outlast the fuzz run.
+	f.Fuzz(func(t *testing.T, a, b []byte, seed uint8) {
 		if len(a) > 4096 || len(b) > 4096 {
 			return
 		}
@@ -174,7 +176,7 @@ func FuzzCanonicalize(f *testing.F) {
 		}
 		fpa := fp(t, route, a)
 
-		rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+		rng := rand.New(rand.NewPCG(uint64(seed), uint64(seed)^0x9e3779b97f4a7c15))
 		for i := 0; i < 4; i++ {
 			re := reencode(rng, va)
 			cre, err := idempotency.Canonicalize(re)
