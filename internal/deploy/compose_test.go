@@ -2,10 +2,15 @@ package deploy_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/compose-spec/compose-go/v2/cli"
 	"github.com/compose-spec/compose-go/v2/types"
@@ -14,10 +19,12 @@ import (
 
 const root = "../.."
 
-func loadProject(t *testing.T) *types.Project {
+// loadProject parses docker-compose.yml as `docker compose` would, with only
+// the given variables set (KEY=value): nil gives every default.
+func loadProject(t *testing.T, vars ...string) *types.Project {
 	t.Helper()
 	opts, err := cli.NewProjectOptions([]string{filepath.Join(root, "docker-compose.yml")},
-		cli.WithWorkingDirectory(root), cli.WithName("checkout"), cli.WithEnv(nil), cli.WithDiscardEnvFile)
+		cli.WithWorkingDirectory(root), cli.WithName("checkout"), cli.WithEnv(vars), cli.WithDiscardEnvFile)
 	require.NoError(t, err)
 	p, err := opts.LoadProject(context.Background())
 	require.NoError(t, err)
@@ -39,6 +46,9 @@ const (
 	amqpURL     = "amqp://guest:guest@rabbitmq:5672/"
 )
 
+// infrastructure are the services a developer's machine may run too.
+var infrastructure = []string{"postgres", "redis", "rabbitmq"}
+
 func TestComposeMatchesTheContract(t *testing.T) {
 	t.Parallel()
 	p := loadProject(t)
@@ -48,19 +58,22 @@ func TestComposeMatchesTheContract(t *testing.T) {
 
 	tests := []struct {
 		service   string
-		ports     []uint32
+		ports     []uint32 // the stack's own ports, published on the host as themselves
 		command   []string
 		env       map[string]string
 		dependsOn map[string]string // service -> condition
 		readyURL  string            // what the healthcheck probes, "" for images' own probes
 	}{
-		{service: "postgres", ports: []uint32{5432}},
-		{service: "redis", ports: []uint32{6379}},
-		{service: "rabbitmq", ports: []uint32{5672, 15672}},
-		{service: "mailpit", ports: []uint32{1025, 8025}},
+		{service: "postgres"},
+		{service: "redis"},
+		{service: "rabbitmq"},
+		{service: "mailpit", ports: []uint32{8025}},
 		{
 			service: "stripe-emulator", ports: []uint32{12111}, command: []string{"stripe-emulator"},
-			env:      map[string]string{"STRIPE_EMULATOR_ADDR": ":12111"},
+			env: map[string]string{
+				"STRIPE_EMULATOR_ADDR": ":12111", "STRIPE_WEBHOOK_SECRET": "whsec_test_checkout",
+				"STRIPE_EMULATOR_WEBHOOK_URL": "http://api:8080/v1/webhooks/stripe",
+			},
 			readyURL: "http://127.0.0.1:12111/healthz",
 		},
 		{
@@ -68,7 +81,8 @@ func TestComposeMatchesTheContract(t *testing.T) {
 			env: map[string]string{
 				"HTTP_ADDR": ":8080", "DATABASE_URL": databaseURL, "REDIS_URL": "redis://redis:6379/0",
 				"REDIS_KEY_PREFIX": "checkout:", "STRIPE_API_BASE": "http://stripe-emulator:12111",
-				"STRIPE_SECRET_KEY": "sk_test_123", "IDEMPOTENCY_TTL": "24h", "IDEMPOTENCY_LEASE": "30s",
+				"STRIPE_SECRET_KEY": "sk_test_123", "STRIPE_WEBHOOK_SECRET": "whsec_test_checkout",
+				"IDEMPOTENCY_TTL": "24h", "IDEMPOTENCY_LEASE": "30s",
 				"DEDUP_FAILURE_MODE": "closed", "CHECKOUT_API_KEYS": "acme:sk_test_acme,globex:sk_test_globex",
 				"LOG_LEVEL": "info",
 			},
@@ -99,12 +113,14 @@ func TestComposeMatchesTheContract(t *testing.T) {
 			s, err := p.GetService(tt.service)
 			require.NoError(t, err)
 
-			var targets []uint32
-			for _, port := range s.Ports {
-				targets = append(targets, port.Target)
-				require.Equal(t, port.Target, mustAtoi(t, port.Published), "published as itself")
+			if tt.ports != nil {
+				var targets []uint32
+				for _, port := range s.Ports {
+					targets = append(targets, port.Target)
+					require.Equal(t, port.Target, mustAtoi(t, port.Published), "published as itself")
+				}
+				require.ElementsMatch(t, tt.ports, targets)
 			}
-			require.ElementsMatch(t, tt.ports, targets)
 
 			require.NotNil(t, s.HealthCheck, "healthcheck")
 			require.False(t, s.HealthCheck.Disable)
@@ -134,25 +150,332 @@ func TestComposeMatchesTheContract(t *testing.T) {
 	}
 }
 
-func TestDockerfileBuildsEveryBinary(t *testing.T) {
-	t.Parallel()
-	b, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
-	require.NoError(t, err)
-	df := string(b)
-	require.Contains(t, df, "go build -trimpath -ldflags=\"-s -w\" -o /out/ ./cmd/...")
-	require.Contains(t, df, "AS all")
-	require.Contains(t, df, "AS single")
+// localPorts are the ports a developer's own PostgreSQL, Redis, RabbitMQ (AMQP,
+// AMQPS, management UI, inter-node, epmd) or mail catcher holds: the README's
+// non-Docker path asks for those, so `docker compose up` must not bind them.
+var localPorts = map[uint32]string{
+	5432: "PostgreSQL", 6379: "Redis", 5672: "RabbitMQ AMQP", 5671: "RabbitMQ AMQPS",
+	15672: "RabbitMQ management", 15671: "RabbitMQ management TLS", 25672: "RabbitMQ inter-node",
+	4369: "epmd", 1025: "a local SMTP catcher",
+}
 
-	// Every command the compose file runs is a binary ./cmd/... builds.
+func TestNoHostPortThatALocalServiceHolds(t *testing.T) {
+	t.Parallel()
+	p := loadProject(t)
+	require.NoError(t, hostPortClashes(p))
+
+	// The opt-in variables move the ports; the defaults are what README says.
+	moved := loadProject(t, "CHECKOUT_POSTGRES_PORT=25433", "CHECKOUT_RABBITMQ_UI_PORT=25674")
+	require.Equal(t, []string{"25433"}, published(t, moved, "postgres"))
+	require.Equal(t, []string{"25674"}, published(t, moved, "rabbitmq"))
+	require.Equal(t, []string{"15432"}, published(t, p, "postgres"))
+	require.Equal(t, []string{"15673"}, published(t, p, "rabbitmq"))
+	require.Empty(t, published(t, p, "redis"))
+
+	// The check itself: the compose file of issue 8 fails it.
+	bad := loadProject(t, "CHECKOUT_POSTGRES_PORT=5432")
+	require.ErrorContains(t, hostPortClashes(bad), "5432")
+}
+
+// hostPortClashes reports a published host port that a local service would
+// hold, an infrastructure port published beyond loopback (trust auth, guest
+// account) or on a random port, and a host port published twice.
+func hostPortClashes(p *types.Project) error {
+	var errs []string
+	seen := map[string]string{}
+	for _, s := range p.Services {
+		infra := slices.Contains(infrastructure, s.Name)
+		for _, port := range s.Ports {
+			if port.Published == "" {
+				if infra {
+					errs = append(errs, fmt.Sprintf("%s: %d published on a random host port", s.Name, port.Target))
+				}
+				continue
+			}
+			lo, hi, err := portRange(port.Published)
+			if err != nil {
+				errs = append(errs, fmt.Sprintf("%s: %v", s.Name, err))
+				continue
+			}
+			for n := lo; n <= hi; n++ {
+				if what, ok := localPorts[n]; ok {
+					errs = append(errs, fmt.Sprintf("%s: host port %d is %s's on a developer's machine", s.Name, n, what))
+				}
+				key := port.HostIP + ":" + strconv.Itoa(int(n))
+				if other, ok := seen[key]; ok {
+					errs = append(errs, fmt.Sprintf("%s and %s both publish %s", other, s.Name, key))
+				}
+				seen[key] = s.Name
+			}
+			if infra && port.HostIP != "127.0.0.1" {
+				errs = append(errs, fmt.Sprintf("%s: %d published on %q, not on loopback only", s.Name, port.Target, port.HostIP))
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+func portRange(s string) (lo, hi uint32, err error) {
+	a, b, ok := strings.Cut(s, "-")
+	if !ok {
+		b = a
+	}
+	x, err1 := strconv.ParseUint(a, 10, 16)
+	y, err2 := strconv.ParseUint(b, 10, 16)
+	if err1 != nil || err2 != nil || y < x {
+		return 0, 0, fmt.Errorf("published port %q", s)
+	}
+	return uint32(x), uint32(y), nil
+}
+
+func published(t *testing.T, p *types.Project, service string) []string {
+	t.Helper()
+	s, err := p.GetService(service)
+	require.NoError(t, err)
+	var out []string
+	for _, port := range s.Ports {
+		out = append(out, port.Published)
+	}
+	return out
+}
+
+// TestComposeVariablesAreDocumented: every ${VAR:-default} of the compose file
+// is in README with its default, so a user knows the port to reach.
+func TestComposeVariablesAreDocumented(t *testing.T) {
+	t.Parallel()
+	compose, err := os.ReadFile(filepath.Join(root, "docker-compose.yml"))
+	require.NoError(t, err)
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	require.NoError(t, err)
+	vars := regexp.MustCompile(`\$\{([A-Z0-9_]+):-([^}]*)\}`).FindAllStringSubmatch(string(compose), -1)
+	require.NotEmpty(t, vars)
+	for _, v := range vars {
+		require.True(t, strings.Contains(string(readme), v[1]), "README names %s", v[1])
+		require.True(t, strings.Contains(string(readme), v[1]+"` (default `"+v[2]+"`"),
+			"README gives %s's default as \"`%s` (default `%s`\"", v[1], v[1], v[2])
+	}
+}
+
+// dataDir is where each stateful image keeps its data.
+func dataDir(t *testing.T, s types.ServiceConfig) string {
+	t.Helper()
+	switch s.Name {
+	case "postgres":
+		// The official image moved PGDATA's volume with 18: a volume on the
+		// old path would leave the data in an anonymous volume.
+		if major(t, s.Image) >= 18 {
+			return "/var/lib/postgresql"
+		}
+		return "/var/lib/postgresql/data"
+	case "rabbitmq":
+		return "/var/lib/rabbitmq"
+	case "redis":
+		return "/data"
+	}
+	t.Fatalf("no data directory known for %s", s.Name)
+	return ""
+}
+
+func TestStatefulServicesKeepTheirDataAcrossARecreate(t *testing.T) {
+	t.Parallel()
+	p := loadProject(t)
+	require.NoError(t, statefulDefects(t, p))
+}
+
+// statefulDefects reports a stateful service without a fixed hostname
+// (RabbitMQ names its node, and so its data directory, after it: a new
+// container would start an empty node) or without a named volume on its data
+// directory (an anonymous one is left behind by `down` and not found by the
+// next `up`).
+func statefulDefects(t *testing.T, p *types.Project) error {
+	var errs []string
+	for _, name := range infrastructure {
+		s, err := p.GetService(name)
+		require.NoError(t, err)
+		if s.Hostname == "" {
+			errs = append(errs, name+": no fixed hostname")
+		}
+		dir := dataDir(t, s)
+		found := false
+		for _, v := range s.Volumes {
+			if v.Target != dir {
+				continue
+			}
+			found = true
+			if v.Type != types.VolumeTypeVolume || v.Source == "" {
+				errs = append(errs, fmt.Sprintf("%s: %s is a %s volume %q, not a named volume", name, dir, v.Type, v.Source))
+				continue
+			}
+			decl, ok := p.Volumes[v.Source]
+			if !ok {
+				errs = append(errs, fmt.Sprintf("%s: volume %q is not declared under volumes:", name, v.Source))
+			} else if bool(decl.External) {
+				errs = append(errs, fmt.Sprintf("%s: volume %q is external: `down -v` would not remove it", name, v.Source))
+			}
+		}
+		if !found {
+			errs = append(errs, fmt.Sprintf("%s: no named volume on %s", name, dir))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+func TestStatefulDefectsAreCaught(t *testing.T) {
+	t.Parallel()
+	p := loadProject(t)
+	rabbit := p.Services["rabbitmq"]
+	rabbit.Hostname = ""
+	p.Services["rabbitmq"] = rabbit
+	pg := p.Services["postgres"]
+	pg.Volumes = []types.ServiceVolumeConfig{{Type: types.VolumeTypeVolume, Target: dataDir(t, pg)}} // anonymous
+	p.Services["postgres"] = pg
+	err := statefulDefects(t, p)
+	require.ErrorContains(t, err, "rabbitmq: no fixed hostname")
+	require.ErrorContains(t, err, "postgres: "+dataDir(t, pg)+" is a volume volume \"\", not a named volume")
+}
+
+func TestHealthchecksMeanReadyAndStayQuiet(t *testing.T) {
+	t.Parallel()
+	p := loadProject(t)
+	pg, err := p.GetService("postgres")
+	require.NoError(t, err)
+	require.NoError(t, postgresProbeUsesTCP(pg.HealthCheck.Test))
+
+	// The issue's probe: the socket answers while the entrypoint's
+	// temporary init server, which takes no TCP, still runs.
+	require.Error(t, postgresProbeUsesTCP(types.HealthCheckTest{"CMD-SHELL", "pg_isready -U postgres -d checkout"}))
+	require.Error(t, postgresProbeUsesTCP(types.HealthCheckTest{"CMD", "pg_isready", "-h", "/var/run/postgresql"}))
+	require.NoError(t, postgresProbeUsesTCP(types.HealthCheckTest{"CMD-SHELL", "psql -h 127.0.0.1 -U postgres -d checkout -c 'select 1'"}))
+	require.NoError(t, postgresProbeUsesTCP(types.HealthCheckTest{"CMD", "pg_isready", "--host=localhost"}))
+
+	rabbit, err := p.GetService("rabbitmq")
+	require.NoError(t, err)
+	require.Contains(t, strings.Join(rabbit.HealthCheck.Test, " "), "check_port_connectivity",
+		"RabbitMQ is ready when its listeners take connections, after the node answers pings")
+
+	for _, s := range p.Services {
+		h := s.HealthCheck
+		require.NotNil(t, h, s.Name)
+		require.NoError(t, probeCadence(h), s.Name)
+	}
+	require.Error(t, probeCadence(&types.HealthCheckConfig{Interval: dur(2 * time.Second)}), "the issue's 2s probe")
+}
+
+// postgresProbeUsesTCP fails a pg_isready or psql probe without a TCP host:
+// without -h it goes through the Unix socket.
+func postgresProbeUsesTCP(test types.HealthCheckTest) error {
+	var args []string
+	switch {
+	case len(test) == 2 && test[0] == "CMD-SHELL":
+		args = strings.Fields(test[1])
+	case len(test) > 1 && test[0] == "CMD":
+		args = test[1:]
+	default:
+		return fmt.Errorf("healthcheck %q: neither CMD nor CMD-SHELL", test)
+	}
+	if len(args) == 0 || (args[0] != "pg_isready" && args[0] != "psql") {
+		return fmt.Errorf("healthcheck %q: not pg_isready or psql", test)
+	}
+	host := ""
+	for i, a := range args {
+		switch {
+		case (a == "-h" || a == "--host") && i+1 < len(args):
+			host = args[i+1]
+		case strings.HasPrefix(a, "--host="):
+			host = strings.TrimPrefix(a, "--host=")
+		case strings.HasPrefix(a, "-h") && len(a) > 2:
+			host = a[2:]
+		}
+	}
+	if host == "" || strings.HasPrefix(host, "/") {
+		return fmt.Errorf("healthcheck %q probes the Unix socket, not TCP", test)
+	}
+	return nil
+}
+
+// probeCadence fails a probe that runs more often than every 5s once the
+// service is up (every probe of the api is a log line) or one that slows
+// startup: a service starting probes at least every 2s, within a start period.
+func probeCadence(h *types.HealthCheckConfig) error {
+	if h.Interval == nil || time.Duration(*h.Interval) < 5*time.Second {
+		return fmt.Errorf("interval %v: under 5s", h.Interval)
+	}
+	if h.StartPeriod == nil || time.Duration(*h.StartPeriod) < 10*time.Second {
+		return fmt.Errorf("start_period %v: under 10s", h.StartPeriod)
+	}
+	if h.StartInterval == nil || time.Duration(*h.StartInterval) > 2*time.Second {
+		return fmt.Errorf("start_interval %v: unset or over 2s, a slow first start", h.StartInterval)
+	}
+	return nil
+}
+
+func dur(d time.Duration) *types.Duration {
+	x := types.Duration(d)
+	return &x
+}
+
+// minimum is the oldest supported line of each image (their makers' support
+// windows): RabbitMQ's community support covers only the latest minor, 4.3
+// (whose delivery limit counts a basic.reject and not a basic.nack: the
+// consumer rejects a failed message, internal/rabbitmq).
+var minimum = map[string][2]int{
+	"postgres": {16, 0},
+	"redis":    {7, 4},
+	"rabbitmq": {4, 3},
+}
+
+func TestImagesAreOnSupportedLines(t *testing.T) {
+	t.Parallel()
 	p := loadProject(t)
 	for _, s := range p.Services {
-		if len(s.Command) == 0 {
+		if s.Build != nil {
 			continue
 		}
-		info, err := os.Stat(filepath.Join(root, "cmd", s.Command[0], "main.go"))
-		require.NoError(t, err, "service %s runs %s", s.Name, s.Command[0])
-		require.False(t, info.IsDir())
+		repo, tag, ok := strings.Cut(s.Image, ":")
+		require.True(t, ok && tag != "" && tag != "latest", "%s: image %q is pinned to a line", s.Name, s.Image)
+		floor, known := minimum[repo]
+		if !known {
+			continue
+		}
+		require.NoError(t, supported(s.Image, floor), s.Name)
 	}
+	require.Error(t, supported("rabbitmq:3.13-management-alpine", minimum["rabbitmq"]), "the issue's image")
+	rabbit, err := p.GetService("rabbitmq")
+	require.NoError(t, err)
+	require.Contains(t, rabbit.Image, "management", "README points at the management UI")
+}
+
+func supported(image string, floor [2]int) error {
+	_, tag, _ := strings.Cut(image, ":")
+	m := regexp.MustCompile(`^(\d+)(?:\.(\d+))?`).FindStringSubmatch(tag)
+	if m == nil {
+		return fmt.Errorf("%s: no version in the tag", image)
+	}
+	maj, _ := strconv.Atoi(m[1])
+	minor := 0
+	if m[2] != "" {
+		minor, _ = strconv.Atoi(m[2])
+	}
+	if maj < floor[0] || (maj == floor[0] && minor < floor[1]) {
+		return fmt.Errorf("%s: older than %d.%d, out of support", image, floor[0], floor[1])
+	}
+	return nil
+}
+
+func major(t *testing.T, image string) int {
+	t.Helper()
+	_, tag, _ := strings.Cut(image, ":")
+	m := regexp.MustCompile(`^(\d+)`).FindString(tag)
+	require.NotEmpty(t, m, "image %q has a version tag", image)
+	n, err := strconv.Atoi(m)
+	require.NoError(t, err)
+	return n
 }
 
 func mustAtoi(t *testing.T, s string) uint32 {

@@ -190,9 +190,16 @@ func IsTransient(err error) bool {
 
 // handle runs the handler on a context that survives ctx's cancellation, so
 // shutdown finishes the message instead of abandoning a half-done effect,
-// then acks or nacks. A Transient error is retried in place (backoff up to
+// then acks or requeues. A Transient error is retried in place (backoff up to
 // MaxBackoff) until the handler succeeds, fails for good, or the consumer
-// stops; then the message is nacked and requeued.
+// stops.
+//
+// A message that failed is requeued with basic.reject: a failed delivery,
+// counted toward the queue's delivery limit on every RabbitMQ version. One
+// still failing transiently when the consumer stops is requeued with
+// basic.nack: from RabbitMQ 4.3 on, a nack is a return that does not count
+// (before 4.3 both count, so a nack there would dead-letter after the limit
+// as well, and 4.3 with a nack never would).
 func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) {
 	retry := backoff.NewExponentialBackOff()
 	retry.InitialInterval = c.cfg.MinBackoff
@@ -215,9 +222,15 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) {
 	if err != nil {
 		c.logger.Warn("rabbitmq: handler failed, requeueing", "message_id", d.MessageId,
 			"redelivered", d.Redelivered, "delivery_count", d.Headers["x-delivery-count"], "err", err)
-		if nerr := d.Nack(false, true); nerr != nil {
+		var rerr error
+		if IsTransient(err) {
+			rerr = d.Nack(false, true)
+		} else {
+			rerr = d.Reject(true)
+		}
+		if rerr != nil {
 			// The channel is gone: the broker requeues the message itself.
-			c.logger.Warn("rabbitmq: nack failed", "message_id", d.MessageId, "err", nerr)
+			c.logger.Warn("rabbitmq: requeue failed", "message_id", d.MessageId, "err", rerr)
 		}
 		return
 	}

@@ -88,7 +88,9 @@ func validRequestID(s string) bool {
 }
 
 // HTTPMetrics records checkout_http_request_duration_seconds{method,route,status}
-// (route is the template, e.g. /v1/orders/:id) and logs each request once.
+// (route is the template, e.g. /v1/orders/:id) and logs each request once: a
+// passing health probe (/healthz, /readyz: the container's healthcheck, every
+// few seconds) at debug level, every other request at info.
 func HTTPMetrics(reg prometheus.Registerer, logger *slog.Logger) gin.HandlerFunc {
 	hist := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "checkout_http_request_duration_seconds",
@@ -106,7 +108,11 @@ func HTTPMetrics(reg prometheus.Registerer, logger *slog.Logger) gin.HandlerFunc
 		status := strconv.Itoa(c.Writer.Status())
 		elapsed := time.Since(start)
 		hist.WithLabelValues(c.Request.Method, route, status).Observe(elapsed.Seconds())
-		logger.InfoContext(c.Request.Context(), "http request", "method", c.Request.Method,
+		level := slog.LevelInfo
+		if (route == "/healthz" || route == "/readyz") && c.Writer.Status() < http.StatusBadRequest {
+			level = slog.LevelDebug
+		}
+		logger.Log(c.Request.Context(), level, "http request", "method", c.Request.Method,
 			"route", route, "status", c.Writer.Status(), "duration_ms", elapsed.Milliseconds())
 	}
 }

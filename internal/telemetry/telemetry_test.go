@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/checkout/internal/telemetry"
@@ -78,4 +79,34 @@ func TestReady(t *testing.T) {
 	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &body))
 	require.Equal(t, "unavailable", body.Status)
 	require.Equal(t, map[string]string{"redis": "connection refused"}, body.Failing)
+}
+
+// TestHealthProbesAreNotLoggedAtInfo: docker compose probes /readyz every few
+// seconds; at info each probe would be a line in the foreground output.
+func TestHealthProbesAreNotLoggedAtInfo(t *testing.T) {
+	t.Parallel()
+	gin.SetMode(gin.ReleaseMode)
+	var logs bytes.Buffer
+	ready := true
+	r := gin.New()
+	r.Use(telemetry.HTTPMetrics(prometheus.NewRegistry(), telemetry.NewLogger(&logs, slog.LevelInfo)))
+	r.GET("/healthz", gin.WrapF(telemetry.Healthy))
+	r.GET("/readyz", gin.WrapF(telemetry.Ready(telemetry.Check{Name: "db", Ping: func(context.Context) error {
+		if ready {
+			return nil
+		}
+		return errors.New("down")
+	}})))
+	r.GET("/v1/products", func(c *gin.Context) { c.Status(http.StatusOK) })
+	get := func(path string) string {
+		logs.Reset()
+		r.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, path, nil))
+		return logs.String()
+	}
+
+	require.Empty(t, get("/healthz"))
+	require.Empty(t, get("/readyz"))
+	require.Contains(t, get("/v1/products"), `"route":"/v1/products"`)
+	ready = false
+	require.Contains(t, get("/readyz"), `"status":503`, "a failing probe is logged")
 }
