@@ -168,7 +168,9 @@ func checkInvariants(t *testing.T, h *harness) {
 		}
 		return int(n)
 	}
-	if n := count(`SELECT count(*) FROM orders o WHERE (SELECT count(*) FROM idempotency_keys k WHERE k.order_id = o.id) <> 1`); n != 0 {
+	if n := count(`SELECT count(*) FROM orders o
+		LEFT JOIN (SELECT order_id, count(*) AS keys FROM idempotency_keys WHERE order_id IS NOT NULL GROUP BY order_id) k
+		ON k.order_id = o.id WHERE k.keys IS DISTINCT FROM 1`); n != 0 {
 		t.Fatalf("%d orders not owned by exactly one key", n)
 	}
 	if n := count(`SELECT count(*) FROM idempotency_keys WHERE recovery_point <> 'finished'
