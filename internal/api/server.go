@@ -11,8 +11,9 @@ import (
 // authentication, the rate limit, the idempotency gateway or the database.
 type ServerLimits struct {
 	// MaxHeaderBytes caps the request line and headers (HTTP_MAX_HEADER_BYTES,
-	// default 16 KiB); net/http allows 4096 bytes of slack on top and
-	// answers 431 Request Header Fields Too Large beyond that.
+	// default 16 KiB). net/http allows some slack on top (4 KiB on a new
+	// connection, up to 8 KiB on a reused keep-alive one, for its read
+	// buffer) and answers 431 Request Header Fields Too Large beyond that.
 	MaxHeaderBytes int
 	// ReadHeaderTimeout is how long a client may take to send its request
 	// line and headers, from its first byte (HTTP_READ_HEADER_TIMEOUT,
