@@ -10,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -26,6 +25,7 @@ import (
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/ratelimit"
 	"github.com/onceonly/checkout/internal/telemetry"
 	"github.com/onceonly/checkout/internal/webhooks"
 )
@@ -63,6 +63,68 @@ type settings struct {
 	RefundRetryAfter    time.Duration `env:"REFUND_RETRY_AFTER" envDefault:"1m"`
 	ShutdownTimeout     time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"20s"`
 	LogLevel            slog.Level    `env:"LOG_LEVEL" envDefault:"info"`
+	// Rate limits per tenant (CONTRACT.md, "Principals"; internal/ratelimit).
+	RateLimit        string `env:"RATE_LIMIT" envDefault:"200/s"`
+	RateLimitTenants string `env:"RATE_LIMIT_TENANTS"`
+	RateLimitReplay  string `env:"RATE_LIMIT_REPLAY" envDefault:"1000/s"`
+	// The HTTP server's limits (api.ServerLimits).
+	HTTPMaxHeaderBytes    int           `env:"HTTP_MAX_HEADER_BYTES" envDefault:"16384"`
+	HTTPMaxBodyBytes      int64         `env:"HTTP_MAX_BODY_BYTES" envDefault:"65536"`
+	HTTPReadHeaderTimeout time.Duration `env:"HTTP_READ_HEADER_TIMEOUT" envDefault:"5s"`
+	HTTPReadTimeout       time.Duration `env:"HTTP_READ_TIMEOUT" envDefault:"15s"`
+	HTTPWriteTimeout      time.Duration `env:"HTTP_WRITE_TIMEOUT" envDefault:"75s"`
+	HTTPIdleTimeout       time.Duration `env:"HTTP_IDLE_TIMEOUT" envDefault:"60s"`
+}
+
+// limits parses the rate limits; each error names its variable.
+func (s *settings) limits() (ratelimit.Config, []error) {
+	var (
+		c    ratelimit.Config
+		errs []error
+		err  error
+	)
+	if c.Default, err = ratelimit.ParseLimit(s.RateLimit); err != nil {
+		errs = append(errs, fmt.Errorf("RATE_LIMIT: %w", err))
+	}
+	if c.Tenants, err = ratelimit.ParseTenantLimits(s.RateLimitTenants); err != nil {
+		errs = append(errs, fmt.Errorf("RATE_LIMIT_TENANTS: %w", err))
+	}
+	if c.Replay, err = ratelimit.ParseLimit(s.RateLimitReplay); err != nil {
+		errs = append(errs, fmt.Errorf("RATE_LIMIT_REPLAY: %w", err))
+	}
+	return c, errs
+}
+
+// serverLimits returns the HTTP server's limits; each error names its
+// variable.
+func (s *settings) serverLimits() (api.ServerLimits, []error) {
+	l := api.ServerLimits{
+		MaxHeaderBytes:    s.HTTPMaxHeaderBytes,
+		ReadHeaderTimeout: s.HTTPReadHeaderTimeout,
+		ReadTimeout:       s.HTTPReadTimeout,
+		WriteTimeout:      s.HTTPWriteTimeout,
+		IdleTimeout:       s.HTTPIdleTimeout,
+	}
+	var errs []error
+	if s.HTTPMaxHeaderBytes < 1024 {
+		errs = append(errs, fmt.Errorf("HTTP_MAX_HEADER_BYTES: %d is below the minimum of 1024", s.HTTPMaxHeaderBytes))
+	}
+	if s.HTTPMaxBodyBytes < 1024 {
+		errs = append(errs, fmt.Errorf("HTTP_MAX_BODY_BYTES: %d is below the minimum of 1024", s.HTTPMaxBodyBytes))
+	}
+	for name, d := range map[string]time.Duration{"HTTP_READ_HEADER_TIMEOUT": s.HTTPReadHeaderTimeout,
+		"HTTP_READ_TIMEOUT": s.HTTPReadTimeout, "HTTP_IDLE_TIMEOUT": s.HTTPIdleTimeout} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s: must be positive, got %s", name, d))
+		}
+	}
+	if s.HTTPReadHeaderTimeout > s.HTTPReadTimeout {
+		errs = append(errs, fmt.Errorf("HTTP_READ_HEADER_TIMEOUT: %s exceeds HTTP_READ_TIMEOUT (%s)", s.HTTPReadHeaderTimeout, s.HTTPReadTimeout))
+	}
+	if s.HTTPWriteTimeout <= s.WorkTimeout {
+		errs = append(errs, fmt.Errorf("HTTP_WRITE_TIMEOUT: %s must exceed WORK_TIMEOUT (%s), or a slow checkout loses its answer", s.HTTPWriteTimeout, s.WorkTimeout))
+	}
+	return l, errs
 }
 
 // check validates what parsing cannot; each message names its variable.
@@ -122,7 +184,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return err
 	}
 	keys, mode, err := s.check()
-	if err != nil {
+	rateLimits, limitErrs := s.limits()
+	serverLimits, serverErrs := s.serverLimits()
+	if err := errors.Join(append(append([]error{err}, limitErrs...), serverErrs...)...); err != nil {
 		return err
 	}
 	redisOpts, err := redis.ParseURL(s.RedisURL)
@@ -171,13 +235,15 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 			UnknownAfter:  s.UnknownAfter,
 			ActionTimeout: s.ActionTimeout,
 		},
+		RateLimits:   rateLimits,
+		MaxBodyBytes: s.HTTPMaxBodyBytes,
 	}, api.Deps{DB: db, Redis: rdb, Payments: pay, Keys: keys, Logger: logger, Registry: reg})
 
 	ln, err := net.Listen("tcp", s.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("HTTP_ADDR: %w", err)
 	}
-	srv := &http.Server{Handler: app.Handler, ReadHeaderTimeout: 10 * time.Second}
+	srv := serverLimits.Server(app.Handler)
 	logger.Info("listening", "addr", ln.Addr().String())
 
 	serveErr := make(chan error, 1)

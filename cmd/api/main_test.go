@@ -49,6 +49,15 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"empty webhook secret", map[string]string{"STRIPE_WEBHOOK_SECRET": "whsec_"}, "STRIPE_WEBHOOK_SECRET"},
 		{"an API key as webhook secret", map[string]string{"STRIPE_WEBHOOK_SECRET": "sk_test_123"}, "STRIPE_WEBHOOK_SECRET"},
 		{"development webhook secret in production", map[string]string{"APP_ENV": "production", "CHECKOUT_API_KEYS": "acme:sk_live_real"}, "STRIPE_WEBHOOK_SECRET"},
+		{"bad rate limit", map[string]string{"RATE_LIMIT": "200"}, "RATE_LIMIT: "},
+		{"bad tenant rate limit", map[string]string{"RATE_LIMIT_TENANTS": "acme:50/s,globex"}, "RATE_LIMIT_TENANTS"},
+		{"bad replay rate limit", map[string]string{"RATE_LIMIT_REPLAY": "1/day"}, "RATE_LIMIT_REPLAY"},
+		{"tiny header limit", map[string]string{"HTTP_MAX_HEADER_BYTES": "10"}, "HTTP_MAX_HEADER_BYTES"},
+		{"tiny body limit", map[string]string{"HTTP_MAX_BODY_BYTES": "10"}, "HTTP_MAX_BODY_BYTES"},
+		{"zero read-header timeout", map[string]string{"HTTP_READ_HEADER_TIMEOUT": "0s"}, "HTTP_READ_HEADER_TIMEOUT"},
+		{"read-header timeout beyond the read timeout", map[string]string{"HTTP_READ_HEADER_TIMEOUT": "20s", "HTTP_READ_TIMEOUT": "10s"}, "HTTP_READ_HEADER_TIMEOUT"},
+		{"write timeout shorter than the work", map[string]string{"HTTP_WRITE_TIMEOUT": "30s"}, "HTTP_WRITE_TIMEOUT"},
+		{"zero idle timeout", map[string]string{"HTTP_IDLE_TIMEOUT": "0s"}, "HTTP_IDLE_TIMEOUT"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -18,6 +18,7 @@ import (
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/problem"
+	"github.com/onceonly/checkout/internal/ratelimit"
 	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/telemetry"
 	"github.com/onceonly/checkout/internal/webhooks"
@@ -54,6 +55,12 @@ type Config struct {
 	// RefundRetryAfter is how long an indeterminate refund attempt is
 	// reconciled before a new attempt (REFUND_RETRY_AFTER, default 1m).
 	RefundRetryAfter time.Duration
+	// RateLimits are the per-tenant limits (RATE_LIMIT, RATE_LIMIT_TENANTS,
+	// RATE_LIMIT_REPLAY); the zero value limits nothing.
+	RateLimits ratelimit.Config
+	// MaxBodyBytes is the largest request body (HTTP_MAX_BODY_BYTES, 64 KiB
+	// when 0); a larger one is 413 payload_too_large.
+	MaxBodyBytes int64
 }
 
 // API is the assembled service.
@@ -72,6 +79,9 @@ func New(cfg Config, d Deps) *API {
 	if cfg.WorkTimeout <= 0 {
 		cfg.WorkTimeout = 60 * time.Second
 	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 64 << 10
+	}
 	reg := d.Registry
 	if reg == nil {
 		reg = prometheus.NewRegistry()
@@ -86,7 +96,7 @@ func New(cfg Config, d Deps) *API {
 			TTL:          cfg.TTL,
 			FailureMode:  cfg.FailureMode,
 			WorkTimeout:  cfg.WorkTimeout,
-			MaxBodyBytes: 64 << 10,
+			MaxBodyBytes: cfg.MaxBodyBytes,
 		},
 		Leases:  idempotency.NewLeases(d.Redis, cfg.RedisKeyPrefix),
 		Store:   store,
@@ -153,7 +163,15 @@ func New(cfg Config, d Deps) *API {
 	}
 	r.POST(webhooks.Path, gin.WrapH(hook))
 
-	v1 := r.Group("/", auth.Middleware(d.Keys))
+	// The rate limit runs right after authentication, before any
+	// idempotency work; replays of a checkout (found in the Redis cache by
+	// the key alone) draw from a bucket of their own.
+	limiter := ratelimit.New(d.Redis, cfg.RedisKeyPrefix, cfg.RateLimits, d.Logger, reg)
+	limiter.Tenant = auth.TenantOf
+	limiter.Replay = func(c *gin.Context) bool {
+		return c.Request.Method+" "+c.FullPath() == checkout.Route && gateway.Cached(c, checkout.Route)
+	}
+	v1 := r.Group("/", auth.Middleware(d.Keys), limiter.Middleware())
 	handler.Register(v1, gateway)
 	if stripeRefunds != nil {
 		(&refunds.Handler{Service: refundSvc, Logger: d.Logger}).Register(v1, gateway)

@@ -179,6 +179,18 @@ func (l *Leases) Cache(ctx context.Context, s Scope, fingerprint string, resp *R
 	return nil
 }
 
+// Cached reports whether a finished response of s is in the replay cache
+// (one EXISTS). The rate limiter uses it to classify a request before any
+// idempotency work; Acquire remains the one that decides.
+func (l *Leases) Cached(ctx context.Context, s Scope) (bool, error) {
+	_, respKey := l.keys(s)
+	n, err := l.rdb.Exists(ctx, respKey).Result()
+	if err != nil {
+		return false, fmt.Errorf("redis exists: %w", err)
+	}
+	return n == 1, nil
+}
+
 // Forget deletes the cached response of s (used when a key past its TTL is
 // reused as new).
 func (l *Leases) Forget(ctx context.Context, s Scope) error {

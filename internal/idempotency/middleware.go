@@ -234,6 +234,24 @@ func (g *Gateway) Middleware(route string, opts ...MiddlewareOption) gin.Handler
 	}
 }
 
+// Cached reports whether the request, by its Idempotency-Key header alone
+// (the body is not read), has a finished response in the Redis replay
+// cache for route: one EXISTS, so the rate limiter can give replays a
+// bucket of their own before any idempotency work. A missing or invalid
+// key, or a Redis error, is false: the request counts as a first execution.
+func (g *Gateway) Cached(c *gin.Context, route string) bool {
+	key, err := KeyFromHeader(c.Request.Header)
+	if err != nil {
+		return false
+	}
+	ok, err := g.Leases.Cached(c.Request.Context(), Scope{Tenant: g.Tenant(c), Route: route, Key: key})
+	return err == nil && ok
+}
+
+// errBodyUnreadable answers a request whose body could not be read whole.
+var errBodyUnreadable = problem.New(http.StatusBadRequest, "malformed_json",
+	"Malformed JSON", "The request body ended early or arrived too slowly; send it whole, at once.")
+
 // checkContentType accepts exactly one Content-Type, application/json, in
 // UTF-8 (RFC 8259 section 8.1: JSON exchanged between systems is UTF-8), and
 // no Content-Encoding: anything else is 415.
@@ -283,7 +301,10 @@ func (g *Gateway) admit(c *gin.Context, route string, o middlewareOptions) (*Req
 		if errors.As(err, &tooLarge) {
 			return nil, ErrPayloadTooLarge
 		}
-		return nil, fmt.Errorf("read body: %w", err)
+		// The client stopped sending (disconnected, or cut by the server's
+		// read timeout): an incomplete body is not JSON. The client's fault,
+		// not a 500; nothing was claimed.
+		return nil, problem.Wrap(errBodyUnreadable, fmt.Errorf("read body: %w", err))
 	}
 	key, err := KeyFromHeader(c.Request.Header)
 	if err != nil {
