@@ -11,6 +11,7 @@ package stack
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -19,6 +20,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -451,13 +453,33 @@ func mustParse(raw string) *url.URL {
 	return u
 }
 
+// handedOut holds every port freePort has returned in this test binary:
+// the kernel may give a port that was just probed and released to the next
+// probe, so two processes of one stack (or of two parallel tests) could be
+// told the same port.
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
+// freePort returns a TCP port on 127.0.0.1 that was free a moment ago and
+// that no earlier call in this process returned.
 func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		if !handedOut.ports[port] {
+			handedOut.ports[port] = true
+			return port, nil
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("no free port not handed out already")
 }
 
 // AddWorker starts another worker process beside s.Worker, a second
