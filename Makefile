@@ -5,7 +5,7 @@ GOBIN := $(shell $(GO) env GOPATH)/bin
 BIN := bin
 STRIPE_MOCK_VERSION := v0.203.0
 
-.PHONY: all build test test-race lint tools run demo chaos bench services createdb clean
+.PHONY: all build test test-race fuzz lint tools run demo chaos bench services createdb clean
 
 all: build
 
@@ -25,6 +25,10 @@ test: tools lint
 ## test-race: the same with the race detector (slower)
 test-race: tools
 	PATH="$(GOBIN):$$PATH" $(GO) test -count=1 -race -timeout 20m ./...
+
+## fuzz: every fuzz target for FUZZTIME each (default 30s); CI runs them for 3s each
+fuzz:
+	FUZZTIME=$${FUZZTIME:-30s} ./scripts/fuzz.sh
 
 ## lint: gofmt and go vet
 lint:

@@ -35,6 +35,10 @@ wait_http() { # name, url
   echo "[run] $1 did not become ready at $2" >&2; exit 1
 }
 
+# The emulator delivers its signed webhooks to the api (POST
+# /v1/webhooks/stripe); both use the same signing secret.
+export STRIPE_WEBHOOK_SECRET=${STRIPE_WEBHOOK_SECRET:-whsec_test_checkout}
+export STRIPE_EMULATOR_WEBHOOK_URL=${STRIPE_EMULATOR_WEBHOOK_URL:-http://127.0.0.1:8080/v1/webhooks/stripe}
 start stripe-emulator stripe-emulator
 start smtp-sink smtp-sink
 wait_http stripe-emulator http://127.0.0.1:12111/healthz

@@ -10,9 +10,9 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -20,11 +20,14 @@ import (
 
 	"github.com/onceonly/checkout/internal/api"
 	"github.com/onceonly/checkout/internal/auth"
+	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/config"
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/ratelimit"
 	"github.com/onceonly/checkout/internal/telemetry"
+	"github.com/onceonly/checkout/internal/webhooks"
 )
 
 func main() {
@@ -38,23 +41,90 @@ func main() {
 
 // settings are the API's environment variables (CONTRACT.md).
 type settings struct {
-	AppEnv           string        `env:"APP_ENV" envDefault:"development"`
-	HTTPAddr         string        `env:"HTTP_ADDR" envDefault:":8080"`
-	DatabaseURL      string        `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable"`
-	DatabaseMaxConns int           `env:"DATABASE_MAX_CONNS" envDefault:"20"`
-	RedisURL         string        `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
-	RedisKeyPrefix   string        `env:"REDIS_KEY_PREFIX" envDefault:"checkout:"`
-	StripeAPIBase    string        `env:"STRIPE_API_BASE" envDefault:"http://127.0.0.1:12111"`
-	StripeSecretKey  string        `env:"STRIPE_SECRET_KEY" envDefault:"sk_test_123" secret:"true"`
-	StripeTimeout    time.Duration `env:"STRIPE_TIMEOUT" envDefault:"10s"`
-	StripeMaxElapsed time.Duration `env:"STRIPE_MAX_ELAPSED" envDefault:"20s"`
-	IdempotencyTTL   time.Duration `env:"IDEMPOTENCY_TTL" envDefault:"24h"`
-	IdempotencyLease time.Duration `env:"IDEMPOTENCY_LEASE" envDefault:"30s"`
-	DedupFailureMode string        `env:"DEDUP_FAILURE_MODE" envDefault:"closed"`
-	APIKeys          string        `env:"CHECKOUT_API_KEYS" envDefault:"acme:sk_test_acme,globex:sk_test_globex" secret:"true"`
-	WorkTimeout      time.Duration `env:"WORK_TIMEOUT" envDefault:"60s"`
-	ShutdownTimeout  time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"20s"`
-	LogLevel         slog.Level    `env:"LOG_LEVEL" envDefault:"info"`
+	AppEnv              string        `env:"APP_ENV" envDefault:"development"`
+	HTTPAddr            string        `env:"HTTP_ADDR" envDefault:":8080"`
+	DatabaseURL         string        `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable"`
+	DatabaseMaxConns    int           `env:"DATABASE_MAX_CONNS" envDefault:"20"`
+	RedisURL            string        `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
+	RedisKeyPrefix      string        `env:"REDIS_KEY_PREFIX" envDefault:"checkout:"`
+	StripeAPIBase       string        `env:"STRIPE_API_BASE" envDefault:"http://127.0.0.1:12111"`
+	StripeSecretKey     string        `env:"STRIPE_SECRET_KEY" envDefault:"sk_test_123" secret:"true"`
+	StripeTimeout       time.Duration `env:"STRIPE_TIMEOUT" envDefault:"10s"`
+	StripeMaxElapsed    time.Duration `env:"STRIPE_MAX_ELAPSED" envDefault:"20s"`
+	StripeWebhookSecret string        `env:"STRIPE_WEBHOOK_SECRET" envDefault:"whsec_test_checkout" secret:"true"`
+	StripeSettle        time.Duration `env:"STRIPE_SEARCH_SETTLE" envDefault:"60s"`
+	UnknownAfter        time.Duration `env:"PAYMENT_UNKNOWN_AFTER" envDefault:"1h"`
+	ActionTimeout       time.Duration `env:"PAYMENT_ACTION_TIMEOUT" envDefault:"30m"`
+	IdempotencyTTL      time.Duration `env:"IDEMPOTENCY_TTL" envDefault:"24h"`
+	IdempotencyLease    time.Duration `env:"IDEMPOTENCY_LEASE" envDefault:"30s"`
+	DedupFailureMode    string        `env:"DEDUP_FAILURE_MODE" envDefault:"closed"`
+	APIKeys             string        `env:"CHECKOUT_API_KEYS" envDefault:"acme:sk_test_acme,globex:sk_test_globex" secret:"true"`
+	WorkTimeout         time.Duration `env:"WORK_TIMEOUT" envDefault:"60s"`
+	RefundRetryAfter    time.Duration `env:"REFUND_RETRY_AFTER" envDefault:"1m"`
+	ShutdownTimeout     time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"20s"`
+	LogLevel            slog.Level    `env:"LOG_LEVEL" envDefault:"info"`
+	// Rate limits per tenant (CONTRACT.md, "Principals"; internal/ratelimit).
+	RateLimit        string `env:"RATE_LIMIT" envDefault:"200/s"`
+	RateLimitTenants string `env:"RATE_LIMIT_TENANTS"`
+	RateLimitReplay  string `env:"RATE_LIMIT_REPLAY" envDefault:"1000/s"`
+	// The HTTP server's limits (api.ServerLimits).
+	HTTPMaxHeaderBytes    int           `env:"HTTP_MAX_HEADER_BYTES" envDefault:"16384"`
+	HTTPMaxBodyBytes      int64         `env:"HTTP_MAX_BODY_BYTES" envDefault:"65536"`
+	HTTPReadHeaderTimeout time.Duration `env:"HTTP_READ_HEADER_TIMEOUT" envDefault:"5s"`
+	HTTPReadTimeout       time.Duration `env:"HTTP_READ_TIMEOUT" envDefault:"15s"`
+	HTTPWriteTimeout      time.Duration `env:"HTTP_WRITE_TIMEOUT" envDefault:"75s"`
+	HTTPIdleTimeout       time.Duration `env:"HTTP_IDLE_TIMEOUT" envDefault:"60s"`
+}
+
+// limits parses the rate limits; each error names its variable.
+func (s *settings) limits() (ratelimit.Config, []error) {
+	var (
+		c    ratelimit.Config
+		errs []error
+		err  error
+	)
+	if c.Default, err = ratelimit.ParseLimit(s.RateLimit); err != nil {
+		errs = append(errs, fmt.Errorf("RATE_LIMIT: %w", err))
+	}
+	if c.Tenants, err = ratelimit.ParseTenantLimits(s.RateLimitTenants); err != nil {
+		errs = append(errs, fmt.Errorf("RATE_LIMIT_TENANTS: %w", err))
+	}
+	if c.Replay, err = ratelimit.ParseLimit(s.RateLimitReplay); err != nil {
+		errs = append(errs, fmt.Errorf("RATE_LIMIT_REPLAY: %w", err))
+	}
+	return c, errs
+}
+
+// serverLimits returns the HTTP server's limits; each error names its
+// variable.
+func (s *settings) serverLimits() (api.ServerLimits, []error) {
+	l := api.ServerLimits{
+		MaxHeaderBytes:    s.HTTPMaxHeaderBytes,
+		ReadHeaderTimeout: s.HTTPReadHeaderTimeout,
+		ReadTimeout:       s.HTTPReadTimeout,
+		WriteTimeout:      s.HTTPWriteTimeout,
+		IdleTimeout:       s.HTTPIdleTimeout,
+	}
+	var errs []error
+	if s.HTTPMaxHeaderBytes < 1024 {
+		errs = append(errs, fmt.Errorf("HTTP_MAX_HEADER_BYTES: %d is below the minimum of 1024", s.HTTPMaxHeaderBytes))
+	}
+	if s.HTTPMaxBodyBytes < 1024 {
+		errs = append(errs, fmt.Errorf("HTTP_MAX_BODY_BYTES: %d is below the minimum of 1024", s.HTTPMaxBodyBytes))
+	}
+	for name, d := range map[string]time.Duration{"HTTP_READ_HEADER_TIMEOUT": s.HTTPReadHeaderTimeout,
+		"HTTP_READ_TIMEOUT": s.HTTPReadTimeout, "HTTP_IDLE_TIMEOUT": s.HTTPIdleTimeout} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s: must be positive, got %s", name, d))
+		}
+	}
+	if s.HTTPReadHeaderTimeout > s.HTTPReadTimeout {
+		errs = append(errs, fmt.Errorf("HTTP_READ_HEADER_TIMEOUT: %s exceeds HTTP_READ_TIMEOUT (%s)", s.HTTPReadHeaderTimeout, s.HTTPReadTimeout))
+	}
+	if s.HTTPWriteTimeout <= s.WorkTimeout {
+		errs = append(errs, fmt.Errorf("HTTP_WRITE_TIMEOUT: %s must exceed WORK_TIMEOUT (%s), or a slow checkout loses its answer", s.HTTPWriteTimeout, s.WorkTimeout))
+	}
+	return l, errs
 }
 
 // check validates what parsing cannot; each message names its variable.
@@ -77,8 +147,12 @@ func (s *settings) check() (*auth.Keys, idempotency.FailureMode, error) {
 	if s.IdempotencyTTL <= s.IdempotencyLease {
 		errs = append(errs, fmt.Errorf("IDEMPOTENCY_TTL: %s must exceed IDEMPOTENCY_LEASE (%s)", s.IdempotencyTTL, s.IdempotencyLease))
 	}
+	if s.StripeSettle < 0 {
+		errs = append(errs, fmt.Errorf("STRIPE_SEARCH_SETTLE: must not be negative, got %s", s.StripeSettle))
+	}
 	for name, d := range map[string]time.Duration{"STRIPE_TIMEOUT": s.StripeTimeout, "STRIPE_MAX_ELAPSED": s.StripeMaxElapsed,
-		"WORK_TIMEOUT": s.WorkTimeout, "SHUTDOWN_TIMEOUT": s.ShutdownTimeout} {
+		"WORK_TIMEOUT": s.WorkTimeout, "SHUTDOWN_TIMEOUT": s.ShutdownTimeout,
+		"PAYMENT_UNKNOWN_AFTER": s.UnknownAfter, "PAYMENT_ACTION_TIMEOUT": s.ActionTimeout, "REFUND_RETRY_AFTER": s.RefundRetryAfter} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s: must be positive, got %s", name, d))
 		}
@@ -88,6 +162,12 @@ func (s *settings) check() (*auth.Keys, idempotency.FailureMode, error) {
 	}
 	if s.WorkTimeout <= s.StripeMaxElapsed+s.StripeTimeout {
 		errs = append(errs, fmt.Errorf("WORK_TIMEOUT: %s must exceed STRIPE_MAX_ELAPSED + STRIPE_TIMEOUT (%s), or a checkout is cut off while Stripe is still retried", s.WorkTimeout, s.StripeMaxElapsed+s.StripeTimeout))
+	}
+	if !strings.HasPrefix(s.StripeWebhookSecret, "whsec_") || len(s.StripeWebhookSecret) <= len("whsec_") {
+		errs = append(errs, errors.New("STRIPE_WEBHOOK_SECRET: must be an endpoint signing secret, whsec_… (Stripe dashboard, Developers > Webhooks, or the one `stripe listen` prints)"))
+	}
+	if s.AppEnv == "production" && s.StripeWebhookSecret == webhooks.DefaultSecret {
+		errs = append(errs, errors.New("STRIPE_WEBHOOK_SECRET: the development secret is not allowed with APP_ENV=production"))
 	}
 	if s.DatabaseMaxConns < 1 {
 		errs = append(errs, fmt.Errorf("DATABASE_MAX_CONNS: must be at least 1"))
@@ -104,7 +184,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return err
 	}
 	keys, mode, err := s.check()
-	if err != nil {
+	rateLimits, limitErrs := s.limits()
+	serverLimits, serverErrs := s.serverLimits()
+	if err := errors.Join(append(append([]error{err}, limitErrs...), serverErrs...)...); err != nil {
 		return err
 	}
 	redisOpts, err := redis.ParseURL(s.RedisURL)
@@ -141,18 +223,27 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}, logger, reg)
 
 	app := api.New(api.Config{
-		RedisKeyPrefix: s.RedisKeyPrefix,
-		TTL:            s.IdempotencyTTL,
-		Lease:          s.IdempotencyLease,
-		FailureMode:    mode,
-		WorkTimeout:    s.WorkTimeout,
+		RedisKeyPrefix:   s.RedisKeyPrefix,
+		TTL:              s.IdempotencyTTL,
+		Lease:            s.IdempotencyLease,
+		FailureMode:      mode,
+		WorkTimeout:      s.WorkTimeout,
+		WebhookSecret:    s.StripeWebhookSecret,
+		RefundRetryAfter: s.RefundRetryAfter,
+		Saga: checkout.SagaConfig{
+			SearchSettle:  s.StripeSettle,
+			UnknownAfter:  s.UnknownAfter,
+			ActionTimeout: s.ActionTimeout,
+		},
+		RateLimits:   rateLimits,
+		MaxBodyBytes: s.HTTPMaxBodyBytes,
 	}, api.Deps{DB: db, Redis: rdb, Payments: pay, Keys: keys, Logger: logger, Registry: reg})
 
 	ln, err := net.Listen("tcp", s.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("HTTP_ADDR: %w", err)
 	}
-	srv := &http.Server{Handler: app.Handler, ReadHeaderTimeout: 10 * time.Second}
+	srv := serverLimits.Server(app.Handler)
 	logger.Info("listening", "addr", ln.Addr().String())
 
 	serveErr := make(chan error, 1)

@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/stripe/stripe-go/v76/webhook"
 
 	"github.com/onceonly/checkout/internal/testenv"
 	"go.uber.org/goleak"
@@ -23,11 +25,14 @@ func TestMain(m *testing.M) {
 // start runs the emulator on a free port and returns its base URL and a stop
 // function that cancels run's context and returns run's result. The test's
 // cleanup calls stop too; only the first call waits.
-func start(t testing.TB) (base string, stop func() error) {
+func start(t testing.TB, extra ...string) (base string, stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &testenv.Output{}
 	env := map[string]string{"STRIPE_EMULATOR_ADDR": "127.0.0.1:0"}
+	for i := 0; i+1 < len(extra); i += 2 {
+		env[extra[i]] = extra[i+1]
+	}
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, func(k string) string { return env[k] }, out) }()
 	stop = sync.OnceValue(func() error {
@@ -97,6 +102,53 @@ func TestRunServesAndDrains(t *testing.T) {
 
 func TestRunFailsOnBadAddress(t *testing.T) {
 	t.Parallel()
-	err := run(t.Context(), func(string) string { return "not-an-address" }, io.Discard)
+	env := map[string]string{"STRIPE_EMULATOR_ADDR": "not-an-address"}
+	err := run(t.Context(), func(k string) string { return env[k] }, io.Discard)
 	require.ErrorContains(t, err, "STRIPE_EMULATOR_ADDR")
+}
+
+func TestRunRejectsBadDurations(t *testing.T) {
+	t.Parallel()
+	for name, val := range map[string]string{
+		"STRIPE_EMULATOR_KEY_TTL":     "0s",
+		"STRIPE_EMULATOR_SEARCH_LAG":  "soon",
+		"STRIPE_EMULATOR_WEBHOOK_URL": "localhost:8080/v1/webhooks/stripe",
+	} {
+		env := map[string]string{"STRIPE_EMULATOR_ADDR": "127.0.0.1:0", name: val}
+		err := run(t.Context(), func(k string) string { return env[k] }, io.Discard)
+		require.ErrorContains(t, err, name)
+	}
+}
+
+func TestRunDeliversSignedWebhooks(t *testing.T) {
+	t.Parallel()
+	type hit struct {
+		body []byte
+		sig  string
+	}
+	hits := make(chan hit, 10)
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		hits <- hit{body, r.Header.Get("Stripe-Signature")}
+	}))
+	defer receiver.Close()
+	base, stop := start(t, "STRIPE_EMULATOR_WEBHOOK_URL", receiver.URL, "STRIPE_WEBHOOK_SECRET", "whsec_cmd")
+
+	req, _ := http.NewRequest(http.MethodPost, base+"/v1/payment_intents", strings.NewReader("amount=100&currency=usd"))
+	req.Header.Set("Authorization", "Bearer sk_test_123")
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	res.Body.Close()
+	require.Equal(t, http.StatusOK, res.StatusCode)
+
+	select {
+	case h := <-hits:
+		ev, err := webhook.ConstructEvent(h.body, h.sig, "whsec_cmd")
+		require.NoError(t, err)
+		require.Equal(t, "payment_intent.created", string(ev.Type))
+	case <-time.After(10 * time.Second):
+		t.Fatal("no webhook within 10s")
+	}
+	require.NoError(t, stop())
+	http.DefaultClient.CloseIdleConnections()
 }

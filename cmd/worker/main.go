@@ -1,6 +1,8 @@
 // Command worker runs the background work after a checkout commits: the
-// order.paid consumer and the notification sender (CONTRACT.md, "Events"),
-// the completer (checkouts whose process died) and the reaper (retention).
+// order events consumer and the notification sender (CONTRACT.md,
+// "Events"), the completer (checkouts and refunds whose process died), the
+// reconciler (payments waiting for Stripe or the customer), the refund
+// reconciler (refunds Stripe keeps pending) and the reaper (retention).
 // Any number may run at once. It does not migrate: it waits until the API
 // has created the schema.
 package main
@@ -26,6 +28,7 @@ import (
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/rabbitmq"
+	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/telemetry"
 )
 
@@ -46,17 +49,29 @@ type settings struct {
 	MetricsAddr   string        `env:"METRICS_ADDR" envDefault:":9092"`
 	Prefetch      int           `env:"NOTIFY_PREFETCH" envDefault:"32"`
 	SweepInterval time.Duration `env:"NOTIFY_SWEEP_INTERVAL" envDefault:"1s"`
+	SequenceWait  time.Duration `env:"NOTIFY_SEQUENCE_WAIT" envDefault:"30s"`
 
-	// The completer runs the checkout state machine, so it needs what the
-	// API needs to call Stripe with the same keys and parameters.
-	StripeAPIBase     string        `env:"STRIPE_API_BASE" envDefault:"http://127.0.0.1:12111"`
-	StripeSecretKey   string        `env:"STRIPE_SECRET_KEY" envDefault:"sk_test_123" secret:"true"`
-	IdempotencyTTL    time.Duration `env:"IDEMPOTENCY_TTL" envDefault:"24h"`
-	IdempotencyLease  time.Duration `env:"IDEMPOTENCY_LEASE" envDefault:"30s"`
-	CompleterInterval time.Duration `env:"COMPLETER_INTERVAL" envDefault:"5s"`
-	ReaperInterval    time.Duration `env:"REAPER_INTERVAL" envDefault:"1m"`
-	InboxRetention    time.Duration `env:"INBOX_RETENTION" envDefault:"168h"`
-	OutboxRetention   time.Duration `env:"OUTBOX_RETENTION" envDefault:"168h"`
+	// The completer and the reconciler run the checkout's payment saga, so
+	// they need what the API needs to call Stripe with the same keys,
+	// parameters and timeouts.
+	StripeAPIBase      string        `env:"STRIPE_API_BASE" envDefault:"http://127.0.0.1:12111"`
+	StripeSecretKey    string        `env:"STRIPE_SECRET_KEY" envDefault:"sk_test_123" secret:"true"`
+	StripeTimeout      time.Duration `env:"STRIPE_TIMEOUT" envDefault:"10s"`
+	StripeMaxElapsed   time.Duration `env:"STRIPE_MAX_ELAPSED" envDefault:"20s"`
+	StripeSettle       time.Duration `env:"STRIPE_SEARCH_SETTLE" envDefault:"60s"`
+	UnknownAfter       time.Duration `env:"PAYMENT_UNKNOWN_AFTER" envDefault:"1h"`
+	ActionTimeout      time.Duration `env:"PAYMENT_ACTION_TIMEOUT" envDefault:"30m"`
+	WorkTimeout        time.Duration `env:"WORK_TIMEOUT" envDefault:"60s"`
+	ReconcilerInterval time.Duration `env:"RECONCILER_INTERVAL" envDefault:"10s"`
+	OrphanSweep        time.Duration `env:"ORPHAN_SWEEP_INTERVAL" envDefault:"1h"`
+	IdempotencyTTL     time.Duration `env:"IDEMPOTENCY_TTL" envDefault:"24h"`
+	IdempotencyLease   time.Duration `env:"IDEMPOTENCY_LEASE" envDefault:"30s"`
+	CompleterInterval  time.Duration `env:"COMPLETER_INTERVAL" envDefault:"5s"`
+	RefundRetryAfter   time.Duration `env:"REFUND_RETRY_AFTER" envDefault:"1m"`
+	RefundPoll         time.Duration `env:"REFUND_POLL_INTERVAL" envDefault:"10s"`
+	ReaperInterval     time.Duration `env:"REAPER_INTERVAL" envDefault:"1m"`
+	InboxRetention     time.Duration `env:"INBOX_RETENTION" envDefault:"168h"`
+	OutboxRetention    time.Duration `env:"OUTBOX_RETENTION" envDefault:"168h"`
 }
 
 // check validates what parsing cannot; each message names its variable.
@@ -77,9 +92,25 @@ func (s *settings) check() error {
 	if s.SweepInterval <= 0 {
 		errs = append(errs, errors.New("NOTIFY_SWEEP_INTERVAL: must be positive"))
 	}
+	if s.SequenceWait <= 0 {
+		errs = append(errs, errors.New("NOTIFY_SEQUENCE_WAIT: must be positive"))
+	}
+	if s.StripeSettle < 0 {
+		errs = append(errs, fmt.Errorf("STRIPE_SEARCH_SETTLE: must not be negative, got %s", s.StripeSettle))
+	}
+	if s.StripeTimeout > s.StripeMaxElapsed {
+		errs = append(errs, fmt.Errorf("STRIPE_TIMEOUT: %s exceeds STRIPE_MAX_ELAPSED (%s), so no retry could ever start", s.StripeTimeout, s.StripeMaxElapsed))
+	}
+	if s.WorkTimeout <= s.StripeMaxElapsed+s.StripeTimeout {
+		errs = append(errs, fmt.Errorf("WORK_TIMEOUT: %s must exceed STRIPE_MAX_ELAPSED + STRIPE_TIMEOUT (%s)", s.WorkTimeout, s.StripeMaxElapsed+s.StripeTimeout))
+	}
 	for name, d := range map[string]time.Duration{
+		"STRIPE_TIMEOUT": s.StripeTimeout, "STRIPE_MAX_ELAPSED": s.StripeMaxElapsed,
+		"PAYMENT_UNKNOWN_AFTER": s.UnknownAfter, "PAYMENT_ACTION_TIMEOUT": s.ActionTimeout,
+		"WORK_TIMEOUT": s.WorkTimeout, "RECONCILER_INTERVAL": s.ReconcilerInterval, "ORPHAN_SWEEP_INTERVAL": s.OrphanSweep,
 		"IDEMPOTENCY_TTL": s.IdempotencyTTL, "IDEMPOTENCY_LEASE": s.IdempotencyLease,
 		"COMPLETER_INTERVAL": s.CompleterInterval, "REAPER_INTERVAL": s.ReaperInterval,
+		"REFUND_RETRY_AFTER": s.RefundRetryAfter, "REFUND_POLL_INTERVAL": s.RefundPoll,
 		"INBOX_RETENTION": s.InboxRetention, "OUTBOX_RETENTION": s.OutboxRetention,
 	} {
 		if d <= 0 {
@@ -124,8 +155,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	defer conn.Close()
 
 	notifier, err := notify.NewService(db, conn, &notify.SMTPMailer{Addr: s.SMTPAddr}, notify.Config{
-		Queue:    s.NotifyQueue,
-		Prefetch: s.Prefetch,
+		Queue:        s.NotifyQueue,
+		Prefetch:     s.Prefetch,
+		SequenceWait: s.SequenceWait,
 		Sender: notify.SenderConfig{
 			From:          s.SMTPFrom,
 			SweepInterval: s.SweepInterval,
@@ -137,18 +169,41 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return err
 	}
 
-	// The completer pushes forward checkouts whose process died, through the
-	// same state machine and with the same Stripe keys as a client retry.
+	// The completer pushes forward checkouts whose process died, and the
+	// reconciler payments that wait for Stripe or the customer, through the
+	// same saga and with the same Stripe keys as a client retry.
 	keys := &idempotency.Store{Lease: s.IdempotencyLease, TTL: s.IdempotencyTTL, Now: time.Now,
 		Metrics: idempotency.NewMetrics(reg)}
-	pay := payments.NewClient(payments.Config{APIBase: s.StripeAPIBase, SecretKey: s.StripeSecretKey}, logger, reg)
-	svc := &checkout.Service{DB: db, Keys: keys, Payments: pay, Logger: logger, Now: time.Now}
-	completer, err := maintenance.NewCompleter(db, keys, svc, maintenance.CompleterConfig{
+	pay := payments.NewClient(payments.Config{APIBase: s.StripeAPIBase, SecretKey: s.StripeSecretKey,
+		Timeout: s.StripeTimeout, MaxElapsed: s.StripeMaxElapsed}, logger, reg)
+	svc := &checkout.Service{DB: db, Keys: keys, Payments: pay, Logger: logger, Now: time.Now,
+		Saga:    checkout.SagaConfig{SearchSettle: s.StripeSettle, UnknownAfter: s.UnknownAfter, ActionTimeout: s.ActionTimeout},
+		Metrics: checkout.NewMetrics(reg)}
+	// Refunds whose request died are finished the same way; refunds Stripe
+	// keeps pending are polled until Stripe settles them.
+	refundSvc := &refunds.Service{DB: db, Keys: keys, Stripe: pay, Logger: logger.With("loop", "refunds"),
+		Now: time.Now, RetryAfter: s.RefundRetryAfter, Metrics: refunds.NewMetrics(reg)}
+	byRoute := maintenance.ByRoute{DB: db, Routes: map[string]maintenance.KeyCompleter{
+		checkout.Route: svc,
+		refunds.Route:  refundSvc,
+	}}
+	completer, err := maintenance.NewCompleter(db, keys, byRoute, maintenance.CompleterConfig{
 		Interval:   s.CompleterInterval,
 		Grace:      s.IdempotencyLease,
-		KeyTimeout: 15 * time.Second, // inside the drain; a cut charge stays resumable
+		KeyTimeout: s.WorkTimeout, // detached; a run cut by the drain stays resumable
 		Logger:     logger.With("loop", "completer"),
 		Registerer: reg,
+	})
+	if err != nil {
+		return err
+	}
+	reconciler, err := maintenance.NewReconciler(db, svc, maintenance.ReconcilerConfig{
+		Interval:     s.ReconcilerInterval,
+		OrderTimeout: s.WorkTimeout,
+		Grace:        s.IdempotencyLease,
+		SweepEvery:   s.OrphanSweep,
+		Logger:       logger.With("loop", "reconciler"),
+		Registerer:   reg,
 	})
 	if err != nil {
 		return err
@@ -169,7 +224,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	err = ops.RunLoops(ctx, s.ShutdownTimeout, logger,
 		notifier.Run,
 		completer.Run,
+		reconciler.Run,
 		reaper.Run,
+		func(ctx context.Context) error { return refundSvc.RunReconciler(ctx, s.RefundPoll) },
 	)
 	logger.Info("worker stopped", "err", err)
 	return err

@@ -23,11 +23,18 @@ func getenv(m map[string]string) func(string) string { return func(k string) str
 func TestBadValueStopsStartNamingTheVariable(t *testing.T) {
 	t.Parallel()
 	tests := map[string]map[string]string{
-		"LOG_LEVEL":    {"LOG_LEVEL": "loud"},
-		"AMQP_URL":     {"AMQP_URL": "http://rabbit"},
-		"SMTP_ADDR":    {"SMTP_ADDR": "mailpit"},
-		"SMTP_FROM":    {"SMTP_FROM": "not an address"},
-		"METRICS_ADDR": {"METRICS_ADDR": "9092"},
+		"LOG_LEVEL":              {"LOG_LEVEL": "loud"},
+		"AMQP_URL":               {"AMQP_URL": "http://rabbit"},
+		"SMTP_ADDR":              {"SMTP_ADDR": "mailpit"},
+		"SMTP_FROM":              {"SMTP_FROM": "not an address"},
+		"METRICS_ADDR":           {"METRICS_ADDR": "9092"},
+		"STRIPE_TIMEOUT":         {"STRIPE_TIMEOUT": "30s", "STRIPE_MAX_ELAPSED": "1s"},
+		"STRIPE_MAX_ELAPSED":     {"STRIPE_MAX_ELAPSED": "soon"},
+		"STRIPE_SEARCH_SETTLE":   {"STRIPE_SEARCH_SETTLE": "-1s"},
+		"PAYMENT_UNKNOWN_AFTER":  {"PAYMENT_UNKNOWN_AFTER": "0s"},
+		"PAYMENT_ACTION_TIMEOUT": {"PAYMENT_ACTION_TIMEOUT": "never"},
+		"RECONCILER_INTERVAL":    {"RECONCILER_INTERVAL": "0s"},
+		"WORK_TIMEOUT":           {"WORK_TIMEOUT": "1s"},
 	}
 	for name, env := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -18,7 +18,10 @@ import (
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/problem"
+	"github.com/onceonly/checkout/internal/ratelimit"
+	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/telemetry"
+	"github.com/onceonly/checkout/internal/webhooks"
 )
 
 // Deps are the API's dependencies. Registry may be nil (no metrics).
@@ -26,6 +29,8 @@ type Deps struct {
 	DB       *gorm.DB
 	Redis    redis.UniversalClient
 	Payments checkout.PaymentProvider
+	// Refunds is Stripe's Refund API; nil: Payments, if it has one.
+	Refunds  refunds.Stripe
 	Keys     *auth.Keys
 	Logger   *slog.Logger
 	Registry *prometheus.Registry
@@ -41,12 +46,28 @@ type Config struct {
 	FailureMode    idempotency.FailureMode // DEDUP_FAILURE_MODE
 	// WorkTimeout bounds one checkout's work (default 60s).
 	WorkTimeout time.Duration
+	// WebhookSecret is STRIPE_WEBHOOK_SECRET, the signing secret of POST
+	// /v1/webhooks/stripe (empty: webhooks.DefaultSecret).
+	WebhookSecret string
+	// Saga tunes the payment saga (STRIPE_SEARCH_SETTLE,
+	// PAYMENT_UNKNOWN_AFTER, PAYMENT_ACTION_TIMEOUT).
+	Saga checkout.SagaConfig
+	// RefundRetryAfter is how long an indeterminate refund attempt is
+	// reconciled before a new attempt (REFUND_RETRY_AFTER, default 1m).
+	RefundRetryAfter time.Duration
+	// RateLimits are the per-tenant limits (RATE_LIMIT, RATE_LIMIT_TENANTS,
+	// RATE_LIMIT_REPLAY); the zero value limits nothing.
+	RateLimits ratelimit.Config
+	// MaxBodyBytes is the largest request body (HTTP_MAX_BODY_BYTES, 64 KiB
+	// when 0); a larger one is 413 payload_too_large.
+	MaxBodyBytes int64
 }
 
 // API is the assembled service.
 type API struct {
 	Handler  http.Handler
 	Service  *checkout.Service
+	Refunds  *refunds.Service
 	KeyStore *idempotency.Store
 }
 
@@ -58,20 +79,24 @@ func New(cfg Config, d Deps) *API {
 	if cfg.WorkTimeout <= 0 {
 		cfg.WorkTimeout = 60 * time.Second
 	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 64 << 10
+	}
 	reg := d.Registry
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
 	metrics := idempotency.NewMetrics(reg)
 	store := &idempotency.Store{Lease: cfg.Lease, TTL: cfg.TTL, Now: d.Now, Metrics: metrics}
-	svc := &checkout.Service{DB: d.DB, Keys: store, Payments: d.Payments, Logger: d.Logger, Now: d.Now}
+	svc := &checkout.Service{DB: d.DB, Keys: store, Payments: d.Payments, Logger: d.Logger, Now: d.Now,
+		Saga: cfg.Saga, Metrics: checkout.NewMetrics(reg)}
 	gateway := &idempotency.Gateway{
 		Config: idempotency.Config{
 			Lease:        cfg.Lease,
 			TTL:          cfg.TTL,
 			FailureMode:  cfg.FailureMode,
 			WorkTimeout:  cfg.WorkTimeout,
-			MaxBodyBytes: 64 << 10,
+			MaxBodyBytes: cfg.MaxBodyBytes,
 		},
 		Leases:  idempotency.NewLeases(d.Redis, cfg.RedisKeyPrefix),
 		Store:   store,
@@ -81,6 +106,12 @@ func New(cfg Config, d Deps) *API {
 		Tenant:  auth.TenantOf,
 	}
 	handler := &checkout.Handler{Service: svc, Logger: d.Logger, Tenant: auth.TenantOf}
+	stripeRefunds := d.Refunds
+	if stripeRefunds == nil {
+		stripeRefunds, _ = d.Payments.(refunds.Stripe)
+	}
+	refundSvc := &refunds.Service{DB: d.DB, Keys: store, Stripe: stripeRefunds, Logger: d.Logger, Now: d.Now,
+		RetryAfter: cfg.RefundRetryAfter, Metrics: refunds.NewMetrics(reg)}
 
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
@@ -113,9 +144,39 @@ func New(cfg Config, d Deps) *API {
 		r.GET("/metrics", gin.WrapH(telemetry.MetricsHandler(d.Registry)))
 	}
 
-	v1 := r.Group("/", auth.Middleware(d.Keys))
+	// Stripe's webhooks: authenticated by their signature, not by a bearer
+	// key, and outside the idempotency gateway (the inbox deduplicates them).
+	secret := cfg.WebhookSecret
+	if secret == "" {
+		secret = webhooks.DefaultSecret
+	}
+	hook := &webhooks.Handler{
+		DB:       d.DB,
+		Verifier: webhooks.Verifier{Secret: secret},
+		Orders:   webhookOrders{svc},
+		Stripe:   webhookStripe{d.Payments},
+		Logger:   d.Logger,
+		Metrics:  webhooks.NewMetrics(reg),
+	}
+	if stripeRefunds != nil {
+		hook.Refunds = webhookRefunds{refundSvc}
+	}
+	r.POST(webhooks.Path, gin.WrapH(hook))
+
+	// The rate limit runs right after authentication, before any
+	// idempotency work; replays of a checkout (found in the Redis cache by
+	// the key alone) draw from a bucket of their own.
+	limiter := ratelimit.New(d.Redis, cfg.RedisKeyPrefix, cfg.RateLimits, d.Logger, reg)
+	limiter.Tenant = auth.TenantOf
+	limiter.Replay = func(c *gin.Context) bool {
+		return c.Request.Method+" "+c.FullPath() == checkout.Route && gateway.Cached(c, checkout.Route)
+	}
+	v1 := r.Group("/", auth.Middleware(d.Keys), limiter.Middleware())
 	handler.Register(v1, gateway)
-	return &API{Handler: r, Service: svc, KeyStore: store}
+	if stripeRefunds != nil {
+		(&refunds.Handler{Service: refundSvc, Logger: d.Logger}).Register(v1, gateway)
+	}
+	return &API{Handler: r, Service: svc, Refunds: refundSvc, KeyStore: store}
 }
 
 // recovery turns a panic into a logged generic 500 problem.

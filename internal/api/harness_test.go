@@ -7,21 +7,25 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+	"github.com/stripe/stripe-go/v76"
 	"go.uber.org/goleak"
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/api"
 	"github.com/onceonly/checkout/internal/auth"
+	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/payments/stripeemu"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
+	"github.com/onceonly/checkout/internal/ratelimit"
 	"github.com/onceonly/checkout/internal/telemetry"
 	"github.com/onceonly/checkout/internal/testenv"
 )
@@ -35,6 +39,9 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
 		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
 		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+		// go-redis probes a refused dial again every second and sees that
+		// its pool was closed only after the sleep (tests that stop Redis).
+		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"),
 	)
 }
 
@@ -47,6 +54,17 @@ type options struct {
 	redisURL    string // "" = the shared Redis with a test prefix
 	now         func() time.Time
 	stripe      *payments.Config
+	saga        checkout.SagaConfig
+	// webhooks makes the emulator deliver its signed events to the API's
+	// POST /v1/webhooks/stripe (off: events are only logged, and a test
+	// delivers them itself with deliverEvent).
+	webhooks bool
+	// wrap, when set, wraps the Stripe client the API uses (to play
+	// answers the emulator cannot give on its own).
+	wrap func(checkout.PaymentProvider) checkout.PaymentProvider
+	// refundRetryAfter is REFUND_RETRY_AFTER (0: the default).
+	refundRetryAfter time.Duration
+	rateLimits       ratelimit.Config // zero: no limit
 }
 
 // harness is one test's running API over its own database and Redis prefix,
@@ -57,6 +75,7 @@ type harness struct {
 	rdb      redis.UniversalClient
 	prefix   string
 	emu      *stripeemu.Emulator
+	emuURL   string
 	srv      *httptest.Server
 	api      *api.API
 	logs     *testenv.Output
@@ -124,9 +143,19 @@ func setup(t testing.TB, opt ...func(*options)) *harness {
 		h.rdb, h.prefix = rdb, "test:"+testenv.Random(6)+":"
 	}
 
-	h.emu = stripeemu.New()
+	// The API's server is created (listening, not yet serving) first, so
+	// that the emulator can be told where to send its webhooks.
+	h.srv = httptest.NewUnstartedServer(nil)
+	var emuOpts []stripeemu.Option
+	if o.webhooks {
+		emuOpts = append(emuOpts, stripeemu.WithWebhookURL("http://"+h.srv.Listener.Addr().String()+"/v1/webhooks/stripe"),
+			stripeemu.WithWebhookRetry(50*time.Millisecond, 500*time.Millisecond, 30*time.Second))
+	}
+	h.emu = stripeemu.New(emuOpts...)
 	emuSrv := httptest.NewServer(h.emu)
 	t.Cleanup(emuSrv.Close)
+	t.Cleanup(h.emu.Close)
+	h.emuURL = emuSrv.URL
 
 	logger := telemetry.NewLogger(h.logs, slog.LevelDebug)
 	keys, err := auth.ParseKeys(auth.DefaultKeys)
@@ -136,17 +165,24 @@ func setup(t testing.TB, opt ...func(*options)) *harness {
 		stripeCfg = *o.stripe
 		stripeCfg.APIBase, stripeCfg.SecretKey = emuSrv.URL, "sk_test_123"
 	}
-	pay := payments.NewClient(stripeCfg, logger, nil)
+	var pay checkout.PaymentProvider = payments.NewClient(stripeCfg, logger, nil)
+	if o.wrap != nil {
+		pay = o.wrap(pay)
+	}
 	reg := telemetry.NewRegistry()
 	h.registry = &registry{reg}
 	h.api = api.New(api.Config{
-		RedisKeyPrefix: h.prefix,
-		TTL:            o.ttl,
-		Lease:          o.lease,
-		FailureMode:    o.failureMode,
-		WorkTimeout:    30 * time.Second,
+		RedisKeyPrefix:   h.prefix,
+		TTL:              o.ttl,
+		Lease:            o.lease,
+		FailureMode:      o.failureMode,
+		WorkTimeout:      30 * time.Second,
+		Saga:             o.saga,
+		RefundRetryAfter: o.refundRetryAfter,
+		RateLimits:       o.rateLimits,
 	}, api.Deps{DB: h.db, Redis: h.rdb, Payments: pay, Keys: keys, Logger: logger, Registry: reg, Now: o.now})
-	h.srv = httptest.NewServer(h.api.Handler)
+	h.srv.Config.Handler = h.api.Handler
+	h.srv.Start()
 	t.Cleanup(h.srv.Close)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -235,4 +271,98 @@ func mustRead(t testing.TB, resp *http.Response) string {
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return string(b)
+}
+
+// intents returns the PaymentIntents of order id at the emulator, from its
+// own state (not lagged like search).
+func (h *harness) intents(orderID string) []*stripe.PaymentIntent {
+	h.t.Helper()
+	var out []*stripe.PaymentIntent
+	for _, pi := range h.emu.PaymentIntents() {
+		if pi.Metadata["order_id"] == orderID {
+			out = append(out, pi)
+		}
+	}
+	return out
+}
+
+// orderRow is what the invariant checks read of an order.
+type orderRow struct {
+	Status          string
+	PaymentIntentID *string
+	PaymentStatus   *string
+}
+
+func (h *harness) order(id string) orderRow {
+	h.t.Helper()
+	var o orderRow
+	require.NoError(h.t, h.db.Raw(`SELECT status, payment_intent_id, payment_status FROM orders WHERE id = ?`, id).Scan(&o).Error)
+	require.NotEmpty(h.t, o.Status, "order %s", id)
+	return o
+}
+
+// requirePaymentInvariants checks CONTRACT.md's payment guarantees for one
+// order against the emulator's own state: at most one PaymentIntent moves
+// money; the order's status is Stripe's (paid exactly when its recorded
+// PaymentIntent succeeded); every other PaymentIntent of the order is
+// canceled; and Stripe never answered idempotency_error (a key sent again
+// with other parameters): no 400 at all, except on the emulator ops listed
+// in expected400 (e.g. a cancel Stripe refuses because the PaymentIntent
+// succeeded). It returns the order's PaymentIntents.
+func (h *harness) requirePaymentInvariants(orderID, wantStatus string, expected400 ...string) []*stripe.PaymentIntent {
+	h.t.Helper()
+	pis := h.intents(orderID)
+	o := h.order(orderID)
+	require.Equal(h.t, wantStatus, o.Status, "order %s", orderID)
+	moving := 0
+	for _, pi := range pis {
+		if checkout.MovesMoney(string(pi.Status)) {
+			moving++
+		}
+	}
+	require.LessOrEqual(h.t, moving, 1, "money-moving PaymentIntents of order %s", orderID)
+	var mine *stripe.PaymentIntent
+	for _, pi := range pis {
+		if o.PaymentIntentID != nil && pi.ID == *o.PaymentIntentID {
+			mine = pi
+			continue
+		}
+		require.Equal(h.t, stripe.PaymentIntentStatusCanceled, pi.Status, "PaymentIntent %s of order %s is an orphan", pi.ID, orderID)
+	}
+	switch wantStatus {
+	case checkout.StatusPaid:
+		require.NotNil(h.t, mine, "the paid order's PaymentIntent exists at Stripe")
+		require.Equal(h.t, stripe.PaymentIntentStatusSucceeded, mine.Status)
+		require.Equal(h.t, 1, moving)
+	case checkout.StatusPaymentFailed, checkout.StatusCanceled:
+		require.Zero(h.t, moving, "a failed order moved no money")
+	}
+	for _, r := range h.emu.Requests() {
+		if slices.Contains(expected400, r.Op) {
+			continue
+		}
+		require.NotEqual(h.t, http.StatusBadRequest, r.Status,
+			"Stripe refused %s %s (key %s): an idempotency_error or a resent key", r.Method, r.Path, r.IdempotencyKey)
+	}
+	return pis
+}
+
+// untilFinal sends the checkout again with the same key, as a client that
+// follows Retry-After would, until its answer is final (not 409, 502 or
+// 503), and returns every answer.
+func (h *harness) untilFinal(key, body string) []reply {
+	h.t.Helper()
+	var rs []reply
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		r := h.checkout(key, body)
+		rs = append(rs, r)
+		if r.status != http.StatusConflict && r.status != http.StatusBadGateway && r.status != http.StatusServiceUnavailable {
+			return rs
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("no final answer for %s after %d tries; last %d %s", key, len(rs), r.status, r.body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -1,6 +1,7 @@
 // Package checkout is the checkout state machine: catalog, stock, orders and
 // the phases that turn one idempotent POST /v1/checkouts into exactly one
-// order and at most one charge, however often it is retried or interrupted.
+// order and at most one PaymentIntent that moves money, however often it is
+// retried or interrupted, whatever Stripe answers.
 //
 // The phases, each ending at a recovery point stored with the idempotency
 // key (see DESIGN.md):
@@ -8,39 +9,62 @@
 //  1. Transaction 1: claim the key, validate, reserve stock, insert the order
 //     (pending_payment), its items and order.created in the outbox; recovery
 //     point order_created. Out of stock finishes the key with a stored 409.
-//  2. Stripe: create and confirm a PaymentIntent with a deterministic
-//     idempotency key (StepKey). A transient failure keeps the recovery point.
-//  3. Transaction 2: the order becomes paid, or payment_failed with its stock
-//     released; order.paid or order.payment_failed in the outbox; the key is
-//     finished with the response, which is then replayed to every retry.
+//  2. The payment saga (saga.go): steps persisted in payment_attempts before
+//     each Stripe call, each with a key derived from (order, step, attempt):
+//     create the PaymentIntent unconfirmed, record its id, confirm it.
+//     Every indeterminate answer is reconciled with Stripe (GET by id after a
+//     confirm, search by metadata after a create) before any new attempt.
+//  3. Settlement (one transaction): the order becomes paid, requires_action
+//     (3D Secure), or payment_failed with its stock released; its event goes
+//     to the outbox; the key is finished with the response, which is then
+//     replayed to every retry.
+//
+// The API request, the worker's completer (expired leases) and its
+// reconciler (orders waiting for Stripe or the customer) all run the same
+// saga, and every change of an order's status is monotonic.
 package checkout
 
 import (
+	"encoding/json"
 	"fmt"
-	"net/http"
 	"net/mail"
 	"slices"
 	"strings"
 	"time"
 
 	"golang.org/x/net/idna"
-
-	"github.com/onceonly/checkout/internal/problem"
 )
 
-// Order statuses.
+// Order statuses (CONTRACT.md): pending_payment -> requires_action -> paid |
+// payment_failed; pending_payment -> payment_unknown -> paid |
+// payment_failed; requires_action -> canceled. No transition goes back.
 const (
 	StatusPendingPayment = "pending_payment"
+	StatusRequiresAction = "requires_action"
+	StatusPaymentUnknown = "payment_unknown"
 	StatusPaid           = "paid"
 	StatusPaymentFailed  = "payment_failed"
+	StatusCanceled       = "canceled"
 )
 
-// RecoveryPointOrderCreated is stored with the key when transaction 1 has
-// committed: the order exists and the payment step is next.
-const RecoveryPointOrderCreated = "order_created"
+// Recovery points stored with a key between its transactions.
+const (
+	// RecoveryPointOrderCreated: transaction 1 of a checkout has committed;
+	// the order exists and its payment saga is next.
+	RecoveryPointOrderCreated = "order_created"
+	// RecoveryPointCancelRequested: a POST /v1/orders/{id}/cancel has been
+	// accepted for a requires_action order; canceling its PaymentIntent is
+	// next.
+	RecoveryPointCancelRequested = "cancel_requested"
+)
 
-// Route is the idempotency scope's route for a checkout.
-const Route = "POST /v1/checkouts"
+// Routes are the idempotency scopes' route templates.
+const (
+	// Route is POST /v1/checkouts.
+	Route = "POST /v1/checkouts"
+	// CancelRoute is POST /v1/orders/{id}/cancel.
+	CancelRoute = "POST /v1/orders/{id}/cancel"
+)
 
 // Limits of a checkout request (CONTRACT.md).
 const (
@@ -73,6 +97,16 @@ type Order struct {
 
 	tenantID      string
 	paymentMethod string
+	// failureCode is why a payment_failed order failed: card_declined,
+	// payment_rejected, payment_action_timeout, payment_canceled.
+	failureCode string
+	// declineCode is Stripe's decline_code (or error code) of a decline.
+	declineCode string
+	// requiresActionAt is when the order entered requires_action.
+	requiresActionAt *time.Time
+	// unknownSince is when an unanswered or indeterminate step was first
+	// recorded and not yet reconciled.
+	unknownSince *time.Time
 }
 
 // OrderItem is one line of an order. Amount = Quantity * UnitAmount.
@@ -84,18 +118,26 @@ type OrderItem struct {
 }
 
 // Payment is the order's payment. PaymentIntentID and Status are empty until
-// the PaymentIntent has been confirmed.
+// the PaymentIntent has been created; NextAction and ClientSecret are set
+// only while the order is requires_action: Stripe's next_action as it sent
+// it, and the client_secret the customer's browser needs for it (Stripe.js
+// handleNextAction, https://docs.stripe.com/payments/3d-secure).
 type Payment struct {
-	Provider        string `json:"provider"`
-	PaymentIntentID string `json:"payment_intent_id,omitempty"`
-	Status          string `json:"status,omitempty"`
+	Provider        string          `json:"provider"`
+	PaymentIntentID string          `json:"payment_intent_id,omitempty"`
+	Status          string          `json:"status,omitempty"`
+	NextAction      json.RawMessage `json:"next_action,omitempty"`
+	ClientSecret    string          `json:"client_secret,omitempty"`
 }
 
 // Notification is one channel's delivery state, shown on GET /v1/orders/{id}.
 type Notification struct {
-	Channel string     `json:"channel"`
-	Status  string     `json:"status"`
-	SentAt  *time.Time `json:"sent_at"`
+	Channel string `json:"channel"`
+	// Kind is what it is about: order_paid, or order_refunded (one per
+	// succeeded refund).
+	Kind   string     `json:"kind"`
+	Status string     `json:"status"`
+	SentAt *time.Time `json:"sent_at"`
 }
 
 // Request is the body of POST /v1/checkouts.
@@ -117,28 +159,13 @@ type FieldError struct {
 	Message string `json:"message"`
 }
 
-// Problems the checkout answers with.
-var (
-	ErrOutOfStock = problem.New(http.StatusConflict, "out_of_stock", "Out of stock",
-		"At least one item is not available in the requested quantity. No order was created and nothing was charged.")
-	ErrCardDeclined = problem.New(http.StatusPaymentRequired, "card_declined", "Card declined",
-		"The payment was declined. The order is payment_failed and its stock was released.")
-	ErrPaymentUnavailable = &problem.Problem{Status: http.StatusBadGateway, Code: "payment_provider_unavailable",
-		Title: "Payment provider unavailable", RetryAfter: 2,
-		Detail: "The payment provider did not answer. Retry with the same Idempotency-Key: it resumes this checkout and never charges twice."}
-	ErrUnavailable = &problem.Problem{Status: http.StatusServiceUnavailable, Code: "unavailable",
-		Title: "Service unavailable", RetryAfter: 1,
-		Detail: "A dependency is unavailable. Retry with the same Idempotency-Key: it resumes this checkout and never charges twice."}
-	ErrOrderNotFound = problem.New(http.StatusNotFound, "not_found", "Not found", "No such order.")
-)
-
 // MaxFieldErrors caps the errors one answer lists, so that a body of
 // thousands of unknown members cannot make a response larger than itself.
 const MaxFieldErrors = 50
 
-// ValidationError returns the 400 validation_error problem listing errs,
-// in field order, at most MaxFieldErrors of them.
-func ValidationError(errs []FieldError) *problem.Problem {
+// ValidationError returns the validation_error (400) listing errs, in field
+// order, at most MaxFieldErrors of them.
+func ValidationError(errs []FieldError) *Error {
 	errs = slices.Clone(errs)
 	slices.SortStableFunc(errs, func(a, b FieldError) int { return strings.Compare(a.Field, b.Field) })
 	detail := "The request body has invalid fields; see errors."
@@ -146,7 +173,7 @@ func ValidationError(errs []FieldError) *problem.Problem {
 		detail = fmt.Sprintf("The request body has %d invalid fields; errors lists the first %d.", len(errs), MaxFieldErrors)
 		errs = errs[:MaxFieldErrors]
 	}
-	return problem.New(http.StatusBadRequest, "validation_error", "Validation failed", detail).With("errors", errs)
+	return &Error{Code: CodeValidation, Detail: detail, Fields: errs}
 }
 
 // validate checks what needs no database: the email, the item count and

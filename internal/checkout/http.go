@@ -2,6 +2,7 @@ package checkout
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -22,13 +23,15 @@ type Handler struct {
 	Tenant func(*gin.Context) string
 }
 
-// Register mounts the routes on r; gateway guards POST /v1/checkouts.
+// Register mounts the routes on r; gateway guards the POST routes.
 //
-//	POST /v1/checkouts       create, resume or replay a checkout
-//	GET  /v1/orders/:id      the tenant's order with its notifications
-//	GET  /v1/products        the catalog with current stock
+//	POST /v1/checkouts          create, resume or replay a checkout
+//	POST /v1/orders/:id/cancel  cancel an order waiting for 3D Secure
+//	GET  /v1/orders/:id         the tenant's order with its notifications
+//	GET  /v1/products           the catalog with current stock
 func (h *Handler) Register(r gin.IRoutes, gateway *idempotency.Gateway) {
 	r.POST("/v1/checkouts", gateway.Middleware(Route), h.createCheckout)
+	r.POST("/v1/orders/:id/cancel", gateway.Middleware(CancelRoute, idempotency.EmptyBodyIsObject), h.cancelOrder)
 	r.GET("/v1/orders/:id", h.getOrder)
 	r.GET("/v1/products", h.listProducts)
 }
@@ -36,9 +39,35 @@ func (h *Handler) Register(r gin.IRoutes, gateway *idempotency.Gateway) {
 func (h *Handler) createCheckout(c *gin.Context) {
 	req := idempotency.RequestOf(c)
 	in, inputErrs := decodeRequest(req.Body)
-	resp, replayed, err := h.Service.Checkout(c.Request.Context(), req, in, inputErrs)
+	resp, replayed, err := h.Service.Checkout(c.Request.Context(), CheckoutCommand{
+		Tenant: req.Scope.Tenant, IdempotencyKey: req.Scope.Key,
+		Fingerprint: req.Fingerprint, Owner: req.Owner,
+		Input: in, InputErrors: inputErrs,
+	})
 	if err != nil {
-		h.logFailure(c, err, req.Fail(c.Writer, err))
+		h.logFailure(c, err, req.Fail(c.Writer, problemFor(err)))
+		return
+	}
+	req.Respond(c.Writer, resp, replayed)
+}
+
+func (h *Handler) cancelOrder(c *gin.Context) {
+	req := idempotency.RequestOf(c)
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(req.Body, &fields); err != nil || fields == nil {
+		h.logFailure(c, nil, req.Fail(c.Writer, problemFor(ValidationError([]FieldError{{Field: "", Message: "must be a JSON object"}}))))
+		return
+	}
+	if errs := unknownFields("", fields); len(errs) > 0 {
+		h.logFailure(c, nil, req.Fail(c.Writer, problemFor(ValidationError(errs))))
+		return
+	}
+	resp, replayed, err := h.Service.CancelOrder(c.Request.Context(), CancelCommand{
+		Tenant: req.Scope.Tenant, IdempotencyKey: req.Scope.Key,
+		Fingerprint: req.Fingerprint, Owner: req.Owner, OrderID: c.Param("id"),
+	})
+	if err != nil {
+		h.logFailure(c, err, req.Fail(c.Writer, problemFor(err)))
 		return
 	}
 	req.Respond(c.Writer, resp, replayed)
@@ -47,7 +76,7 @@ func (h *Handler) createCheckout(c *gin.Context) {
 func (h *Handler) getOrder(c *gin.Context) {
 	view, err := h.Service.Order(c.Request.Context(), h.Tenant(c), c.Param("id"))
 	if err != nil {
-		h.logFailure(c, err, problem.Write(c.Writer, err))
+		h.logFailure(c, err, problem.Write(c.Writer, problemFor(err)))
 		return
 	}
 	c.JSON(http.StatusOK, view)
@@ -56,7 +85,7 @@ func (h *Handler) getOrder(c *gin.Context) {
 func (h *Handler) listProducts(c *gin.Context) {
 	ps, err := h.Service.Products(c.Request.Context())
 	if err != nil {
-		h.logFailure(c, err, problem.Write(c.Writer, err))
+		h.logFailure(c, err, problem.Write(c.Writer, problemFor(err)))
 		return
 	}
 	c.JSON(http.StatusOK, gin.H{"data": ps})
@@ -66,11 +95,128 @@ func (h *Handler) listProducts(c *gin.Context) {
 // 5xx problems with their cause as warnings; 4xx answers are not logged.
 func (h *Handler) logFailure(c *gin.Context, err error, known bool) {
 	switch {
+	case err == nil:
 	case !known:
 		h.Logger.ErrorContext(c.Request.Context(), "request failed", "err", err)
-	case problem.From(err).Status >= 500:
+	case problem.From(problemFor(err)).Status >= 500:
 		h.Logger.WarnContext(c.Request.Context(), "request failed", "err", err)
 	}
+}
+
+// The problems of the checkout domain, by code: the one place where a
+// domain error becomes an HTTP status, a title and a detail.
+var problems = map[string]*problem.Problem{
+	CodeValidation: problem.New(http.StatusBadRequest, CodeValidation, "Validation failed",
+		"The request body has invalid fields; see errors."),
+	CodeNotFound: problem.New(http.StatusNotFound, CodeNotFound, "Not found", "No such order."),
+	CodeOutOfStock: problem.New(http.StatusConflict, CodeOutOfStock, "Out of stock",
+		"At least one item is not available in the requested quantity. No order was created and nothing was charged."),
+	CodeNotCancelable: problem.New(http.StatusConflict, CodeNotCancelable, "Order not cancelable",
+		"Only an order waiting for the customer's authentication (requires_action) can be canceled."),
+	CodeCardDeclined: problem.New(http.StatusPaymentRequired, CodeCardDeclined, "Card declined",
+		"The payment was declined. The order is payment_failed and its stock was released."),
+	CodePaymentRejected: problem.New(http.StatusPaymentRequired, CodePaymentRejected, "Payment rejected",
+		"The payment provider refused the payment request (for example an unknown payment method). The order is payment_failed and its stock was released; retrying cannot succeed."),
+	CodePaymentUnavailable: {Status: http.StatusBadGateway, Code: CodePaymentUnavailable,
+		Title: "Payment provider unavailable", RetryAfter: 2,
+		Detail: "The payment provider did not answer, or its answer is not known yet. Retry with the same Idempotency-Key: it resumes this checkout and never charges twice."},
+	CodeUnavailable: {Status: http.StatusServiceUnavailable, Code: CodeUnavailable,
+		Title: "Service unavailable", RetryAfter: 1,
+		Detail: "A dependency is unavailable. Retry with the same Idempotency-Key: it resumes this checkout and never charges twice."},
+}
+
+// problemFor turns an error into the problem the client sees: a domain
+// *Error by its code (with its fields: errors, order_id, decline_code), a
+// problem of the idempotency layer as it is, anything else the generic 500.
+// The cause stays wrapped for the log.
+func problemFor(err error) error {
+	var e *Error
+	if !errors.As(err, &e) {
+		return err // an *problem.Problem of the idempotency layer, or a 500
+	}
+	p, ok := problems[e.Code]
+	if !ok {
+		return err
+	}
+	if e.Detail != "" {
+		q := *p
+		q.Detail = e.Detail
+		p = &q
+	}
+	if e.Fields != nil {
+		p = p.With("errors", e.Fields)
+	}
+	if e.OrderID != "" && (e.Code == CodeCardDeclined || e.Code == CodePaymentRejected) {
+		p = p.With("order_id", e.OrderID)
+	}
+	if e.DeclineCode != "" {
+		p = p.With("decline_code", e.DeclineCode)
+	}
+	if e.Cause != nil {
+		return problem.Wrap(p, e.Cause)
+	}
+	return p
+}
+
+// responseForError is the stored response of a domain error that is an
+// outcome (out_of_stock, order_not_cancelable, card_declined,
+// payment_rejected).
+func responseForError(e *Error) *idempotency.Response {
+	return idempotency.ProblemResponse(problem.From(problemFor(e)))
+}
+
+// notCancelable is the stored 409 of a cancellation of order o, which is not
+// in requires_action.
+func notCancelable(o *Order) *idempotency.Response {
+	return responseForError(&Error{Code: CodeNotCancelable,
+		Detail: fmt.Sprintf("The order is %s; only an order in requires_action can be canceled.", o.Status)})
+}
+
+// responseFor returns the response a key of route is finished with, given
+// its order's state, or nil when the order is not settled for that route
+// yet.
+//
+//	POST /v1/checkouts: paid 201, requires_action 202 (both with Location
+//	and the order), payment_failed or canceled 402 card_declined or
+//	payment_rejected (problem with order_id).
+//	POST /v1/orders/{id}/cancel: canceled 200 with the order; paid,
+//	payment_failed, pending 409 order_not_cancelable.
+func responseFor(route string, o *Order) *idempotency.Response {
+	body := func() []byte {
+		b, err := json.Marshal(o)
+		if err != nil {
+			panic("checkout: encode order: " + err.Error()) // plain types
+		}
+		return b
+	}
+	if route == CancelRoute {
+		switch o.Status {
+		case StatusCanceled:
+			return idempotency.JSONResponse(http.StatusOK, body(), "")
+		case StatusRequiresAction:
+			return nil
+		}
+		return notCancelable(o)
+	}
+	switch o.Status {
+	case StatusPaid:
+		return idempotency.JSONResponse(http.StatusCreated, body(), "/v1/orders/"+o.ID)
+	case StatusRequiresAction:
+		return idempotency.JSONResponse(http.StatusAccepted, body(), "/v1/orders/"+o.ID)
+	case StatusPaymentFailed, StatusCanceled:
+		if o.failureCode == CodeCardDeclined {
+			return responseForError(&Error{Code: CodeCardDeclined, OrderID: o.ID, DeclineCode: o.declineCode})
+		}
+		e := &Error{Code: CodePaymentRejected, OrderID: o.ID}
+		switch o.failureCode {
+		case "payment_action_timeout":
+			e.Detail = "The customer did not complete the payment's authentication in time. The order is payment_failed and its stock was released."
+		case "payment_canceled", "canceled":
+			e.Detail = "The payment was canceled. The order is " + o.Status + " and its stock was released."
+		}
+		return responseForError(e)
+	}
+	return nil
 }
 
 // decodeRequest decodes the canonical (RFC 8785) checkout body member by

@@ -2,64 +2,192 @@ package checkout
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
 )
 
 // PaymentProvider is what the checkout needs of a payment service provider:
-// one call that creates and confirms a PaymentIntent.
+// Stripe's PaymentIntents API as separate steps
+// (https://docs.stripe.com/api/payment_intents). *payments.Client
+// implements it.
 //
-// Implementations must be idempotent on ChargeRequest.IdempotencyKey: a second
-// call with the same key and parameters returns the first call's result and
-// never charges again (https://stripe.com/docs/api/idempotent_requests).
-//
-// A card decline is an outcome, not an error: it returns a ChargeResult with
-// Declined set and a nil error. A non-nil error means the outcome is unknown or
-// transient (5xx, timeout, 409 idempotency_key_in_use, network failure): the
-// checkout keeps its recovery point and a retry calls again with the same key.
+// Every write (create, confirm, cancel) carries the caller's idempotency
+// key, derived from persisted state (StepKey), and implementations retry
+// only the failures Stripe did not store under that key (network errors,
+// timeouts, 409 idempotency_key_in_use, 429, 503), always with the same key
+// and parameters. Errors:
+//   - a *PaymentRefusal: Stripe answered with a final refusal: a card error
+//     (402, Declined set) or another 4xx (rejected). Never retried.
+//   - ErrProviderIndeterminate (wrapped): Stripe answered 500 (or another
+//     error it stores under the key): the request may or may not have been
+//     executed, and may be rolled forward later; resending the key replays
+//     the same error, so the caller must reconcile (RetrievePaymentIntent,
+//     SearchPaymentIntents) before any new attempt
+//     (https://docs.stripe.com/api/idempotent_requests, "including 500
+//     errors"; https://docs.stripe.com/error-low-level).
+//   - ErrProviderUnanswered (wrapped): no final answer within the retry
+//     budget; the request may have been executed. Resending the same key is
+//     safe while Stripe keeps it (24 hours).
 type PaymentProvider interface {
-	Charge(ctx context.Context, req ChargeRequest) (ChargeResult, error)
+	// CreatePaymentIntent creates an unconfirmed PaymentIntent (confirm=false):
+	// it moves no money.
+	CreatePaymentIntent(ctx context.Context, req CreateIntentRequest) (PaymentIntentState, error)
+	// ConfirmPaymentIntent confirms the PaymentIntent with its payment
+	// method: this is the step that moves money.
+	ConfirmPaymentIntent(ctx context.Context, req ConfirmIntentRequest) (PaymentIntentState, error)
+	// CancelPaymentIntent cancels an unconfirmed PaymentIntent (or one
+	// waiting for the customer's action).
+	CancelPaymentIntent(ctx context.Context, req CancelIntentRequest) (PaymentIntentState, error)
+	// RetrievePaymentIntent reads a PaymentIntent by id, strongly
+	// consistent. An unknown id is a *PaymentRefusal (404 resource_missing).
+	RetrievePaymentIntent(ctx context.Context, id string) (PaymentIntentState, error)
+	// SearchPaymentIntents returns the PaymentIntents whose
+	// metadata['order_id'] is orderID. Search is eventually consistent: an
+	// object appears in it about a minute after it was created.
+	SearchPaymentIntents(ctx context.Context, orderID string) ([]PaymentIntentState, error)
 }
 
-// ChargeRequest describes one PaymentIntent to create with confirm=true.
-type ChargeRequest struct {
-	// IdempotencyKey is sent as Stripe's Idempotency-Key header; see StepKey.
-	IdempotencyKey string
+// CreateIntentRequest is POST /v1/payment_intents with confirm=false.
+type CreateIntentRequest struct {
+	// IdempotencyKey is sent as Stripe's Idempotency-Key header (StepKey).
+	IdempotencyKey string `json:"-"`
 	// Amount is in the currency's minor unit (cents for usd).
-	Amount int64
+	Amount int64 `json:"amount"`
 	// Currency is a lowercase ISO 4217 code, e.g. "usd".
-	Currency string
-	// PaymentMethod is a Stripe PaymentMethod id or test token, e.g. "pm_card_visa".
-	PaymentMethod string
-	// OrderID and TenantID go into the PaymentIntent's metadata.
-	OrderID  string
-	TenantID string
+	Currency string `json:"currency"`
+	// PaymentMethod is a Stripe PaymentMethod id or test id, e.g. "pm_card_visa".
+	PaymentMethod string `json:"payment_method"`
+	// OrderID and TenantID go into metadata[order_id] and metadata[tenant_id].
+	OrderID  string `json:"order_id"`
+	TenantID string `json:"tenant_id"`
 }
 
-// ChargeResult is the final state of a confirmed PaymentIntent.
-type ChargeResult struct {
-	// PaymentIntentID is Stripe's id, "pi_…". Set on success and on decline.
-	PaymentIntentID string
-	// Status is the PaymentIntent status, e.g. "succeeded" or
-	// "requires_payment_method" after a decline.
+// ConfirmIntentRequest is POST /v1/payment_intents/{id}/confirm.
+type ConfirmIntentRequest struct {
+	IdempotencyKey  string `json:"-"`
+	PaymentIntentID string `json:"payment_intent"`
+}
+
+// CancelIntentRequest is POST /v1/payment_intents/{id}/cancel.
+type CancelIntentRequest struct {
+	IdempotencyKey  string `json:"-"`
+	PaymentIntentID string `json:"payment_intent"`
+	// Reason is Stripe's cancellation_reason: "duplicate" (an orphan of an
+	// indeterminate create), "requested_by_customer" (POST
+	// /v1/orders/{id}/cancel) or "abandoned" (PAYMENT_ACTION_TIMEOUT).
+	Reason string `json:"cancellation_reason"`
+}
+
+// Cancellation reasons (https://docs.stripe.com/api/payment_intents/cancel).
+const (
+	CancelDuplicate           = "duplicate"
+	CancelRequestedByCustomer = "requested_by_customer"
+	CancelAbandoned           = "abandoned"
+)
+
+// PaymentIntentState is Stripe's state of one PaymentIntent, as far as the
+// checkout uses it (https://docs.stripe.com/api/payment_intents/object).
+type PaymentIntentState struct {
+	// ID is "pi_…".
+	ID string
+	// Status is one of requires_payment_method, requires_confirmation,
+	// requires_action, processing, requires_capture, canceled, succeeded.
 	Status string
-	// Declined is true when Stripe answered with a card_error.
+	// Amount is in the currency's minor unit; Currency lowercase ISO 4217.
+	Amount   int64
+	Currency string
+	// Metadata holds order_id and tenant_id for the PaymentIntents the
+	// checkout creates.
+	Metadata map[string]string
+	// NextAction is Stripe's next_action object as it sent it (JSON), set
+	// while Status is requires_action.
+	NextAction json.RawMessage
+	// ClientSecret lets the customer's browser complete the next action.
+	ClientSecret string
+	// LastErrorCode and LastDeclineCode are last_payment_error's code and
+	// decline_code, e.g. "card_declined" / "generic_decline", or
+	// "payment_intent_authentication_failure" after a failed 3D Secure.
+	LastErrorCode, LastDeclineCode string
+	// CancellationReason is set when Status is canceled.
+	CancellationReason string
+	// Created is the creation time in Unix seconds.
+	Created int64
+}
+
+// PaymentIntent statuses (https://docs.stripe.com/payments/paymentintents/lifecycle).
+const (
+	PIRequiresPaymentMethod = "requires_payment_method"
+	PIRequiresConfirmation  = "requires_confirmation"
+	PIRequiresAction        = "requires_action"
+	PIProcessing            = "processing"
+	PIRequiresCapture       = "requires_capture"
+	PICanceled              = "canceled"
+	PISucceeded             = "succeeded"
+)
+
+// MovesMoney reports whether a PaymentIntent in status has moved, or is
+// moving, money: succeeded, processing or requires_capture. At most one
+// PaymentIntent per order may ever be in one of them (CONTRACT.md).
+func MovesMoney(status string) bool {
+	switch status {
+	case PISucceeded, PIProcessing, PIRequiresCapture:
+		return true
+	}
+	return false
+}
+
+// ErrProviderIndeterminate is wrapped by a PaymentProvider's error when
+// Stripe answered with an error it stores under the idempotency key (a 500):
+// the outcome is unknown and the key can never give another answer. See
+// PaymentProvider.
+var ErrProviderIndeterminate = errors.New("payment provider outcome indeterminate")
+
+// ErrProviderUnanswered is wrapped by a PaymentProvider's error when no
+// final answer came within the retry budget (network errors, timeouts, 409,
+// 429, 503). See PaymentProvider.
+var ErrProviderUnanswered = errors.New("payment provider gave no final answer")
+
+// PaymentRefusal is Stripe's final refusal of one request
+// (https://docs.stripe.com/api/errors): a card error, or another 4xx.
+type PaymentRefusal struct {
+	// Declined is true for a card_error (HTTP 402): the card was declined.
 	Declined bool
-	// DeclineCode is Stripe's decline_code or error code, e.g. "card_declined".
-	DeclineCode string
+	// HTTPStatus is Stripe's status code, e.g. 402, 400, 404.
+	HTTPStatus int
+	// Type, Code, DeclineCode, Param and Message are Stripe's error fields,
+	// e.g. "invalid_request_error", "resource_missing", "", "payment_method".
+	Type, Code, DeclineCode, Param, Message string
+	// PaymentIntent is the PaymentIntent a card error names, if any.
+	PaymentIntent *PaymentIntentState
 }
 
-// StepKey returns the deterministic idempotency key for one Stripe step of one
-// checkout: hex(sha256(tenant ":" idempotency key ":" order id ":" step)).
+// Error returns e.g. "stripe 400 invalid_request_error/resource_missing: No such PaymentMethod".
+func (e *PaymentRefusal) Error() string {
+	kind := e.Type
+	if e.Code != "" {
+		kind += "/" + e.Code
+	}
+	return fmt.Sprintf("stripe %d %s: %s", e.HTTPStatus, kind, e.Message)
+}
+
+// Saga steps: the step of payment_attempts and of StepKey.
+const (
+	StepCreate  = "create"
+	StepConfirm = "confirm"
+	StepCancel  = "cancel"
+)
+
+// StepKey returns the Stripe idempotency key of one attempt of one step of
+// an order's payment: "{order id}/{step}/{attempt}", e.g.
+// "ord_0123…/confirm/2".
 //
-// The same checkout always sends the same key for the same step, so a resumed
-// or completed request can never charge twice. The order id is part of it
-// because a client key may be used again after IDEMPOTENCY_TTL for a new
-// request, which must not replay the old PaymentIntent.
-func StepKey(tenantID, idempotencyKey, orderID, step string) string {
-	sum := sha256.Sum256([]byte(tenantID + ":" + idempotencyKey + ":" + orderID + ":" + step))
-	return hex.EncodeToString(sum[:])
+// It is derived from persisted state alone (the order, the step and the
+// attempt number recorded in payment_attempts before the call), never from
+// a clock or a random source, so a resumed saga resends exactly the key it
+// sent, and a new attempt always has a key Stripe has never seen. Order ids
+// are unique, so a client key used again after IDEMPOTENCY_TTL, which gets a
+// new order, never replays an old PaymentIntent.
+func StepKey(orderID, step string, attempt int) string {
+	return fmt.Sprintf("%s/%s/%d", orderID, step, attempt)
 }
-
-// StepPaymentIntent names the create-and-confirm PaymentIntent step.
-const StepPaymentIntent = "payment_intent"

@@ -2,7 +2,6 @@ package checkout
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,9 +15,11 @@ import (
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/problem"
+	"github.com/onceonly/checkout/internal/refunds"
 )
 
-// Service runs checkouts. All fields are required.
+// Service runs checkouts and their payment sagas. DB, Keys, Payments,
+// Logger and Now are required.
 type Service struct {
 	DB       *gorm.DB
 	Keys     *idempotency.Store
@@ -26,26 +27,46 @@ type Service struct {
 	Logger   *slog.Logger
 	// Now is the clock (the same one Keys uses).
 	Now func() time.Time
+	// Saga tunes the payment saga; see SagaConfig.
+	Saga SagaConfig
+	// Metrics counts payment outcomes; nil counts nothing.
+	Metrics *Metrics
 }
 
-// Checkout executes, resumes or replays the checkout that req identifies.
-// in is the decoded body and inputErrs what decoding found wrong with it;
-// they are reported only after the stored-key rules, as the contract orders.
+// CheckoutCommand is one POST /v1/checkouts as the gateway admitted it: the
+// key's scope, the request's fingerprint and lease owner, and the decoded
+// body with what decoding found wrong with it (reported only after the
+// stored-key rules, as the contract orders).
+type CheckoutCommand struct {
+	// Tenant and IdempotencyKey name the key (its route is Route).
+	Tenant, IdempotencyKey string
+	// Fingerprint is the request's fingerprint (idempotency.Fingerprint).
+	Fingerprint string
+	// Owner is this execution's lease token.
+	Owner string
+	// Input is the decoded body; InputErrors what decoding found wrong.
+	Input       *Request
+	InputErrors []FieldError
+}
+
+// Checkout executes, resumes or replays the checkout cmd names.
 //
-// It returns the final response, which is stored under the key (201 paid,
-// 402 card_declined, 409 out_of_stock), and whether it is a replay. Errors
-// are problems that are not stored: 422 idempotency_key_reused, 409
-// idempotency_key_in_use, 400 validation_error, 502
-// payment_provider_unavailable and 503 unavailable (the key keeps its
-// recovery point and a retry resumes it).
-func (s *Service) Checkout(ctx context.Context, req *idempotency.Request, in *Request, inputErrs []FieldError) (resp *idempotency.Response, replayed bool, err error) {
+// It returns the final response, stored under the key (201 paid, 202
+// requires_action, 402 card_declined or payment_rejected, 409
+// out_of_stock), and whether it is a replay. Errors are not stored:
+// idempotency.ErrKeyReused (422), idempotency.ErrKeyInUse and ErrLeaseLost
+// (409), and *Error with code validation_error (400),
+// payment_provider_unavailable (502: the key keeps its recovery point and
+// a retry resumes it) or unavailable (503).
+func (s *Service) Checkout(ctx context.Context, cmd CheckoutCommand) (resp *idempotency.Response, replayed bool, err error) {
+	scope := idempotency.Scope{Tenant: cmd.Tenant, Route: Route, Key: cmd.IdempotencyKey}
 	var (
 		claim *idempotency.Claim
 		order *Order
 		final *idempotency.Response
 	)
 	err = postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
-		c, err := s.Keys.Claim(ctx, tx, req.Scope, req.Fingerprint, req.Owner)
+		c, err := s.Keys.Claim(ctx, tx, scope, cmd.Fingerprint, cmd.Owner)
 		if err != nil {
 			return err
 		}
@@ -57,7 +78,11 @@ func (s *Service) Checkout(ctx context.Context, req *idempotency.Request, in *Re
 			order, err = s.resumedOrder(ctx, tx, c)
 			return err
 		}
-		order, final, err = s.createOrder(ctx, tx, c, in, inputErrs)
+		in := cmd.Input
+		if in == nil {
+			in = &Request{}
+		}
+		order, final, err = s.createOrder(ctx, tx, c, in, cmd.InputErrors)
 		return err
 	})
 	if err != nil {
@@ -72,26 +97,27 @@ func (s *Service) Checkout(ctx context.Context, req *idempotency.Request, in *Re
 	if claim.TakenOver {
 		s.Logger.InfoContext(ctx, "resuming checkout after an expired lease", "order_id", order.ID, "recovery_point", claim.RecoveryPoint)
 	}
-	resp, err = s.pay(ctx, claim, order)
+	resp, err = s.newRun(claim, Route, order).pay(ctx)
 	return resp, false, err
 }
 
-// Complete finishes the unfinished checkout of key id whose lease has
-// expired, with the same Stripe key and parameters a retry would use. It
-// reports false when there was nothing to do (finished meanwhile, lease live,
-// or another completer holds the row). The completer calls it.
+// Complete finishes the unfinished key id whose lease has expired, through
+// the same saga a client's retry would run, with the same Stripe keys: a
+// checkout (Route) or a cancellation (CancelRoute). Keys of other routes
+// are not touched (not even taken over). It reports false when there was
+// nothing to do (finished meanwhile, lease live, another process holds the
+// row, another route). While it works it extends the key's lease every
+// Keys.Lease/3, as the API's gateway does. The completer and the reconciler
+// call it.
 func (s *Service) Complete(ctx context.Context, keyID int64) (bool, error) {
 	var (
 		claim *idempotency.Claim
 		order *Order
 	)
 	err := postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
-		c, err := s.Keys.TakeOver(ctx, tx, keyID, idempotency.NewOwnerToken())
+		c, err := s.Keys.TakeOver(ctx, tx, keyID, idempotency.NewOwnerToken(), Route, CancelRoute)
 		if err != nil || c == nil {
 			return err
-		}
-		if c.Scope.Route != Route {
-			return nil
 		}
 		claim = c
 		order, err = s.resumedOrder(ctx, tx, c)
@@ -100,9 +126,18 @@ func (s *Service) Complete(ctx context.Context, keyID int64) (bool, error) {
 	if err != nil || claim == nil {
 		return false, err
 	}
-	s.Logger.InfoContext(ctx, "completing checkout after an expired lease", "order_id", order.ID, "key_hash", claim.Scope.Hash()[:16])
-	if _, err := s.pay(ctx, claim, order); err != nil {
-		return false, err
+	stop := s.Keys.KeepLease(ctx, s.DB, claim.Scope, claim.Owner, s.Logger)
+	defer stop()
+	s.Logger.InfoContext(ctx, "completing an unfinished key after an expired lease",
+		"order_id", order.ID, "route", claim.Scope.Route, "key_hash", claim.Scope.Hash()[:16])
+	var runErr error
+	if claim.Scope.Route == CancelRoute {
+		_, runErr = s.cancelOrder(ctx, claim, order)
+	} else {
+		_, runErr = s.newRun(claim, Route, order).pay(ctx)
+	}
+	if runErr != nil {
+		return false, runErr
 	}
 	return true, nil
 }
@@ -179,7 +214,7 @@ func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.C
 		return nil, nil, err
 	}
 	if !reserved {
-		resp := idempotency.ProblemResponse(ErrOutOfStock)
+		resp := responseForError(ErrOutOfStock)
 		if err := s.Keys.Finish(ctx, tx, c, resp); err != nil {
 			return nil, nil, err
 		}
@@ -192,103 +227,16 @@ func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.C
 	return o, nil, nil
 }
 
-// resumedOrder loads the order of a key taken over at order_created.
+// resumedOrder loads the order of a key taken over at its recovery point.
 func (s *Service) resumedOrder(ctx context.Context, tx *gorm.DB, c *idempotency.Claim) (*Order, error) {
-	if c.RecoveryPoint != RecoveryPointOrderCreated || c.OrderID == "" {
+	want := RecoveryPointOrderCreated
+	if c.Scope.Route == CancelRoute {
+		want = RecoveryPointCancelRequested
+	}
+	if c.RecoveryPoint != want || c.OrderID == "" {
 		return nil, fmt.Errorf("key %d: cannot resume at recovery point %q", c.ID, c.RecoveryPoint)
 	}
-	o, err := loadOrder(ctx, tx, c.Scope.Tenant, c.OrderID)
-	if err != nil {
-		return nil, err
-	}
-	if o.Status != StatusPendingPayment {
-		return nil, fmt.Errorf("key %d: order %s is %s, not pending", c.ID, o.ID, o.Status)
-	}
-	return o, nil
-}
-
-// pay is phases 2 and 3: charge with the step's deterministic key, then
-// settle the order and finish the key in transaction 2.
-func (s *Service) pay(ctx context.Context, c *idempotency.Claim, o *Order) (*idempotency.Response, error) {
-	res, err := s.Payments.Charge(ctx, ChargeRequest{
-		IdempotencyKey: StepKey(c.Scope.Tenant, c.Scope.Key, o.ID, StepPaymentIntent),
-		Amount:         o.AmountTotal,
-		Currency:       o.Currency,
-		PaymentMethod:  o.paymentMethod,
-		OrderID:        o.ID,
-		TenantID:       c.Scope.Tenant,
-	})
-	if err != nil {
-		s.release(c)
-		return nil, problem.Wrap(ErrPaymentUnavailable, err)
-	}
-
-	var (
-		resp      *idempotency.Response
-		eventType string
-	)
-	o.Payment = Payment{Provider: "stripe", PaymentIntentID: res.PaymentIntentID, Status: res.Status}
-	switch {
-	case !res.Declined && res.Status == "succeeded":
-		o.Status, eventType = StatusPaid, outbox.TypeOrderPaid
-		body, err := json.Marshal(o)
-		if err != nil {
-			return nil, err
-		}
-		resp = idempotency.JSONResponse(201, body, "/v1/orders/"+o.ID)
-	case res.Declined || noMoneyMoved(res.Status):
-		o.Status, eventType = StatusPaymentFailed, outbox.TypeOrderPaymentFailed
-		p := ErrCardDeclined.With("order_id", o.ID)
-		if res.DeclineCode != "" {
-			p = p.With("decline_code", res.DeclineCode)
-		}
-		resp = idempotency.ProblemResponse(p)
-	default:
-		// processing, requires_capture: money may still move, so the order
-		// must not be settled either way yet. Keep the recovery point.
-		s.release(c)
-		return nil, problem.Wrap(ErrPaymentUnavailable,
-			fmt.Errorf("payment intent %s is %s", res.PaymentIntentID, res.Status))
-	}
-
-	now := s.Now().UTC().Truncate(time.Microsecond)
-	err = postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
-		// Finish first: it is the fence, and it locks the key row, so a
-		// takeover that happened meanwhile stops us before any other write.
-		if err := s.Keys.Finish(ctx, tx, c, resp); err != nil {
-			return err
-		}
-		if err := settleOrder(ctx, tx, o, now); err != nil {
-			return err
-		}
-		if o.Status == StatusPaymentFailed {
-			release := map[string]int64{}
-			for _, it := range o.Items {
-				release[it.SKU] += int64(it.Quantity)
-			}
-			if err := adjustStock(ctx, tx, release); err != nil {
-				return err
-			}
-		}
-		return outbox.Add(ctx, tx, s.event(eventType, o, now))
-	})
-	if err != nil {
-		if !errors.Is(err, idempotency.ErrLeaseLost) {
-			s.release(c)
-		}
-		return nil, s.translate(err)
-	}
-	return resp, nil
-}
-
-// noMoneyMoved reports PaymentIntent statuses in which no funds moved and
-// none will without the customer: the order fails and its stock returns.
-func noMoneyMoved(status string) bool {
-	switch status {
-	case "requires_payment_method", "requires_confirmation", "requires_action", "canceled":
-		return true
-	}
-	return false
+	return loadOrder(ctx, tx, c.Scope.Tenant, c.OrderID)
 }
 
 func (s *Service) event(typ string, o *Order, at time.Time) outbox.Event {
@@ -305,23 +253,23 @@ func (s *Service) release(c *idempotency.Claim) {
 	}
 }
 
-// errUnstorable answers input the database rejects as data (SQLSTATE class
-// 22, e.g. a NUL byte in a string) that validation did not catch: a retry
-// would fail the same way, so it must not be a retryable 503.
-var errUnstorable = ValidationError([]FieldError{{Field: "", Message: "contains characters that cannot be stored"}})
-
-// translate keeps problems as they are, turns a data exception into 400,
-// and turns anything else (the database failing, a deadline) into 503
-// unavailable, wrapping the cause for the log.
+// translate keeps domain errors and the idempotency layer's problems as
+// they are, turns a data exception (SQLSTATE class 22, e.g. a NUL byte in a
+// string that validation did not catch: a retry would fail the same way)
+// into a validation_error, and anything else (the database failing, a
+// deadline) into unavailable, wrapping the cause for the log.
 func (s *Service) translate(err error) error {
+	var e *Error
 	var p *problem.Problem
-	if errors.As(err, &p) {
+	switch {
+	case errors.As(err, &e), errors.As(err, &p):
 		return err
+	case postgres.IsDataException(err):
+		v := ValidationError([]FieldError{{Field: "", Message: "contains characters that cannot be stored"}})
+		v.Cause = err
+		return v
 	}
-	if postgres.IsDataException(err) {
-		return problem.Wrap(errUnstorable, err)
-	}
-	return problem.Wrap(ErrUnavailable, err)
+	return unavailable(err)
 }
 
 // Products returns the catalog with current stock.
@@ -337,7 +285,10 @@ func (s *Service) Products(ctx context.Context) ([]Product, error) {
 // returns it.
 type OrderView struct {
 	*Order
-	Notifications []Notification `json:"notifications"`
+	// AmountRefunded is the sum of the order's succeeded refunds.
+	AmountRefunded int64            `json:"amount_refunded"`
+	Refunds        []refunds.Refund `json:"refunds"`
+	Notifications  []Notification   `json:"notifications"`
 }
 
 // Order returns tenant's order id with its notifications, or
@@ -354,7 +305,17 @@ func (s *Service) Order(ctx context.Context, tenantID, id string) (*OrderView, e
 	if err != nil {
 		return nil, s.translate(err)
 	}
-	return &OrderView{Order: o, Notifications: ns}, nil
+	rs, err := refunds.ForOrder(ctx, s.DB, id)
+	if err != nil {
+		return nil, s.translate(err)
+	}
+	var refunded int64
+	for _, r := range rs {
+		if r.Status == refunds.StatusSucceeded {
+			refunded += r.Amount
+		}
+	}
+	return &OrderView{Order: o, AmountRefunded: refunded, Refunds: rs, Notifications: ns}, nil
 }
 
 // validOrderID reports whether id has the form ids.New("ord") gives:

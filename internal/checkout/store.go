@@ -2,6 +2,7 @@ package checkout
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -23,9 +24,16 @@ type orderRow struct {
 	PaymentMethod   string
 	PaymentIntentID *string
 	PaymentStatus   *string
-	CreatedAt       time.Time
-	UpdatedAt       time.Time
-	Items           []itemRow `gorm:"foreignKey:OrderID"`
+	// The payment saga's columns (migration 00002).
+	PaymentNextAction   []byte
+	PaymentClientSecret *string
+	PaymentFailureCode  *string
+	PaymentDeclineCode  *string
+	RequiresActionAt    *time.Time
+	PaymentUnknownSince *time.Time
+	CreatedAt           time.Time
+	UpdatedAt           time.Time
+	Items               []itemRow `gorm:"foreignKey:OrderID"`
 }
 
 func (orderRow) TableName() string { return "orders" }
@@ -58,6 +66,29 @@ func (r *orderRow) order() *Order {
 	}
 	if r.PaymentStatus != nil {
 		o.Payment.Status = *r.PaymentStatus
+	}
+	if r.Status == StatusRequiresAction {
+		// Shown only while the customer has something to do.
+		if len(r.PaymentNextAction) > 0 {
+			o.Payment.NextAction = json.RawMessage(r.PaymentNextAction)
+		}
+		if r.PaymentClientSecret != nil {
+			o.Payment.ClientSecret = *r.PaymentClientSecret
+		}
+	}
+	if r.PaymentFailureCode != nil {
+		o.failureCode = *r.PaymentFailureCode
+	}
+	if r.PaymentDeclineCode != nil {
+		o.declineCode = *r.PaymentDeclineCode
+	}
+	if r.RequiresActionAt != nil {
+		t := r.RequiresActionAt.UTC()
+		o.requiresActionAt = &t
+	}
+	if r.PaymentUnknownSince != nil {
+		t := r.PaymentUnknownSince.UTC()
+		o.unknownSince = &t
 	}
 	sort.Slice(r.Items, func(i, j int) bool { return r.Items[i].Line < r.Items[j].Line })
 	o.Items = make([]OrderItem, len(r.Items))
@@ -224,18 +255,204 @@ func loadOrder(ctx context.Context, db *gorm.DB, tenantID, id string) (*Order, e
 	return row.order(), nil
 }
 
-// settleOrder moves a pending order to its final status. It fails when the
-// order is no longer pending, which the key's fencing makes impossible.
-func settleOrder(ctx context.Context, tx *gorm.DB, o *Order, now time.Time) error {
+// transitionFrom lists, for each status an order can move to, the statuses
+// it may leave for it. Every status change goes through transition, whose
+// WHERE clause names them: statuses only move forward, whoever applies
+// them (the API, the completer, the reconciler, a webhook) and in whatever
+// order.
+var transitionFrom = map[string][]string{
+	StatusPaymentUnknown: {StatusPendingPayment},
+	StatusRequiresAction: {StatusPendingPayment, StatusPaymentUnknown},
+	StatusPaid:           {StatusPendingPayment, StatusPaymentUnknown, StatusRequiresAction},
+	StatusPaymentFailed:  {StatusPendingPayment, StatusPaymentUnknown, StatusRequiresAction},
+	StatusCanceled:       {StatusRequiresAction},
+}
+
+// change is one status change of an order and the payment fields that come
+// with it.
+type change struct {
+	to              string
+	paymentIntentID string // "" keeps the recorded one
+	paymentStatus   string
+	nextAction      json.RawMessage // requires_action only
+	clientSecret    string          // requires_action only
+	failureCode     string          // payment_failed, canceled
+	declineCode     string
+}
+
+// transition applies ch to order id inside tx if the order's current status
+// may move to ch.to, and reports whether it did. A false is not an error: the
+// order is already there or past it.
+func transition(ctx context.Context, tx *gorm.DB, id string, ch change, now time.Time) (bool, error) {
+	from, ok := transitionFrom[ch.to]
+	if !ok {
+		return false, fmt.Errorf("transition order %s: no transition to %q", id, ch.to)
+	}
+	var next any
+	if len(ch.nextAction) > 0 {
+		next = string(ch.nextAction)
+	}
 	res := tx.WithContext(ctx).Exec(`
-		UPDATE orders SET status = ?, payment_intent_id = ?, payment_status = ?, updated_at = ?
-		WHERE id = ? AND status = ?`,
-		o.Status, o.Payment.PaymentIntentID, o.Payment.Status, now, o.ID, StatusPendingPayment)
+		UPDATE orders SET status = ?,
+		    payment_intent_id = COALESCE(NULLIF(?, ''), payment_intent_id),
+		    payment_status = COALESCE(NULLIF(?, ''), payment_status),
+		    payment_next_action = CASE WHEN ? = 'requires_action' THEN ?::jsonb ELSE payment_next_action END,
+		    payment_client_secret = CASE WHEN ? = 'requires_action' THEN NULLIF(?, '') ELSE payment_client_secret END,
+		    payment_failure_code = NULLIF(?, ''),
+		    payment_decline_code = NULLIF(?, ''),
+		    requires_action_at = CASE WHEN ? = 'requires_action' THEN ? ELSE requires_action_at END,
+		    payment_unknown_since = CASE WHEN ? = 'payment_unknown' THEN payment_unknown_since ELSE NULL END,
+		    updated_at = ?
+		WHERE id = ? AND status IN ?`,
+		ch.to, ch.paymentIntentID, ch.paymentStatus,
+		ch.to, next, ch.to, ch.clientSecret,
+		ch.failureCode, ch.declineCode,
+		ch.to, now, ch.to, now, id, from)
 	if res.Error != nil {
-		return fmt.Errorf("settle order %s: %w", o.ID, res.Error)
+		return false, fmt.Errorf("order %s to %s: %w", id, ch.to, res.Error)
+	}
+	return res.RowsAffected == 1, nil
+}
+
+// recordIntent records the order's PaymentIntent (created, or adopted after
+// an indeterminate create) unless one is recorded already, and returns the
+// one recorded: the first wins, so concurrent runs agree.
+func recordIntent(ctx context.Context, db *gorm.DB, orderID string, pi PaymentIntentState, now time.Time) (string, error) {
+	var id string
+	err := db.WithContext(ctx).Raw(`
+		UPDATE orders SET payment_intent_id = COALESCE(payment_intent_id, ?),
+		    payment_status = CASE WHEN payment_intent_id IS NULL OR payment_intent_id = ? THEN ? ELSE payment_status END,
+		    payment_unknown_since = NULL, updated_at = ?
+		WHERE id = ? RETURNING payment_intent_id`, pi.ID, pi.ID, pi.Status, now, orderID).Scan(&id).Error
+	if err != nil {
+		return "", fmt.Errorf("record payment intent of %s: %w", orderID, err)
+	}
+	return id, nil
+}
+
+// markUnknownSince records when the order's payment first became unknown
+// (an unanswered or indeterminate step), keeping an earlier time.
+func markUnknownSince(ctx context.Context, db *gorm.DB, orderID string, now time.Time) error {
+	err := db.WithContext(ctx).Exec(`
+		UPDATE orders SET payment_unknown_since = COALESCE(payment_unknown_since, ?)
+		WHERE id = ? AND status IN ?`, now, orderID, []string{StatusPendingPayment, StatusPaymentUnknown}).Error
+	if err != nil {
+		return fmt.Errorf("mark payment of %s unknown: %w", orderID, err)
+	}
+	return nil
+}
+
+// releaseStock gives an order's reserved units back.
+func releaseStock(ctx context.Context, tx *gorm.DB, o *Order) error {
+	release := map[string]int64{}
+	for _, it := range o.Items {
+		release[it.SKU] += int64(it.Quantity)
+	}
+	return adjustStock(ctx, tx, release)
+}
+
+// attempt is one row of payment_attempts: one attempt of one saga step.
+type attempt struct {
+	ID              int64
+	OrderID         string
+	TenantID        string
+	Step            string
+	Attempt         int
+	IdempotencyKey  string
+	PaymentIntentID *string
+	RequestParams   []byte
+	// Outcome is nil while no final answer is recorded.
+	Outcome        *string
+	StripeObjectID *string
+	StripeStatus   *string
+	Error          *string
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+}
+
+func (attempt) TableName() string { return "payment_attempts" }
+
+// Attempt outcomes (payment_attempts.outcome).
+const (
+	outcomeSucceeded     = "succeeded"
+	outcomeFailed        = "failed"
+	outcomeIndeterminate = "indeterminate"
+	outcomeRejected      = "rejected"
+)
+
+func (a *attempt) outcome() string {
+	if a.Outcome == nil {
+		return ""
+	}
+	return *a.Outcome
+}
+
+func (a *attempt) target() string {
+	if a.PaymentIntentID == nil {
+		return ""
+	}
+	return *a.PaymentIntentID
+}
+
+// loadAttempts returns the order's attempts of step (all steps when step is
+// ""), in attempt order.
+func loadAttempts(ctx context.Context, db *gorm.DB, orderID, step string) ([]attempt, error) {
+	q := db.WithContext(ctx).Where("order_id = ?", orderID)
+	if step != "" {
+		q = q.Where("step = ?", step)
+	}
+	var as []attempt
+	if err := q.Order("step, attempt").Find(&as).Error; err != nil {
+		return nil, fmt.Errorf("load payment attempts of %s: %w", orderID, err)
+	}
+	return as, nil
+}
+
+// errAttemptTaken is returned by insertAttempt when another run inserted the
+// same attempt first, or the key's lease is no longer ours: that run owns
+// the step now.
+var errAttemptTaken = errors.New("payment attempt taken by another run")
+
+// insertAttempt writes attempt a before its call. With fenceKeyID set, the
+// row is written only while the idempotency key fenceKeyID still names owner
+// as its lease owner.
+func insertAttempt(ctx context.Context, db *gorm.DB, a *attempt, fenceKeyID int64, owner string) error {
+	var res *gorm.DB
+	cols := `(order_id, tenant_id, step, attempt, idempotency_key, payment_intent_id, request_params, created_at, updated_at)`
+	args := []any{a.OrderID, a.TenantID, a.Step, a.Attempt, a.IdempotencyKey, a.PaymentIntentID, string(a.RequestParams), a.CreatedAt, a.CreatedAt}
+	if fenceKeyID != 0 {
+		res = db.WithContext(ctx).Raw(`INSERT INTO payment_attempts `+cols+`
+			SELECT ?, ?, ?, ?, ?, ?, ?::jsonb, ?, ?
+			WHERE EXISTS (SELECT 1 FROM idempotency_keys WHERE id = ? AND lease_owner = ?)
+			ON CONFLICT DO NOTHING RETURNING id`, append(args, fenceKeyID, owner)...).Scan(&a.ID)
+	} else {
+		res = db.WithContext(ctx).Raw(`INSERT INTO payment_attempts `+cols+`
+			VALUES (?, ?, ?, ?, ?, ?, ?::jsonb, ?, ?)
+			ON CONFLICT DO NOTHING RETURNING id`, args...).Scan(&a.ID)
+	}
+	if res.Error != nil {
+		return fmt.Errorf("insert payment attempt %s: %w", a.IdempotencyKey, res.Error)
 	}
 	if res.RowsAffected != 1 {
-		return fmt.Errorf("settle order %s: not pending", o.ID)
+		return errAttemptTaken
+	}
+	return nil
+}
+
+// finishAttempt records the answer to attempt id. outcome "" keeps the
+// outcome open (no final answer yet) and records only the error.
+func finishAttempt(ctx context.Context, db *gorm.DB, id int64, outcome string, pi *PaymentIntentState, errText string, now time.Time) error {
+	var objID, status any
+	if pi != nil && pi.ID != "" {
+		objID, status = pi.ID, pi.Status
+	}
+	err := db.WithContext(ctx).Exec(`
+		UPDATE payment_attempts SET outcome = COALESCE(NULLIF(?, ''), outcome),
+		    stripe_object_id = COALESCE(?, stripe_object_id), stripe_status = COALESCE(?, stripe_status),
+		    error = NULLIF(?, ''), updated_at = ?
+		WHERE id = ?`, outcome, objID, status, errText, now, id).Error
+	if err != nil {
+		return fmt.Errorf("record payment attempt %d: %w", id, err)
 	}
 	return nil
 }
@@ -243,7 +460,8 @@ func settleOrder(ctx context.Context, tx *gorm.DB, o *Order, now time.Time) erro
 func notificationsFor(ctx context.Context, db *gorm.DB, orderID string) ([]Notification, error) {
 	ns := []Notification{}
 	err := db.WithContext(ctx).Raw(`
-		SELECT channel, status, sent_at FROM notifications WHERE order_id = ? ORDER BY channel`, orderID).
+		SELECT channel, kind, status, sent_at FROM notifications WHERE order_id = ?
+		ORDER BY channel, coalesce(event_seq, 0), created_at`, orderID).
 		Scan(&ns).Error
 	if err != nil {
 		return nil, fmt.Errorf("load notifications of %s: %w", orderID, err)

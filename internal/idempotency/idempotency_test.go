@@ -309,3 +309,24 @@ func TestLeasesRedisDown(t *testing.T) {
 	_, err := l.Acquire(context.Background(), scope, "fp", "owner", time.Second)
 	require.Error(t, err)
 }
+
+// TestLeasesCorruptCache: a cached response that does not decode is
+// treated as absent (deleted, and the lease taken), never as Redis failing,
+// which would answer 503 for the key until the entry expired.
+func TestLeasesCorruptCache(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	l := idempotency.NewLeases(rdb, prefix)
+	ctx := context.Background()
+	respKey := prefix + "idem:{" + scope.Hash() + "}:resp"
+	for _, junk := range []string{"{not json", `{"fingerprint":"fp"}`, "null"} {
+		require.NoError(t, rdb.Set(ctx, respKey, junk, time.Hour).Err())
+		a, err := l.Acquire(ctx, scope, "fp", "owner-"+junk, time.Second)
+		require.NoError(t, err, "%q", junk)
+		require.True(t, a.Acquired, "%q: the lease is taken; Postgres answers", junk)
+		require.Nil(t, a.Cached)
+		require.Zero(t, rdb.Exists(ctx, respKey).Val(), "%q: the corrupt entry is gone", junk)
+		_, err = l.Release(ctx, scope, "fp", "owner-"+junk)
+		require.NoError(t, err)
+	}
+}

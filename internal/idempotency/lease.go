@@ -155,9 +155,26 @@ func decodeCached(v string) (cachedResponse, error) {
 func leaseValue(owner, fingerprint string) string { return owner + " " + fingerprint }
 
 // Acquire returns the cached response of a finished key, or takes the lease
-// for owner for ttl (SET NX PX), or reports who holds it. An error means
-// Redis did not answer; DEDUP_FAILURE_MODE decides what happens then.
+// for owner for ttl (SET NX PX), or reports who holds it. A cached entry
+// that does not decode is treated as absent: it is deleted and the lease
+// taken, so that Postgres, the authority, answers. An error means Redis did
+// not answer; DEDUP_FAILURE_MODE decides what happens then.
 func (l *Leases) Acquire(ctx context.Context, s Scope, fingerprint, owner string, ttl time.Duration) (Acquisition, error) {
+	acq, err := l.acquire(ctx, s, fingerprint, owner, ttl)
+	if !errors.Is(err, errCorruptCache) {
+		return acq, err
+	}
+	_, respKey := l.keys(s)
+	if err := l.rdb.Del(ctx, respKey).Err(); err != nil {
+		return Acquisition{}, fmt.Errorf("redis acquire: delete corrupt cached response: %w", err)
+	}
+	return l.acquire(ctx, s, fingerprint, owner, ttl)
+}
+
+// errCorruptCache is a cached response that does not decode.
+var errCorruptCache = errors.New("corrupt cached response")
+
+func (l *Leases) acquire(ctx context.Context, s Scope, fingerprint, owner string, ttl time.Duration) (Acquisition, error) {
 	leaseKey, respKey := l.keys(s)
 	res, err := acquireScript.Run(ctx, l.rdb, []string{leaseKey, respKey},
 		leaseValue(owner, fingerprint), ttl.Milliseconds()).Slice()
@@ -173,7 +190,7 @@ func (l *Leases) Acquire(ctx context.Context, s Scope, fingerprint, owner string
 	case 1:
 		c, err := decodeCached(value)
 		if err != nil {
-			return Acquisition{}, fmt.Errorf("redis acquire: decode cached response: %v", err)
+			return Acquisition{}, fmt.Errorf("redis acquire: %w: %v", errCorruptCache, err)
 		}
 		return Acquisition{Cached: c.Response, CachedFingerprint: c.Fingerprint}, nil
 	case 2:
@@ -219,6 +236,18 @@ func (l *Leases) Cache(ctx context.Context, s Scope, fingerprint string, resp *R
 		return fmt.Errorf("redis cache: %w", err)
 	}
 	return nil
+}
+
+// Cached reports whether a finished response of s is in the replay cache
+// (one EXISTS). The rate limiter uses it to classify a request before any
+// idempotency work; Acquire remains the one that decides.
+func (l *Leases) Cached(ctx context.Context, s Scope) (bool, error) {
+	_, respKey := l.keys(s)
+	n, err := l.rdb.Exists(ctx, respKey).Result()
+	if err != nil {
+		return false, fmt.Errorf("redis exists: %w", err)
+	}
+	return n == 1, nil
 }
 
 // Forget deletes the cached response of s (used when a key past its TTL is

@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -125,18 +126,38 @@ func (r *Request) Fail(w http.ResponseWriter, err error) bool {
 	return problem.Write(w, err)
 }
 
+// MiddlewareOption changes how Middleware admits a request.
+type MiddlewareOption func(*middlewareOptions)
+
+type middlewareOptions struct {
+	emptyBodyIsObject bool
+}
+
+// EmptyBodyIsObject admits an empty body as the JSON object {} (for routes
+// whose body is optional, such as POST /v1/orders/{id}/cancel) instead of
+// answering 400 malformed_json, and a request with neither a body nor a
+// Content-Type instead of answering 415.
+func EmptyBodyIsObject(o *middlewareOptions) { o.emptyBodyIsObject = true }
+
 // Middleware guards route (the method and route template, e.g. "POST
-// /v1/checkouts"). It answers, in the contract's order and without storing
+// /v1/checkouts" or "POST /v1/orders/{id}/cancel": the key's scope). The
+// request's path takes part in its fingerprint when it is not the template
+// itself, so the same key sent for another order is 422, never that order's
+// replay. It answers, in the contract's order and without storing
 // anything: 415 unsupported_media_type, 413 payload_too_large, 400
 // idempotency_key_missing / idempotency_key_invalid, 400 malformed_json; then
 // from Redis: a cached replay, 422 idempotency_key_reused, 409
 // idempotency_key_in_use, or 503 unavailable when Redis fails in closed mode.
 // Otherwise it runs the handler on a context detached from the client, with
 // the leases extended until the handler returns.
-func (g *Gateway) Middleware(route string) gin.HandlerFunc {
+func (g *Gateway) Middleware(route string, opts ...MiddlewareOption) gin.HandlerFunc {
+	var o middlewareOptions
+	for _, f := range opts {
+		f(&o)
+	}
 	g.Metrics.expose(route)
 	return func(c *gin.Context) {
-		req, err := g.admit(c, route)
+		req, err := g.admit(c, route, o)
 		if err != nil {
 			g.reject(c, route, err)
 			return
@@ -213,6 +234,24 @@ func (g *Gateway) Middleware(route string) gin.HandlerFunc {
 	}
 }
 
+// Cached reports whether the request, by its Idempotency-Key header alone
+// (the body is not read), has a finished response in the Redis replay
+// cache for route: one EXISTS, so the rate limiter can give replays a
+// bucket of their own before any idempotency work. A missing or invalid
+// key, or a Redis error, is false: the request counts as a first execution.
+func (g *Gateway) Cached(c *gin.Context, route string) bool {
+	key, err := KeyFromHeader(c.Request.Header)
+	if err != nil {
+		return false
+	}
+	ok, err := g.Leases.Cached(c.Request.Context(), Scope{Tenant: g.Tenant(c), Route: route, Key: key})
+	return err == nil && ok
+}
+
+// errBodyUnreadable answers a request whose body could not be read whole.
+var errBodyUnreadable = problem.New(http.StatusBadRequest, "malformed_json",
+	"Malformed JSON", "The request body ended early or arrived too slowly; send it whole, at once.")
+
 // checkContentType accepts exactly one Content-Type, application/json, in
 // UTF-8 (RFC 8259 section 8.1: JSON exchanged between systems is UTF-8), and
 // no Content-Encoding: anything else is 415.
@@ -249,9 +288,12 @@ func (g *Gateway) acquire(ctx context.Context, req *Request) (Acquisition, error
 }
 
 // admit runs the checks that need no state: media type, size, key, JSON.
-func (g *Gateway) admit(c *gin.Context, route string) (*Request, error) {
-	if err := checkContentType(c.Request.Header); err != nil {
-		return nil, err
+func (g *Gateway) admit(c *gin.Context, route string, o middlewareOptions) (*Request, error) {
+	noBody := c.Request.ContentLength == 0 && len(c.Request.Header.Values("Content-Type")) == 0
+	if !(o.emptyBodyIsObject && noBody) {
+		if err := checkContentType(c.Request.Header); err != nil {
+			return nil, err
+		}
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, g.Config.MaxBodyBytes))
 	if err != nil {
@@ -259,19 +301,29 @@ func (g *Gateway) admit(c *gin.Context, route string) (*Request, error) {
 		if errors.As(err, &tooLarge) {
 			return nil, ErrPayloadTooLarge
 		}
-		return nil, fmt.Errorf("read body: %w", err)
+		// The client stopped sending (disconnected, or cut by the server's
+		// read timeout): an incomplete body is not JSON. The client's fault,
+		// not a 500; nothing was claimed.
+		return nil, problem.Wrap(errBodyUnreadable, fmt.Errorf("read body: %w", err))
 	}
 	key, err := KeyFromHeader(c.Request.Header)
 	if err != nil {
 		return nil, err
 	}
+	if o.emptyBodyIsObject && len(bytes.TrimSpace(body)) == 0 {
+		body = []byte("{}")
+	}
 	canonical, err := Canonicalize(body)
 	if err != nil {
 		return nil, err
 	}
+	fpRoute := route
+	if _, tmpl, _ := strings.Cut(route, " "); tmpl != c.Request.URL.Path {
+		fpRoute = route + " " + c.Request.URL.Path
+	}
 	return &Request{
 		Scope:       Scope{Tenant: g.Tenant(c), Route: route, Key: key},
-		Fingerprint: fingerprint(c.Request.Method, route, canonical),
+		Fingerprint: fingerprint(c.Request.Method, fpRoute, canonical),
 		Owner:       NewOwnerToken(),
 		Body:        canonical,
 	}, nil
@@ -300,12 +352,27 @@ func (g *Gateway) reject(c *gin.Context, route string, err error) {
 // returned stop is called; stop waits for the keeper to end. A slow request
 // therefore never loses its key to a duplicate while it still runs.
 func (g *Gateway) keepLease(ctx context.Context, req *Request, redisHeld bool) (stop func()) {
+	return keepAlive(ctx, g.Config.Lease/3, func(ctx context.Context) {
+		if redisHeld {
+			if ok, err := g.Leases.Extend(ctx, req.Scope, req.Fingerprint, req.Owner, g.Config.Lease); err != nil {
+				g.Logger.WarnContext(ctx, "extend redis lease", "err", err)
+			} else if ok {
+				g.Metrics.extended("redis")
+			}
+		}
+		g.Store.extend(ctx, g.DB, req.Scope, req.Owner, g.Logger)
+	})
+}
+
+// keepAlive calls extend every interval until stop is called; stop waits
+// for the call in flight to end.
+func keepAlive(ctx context.Context, interval time.Duration, extend func(context.Context)) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		t := time.NewTicker(g.Config.Lease / 3)
+		t := time.NewTicker(interval)
 		defer t.Stop()
 		for {
 			select {
@@ -313,18 +380,7 @@ func (g *Gateway) keepLease(ctx context.Context, req *Request, redisHeld bool) (
 				return
 			case <-t.C:
 			}
-			if redisHeld {
-				if ok, err := g.Leases.Extend(ctx, req.Scope, req.Fingerprint, req.Owner, g.Config.Lease); err != nil {
-					g.Logger.WarnContext(ctx, "extend redis lease", "err", err)
-				} else if ok {
-					g.Metrics.extended("redis")
-				}
-			}
-			if ok, err := g.Store.Extend(ctx, g.DB, req.Scope, req.Owner); err != nil {
-				g.Logger.WarnContext(ctx, "extend postgres lease", "err", err)
-			} else if ok {
-				g.Metrics.extended("postgres")
-			}
+			extend(ctx)
 		}
 	}()
 	return func() {

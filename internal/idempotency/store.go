@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"time"
 
@@ -208,14 +209,19 @@ func (row *keyRow) response() (*Response, error) {
 	return r, nil
 }
 
-// TakeOver claims the unfinished key id for owner if its lease has expired,
-// skipping a row another transaction has locked. It returns (nil, nil) when
-// there is nothing to take over: the key is finished, its lease is live, or
-// someone else is on it. The completer uses it.
-func (s *Store) TakeOver(ctx context.Context, tx *gorm.DB, id int64, owner string) (*Claim, error) {
+// TakeOver claims the unfinished key id for owner if its lease has expired
+// and its route is one of routes, skipping a row another transaction has
+// locked. It returns (nil, nil), having changed nothing, when there is
+// nothing to take over: the key is finished, its lease is live, someone
+// else is on it, or it belongs to another route (whose state machine the
+// caller does not run). The completer uses it.
+func (s *Store) TakeOver(ctx context.Context, tx *gorm.DB, id int64, owner string, routes ...string) (*Claim, error) {
+	if len(routes) == 0 {
+		return nil, errors.New("take over key: no route given")
+	}
 	var row keyRow
 	err := tx.WithContext(ctx).Clauses(clause.Locking{Strength: "UPDATE", Options: "SKIP LOCKED"}).
-		Where("id = ?", id).Take(&row).Error
+		Where("id = ? AND route IN ?", id, routes).Take(&row).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
 		return nil, nil
 	}
@@ -317,6 +323,23 @@ func (s *Store) Extend(ctx context.Context, db *gorm.DB, scope Scope, owner stri
 		return false, fmt.Errorf("extend key lease: %w", res.Error)
 	}
 	return res.RowsAffected == 1, nil
+}
+
+// KeepLease extends the Postgres lease of scope held by owner every
+// s.Lease/3 until the returned stop is called (stop waits for the keeper to
+// end), so that a slow run (Stripe retrying) never loses its key to a
+// takeover while it still works. The completer and the reconciler use it
+// around a run, as the gateway does around a request.
+func (s *Store) KeepLease(ctx context.Context, db *gorm.DB, scope Scope, owner string, logger *slog.Logger) (stop func()) {
+	return keepAlive(ctx, s.Lease/3, func(ctx context.Context) { s.extend(ctx, db, scope, owner, logger) })
+}
+
+func (s *Store) extend(ctx context.Context, db *gorm.DB, scope Scope, owner string, logger *slog.Logger) {
+	if ok, err := s.Extend(ctx, db, scope, owner); err != nil {
+		logger.WarnContext(ctx, "extend postgres lease", "err", err)
+	} else if ok {
+		s.Metrics.extended("postgres")
+	}
 }
 
 // Release ends the lease of an unfinished key now, keeping its recovery

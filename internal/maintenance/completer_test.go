@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 	"gorm.io/gorm"
@@ -60,6 +61,7 @@ func setupCompleter(t testing.TB) *completerEnv {
 	e.emu = stripeemu.New()
 	emuSrv := httptest.NewServer(e.emu)
 	t.Cleanup(emuSrv.Close)
+	t.Cleanup(e.emu.Close)
 	e.emuURL = emuSrv.URL
 
 	e.logger = telemetry.NewLogger(e.logs, slog.LevelDebug)
@@ -94,8 +96,12 @@ func (e *completerEnv) payments(reg prometheus.Registerer) *payments.Client {
 // (same database, same Stripe) and a completer over them.
 type worker struct {
 	completer *maintenance.Completer
+	svc       *checkout.Service
 	reg       *prometheus.Registry
 }
+
+// takeovers returns the registry the worker's key store counts takeovers on.
+func (e *completerEnv) takeovers(w *worker) *prometheus.Registry { return w.reg }
 
 func (e *completerEnv) worker(cfg maintenance.CompleterConfig, now func() time.Time) *worker {
 	e.t.Helper()
@@ -103,13 +109,13 @@ func (e *completerEnv) worker(cfg maintenance.CompleterConfig, now func() time.T
 		now = time.Now
 	}
 	reg := prometheus.NewRegistry()
-	store := &idempotency.Store{Lease: 5 * time.Second, TTL: 24 * time.Hour, Now: now}
+	store := &idempotency.Store{Lease: 5 * time.Second, TTL: 24 * time.Hour, Now: now, Metrics: idempotency.NewMetrics(reg)}
 	svc := &checkout.Service{DB: e.db, Keys: store, Payments: e.payments(reg),
 		Logger: e.logger.With("process", "worker"), Now: now}
 	cfg.Logger, cfg.Registerer = e.logger.With("process", "worker"), reg
 	c, err := maintenance.NewCompleter(e.db, store, svc, cfg)
 	require.NoError(e.t, err)
-	return &worker{completer: c, reg: reg}
+	return &worker{completer: c, svc: svc, reg: reg}
 }
 
 type reply struct {
@@ -136,10 +142,10 @@ func (e *completerEnv) checkout(key, body string) reply {
 
 // stuck leaves each key as a process that died after transaction 1 would:
 // the order created, Stripe never reached (it answered 502 to every
-// attempt), the lease held by a dead owner and expired a minute ago.
+// attempt, 503), the lease held by a dead owner and expired a minute ago.
 func (e *completerEnv) stuck(body string, keys ...string) {
 	e.t.Helper()
-	require.NoError(e.t, e.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultFail, Status: http.StatusBadGateway}))
+	require.NoError(e.t, e.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultFail, Status: http.StatusServiceUnavailable}))
 	for _, k := range keys {
 		r := e.checkout(k, body)
 		require.Equal(e.t, http.StatusBadGateway, r.status, "%s", r.body)
@@ -177,8 +183,16 @@ func (e *completerEnv) state(key string) keyState {
 	return s
 }
 
-func (e *completerEnv) charges(key string, s keyState) int {
-	return e.emu.Created(checkout.StepKey("acme", key, s.OrderID, checkout.StepPaymentIntent))
+// charges returns how many PaymentIntents the key's order has at Stripe
+// (the emulator's own state), whatever their status.
+func (e *completerEnv) charges(_ string, s keyState) int {
+	n := 0
+	for _, pi := range e.emu.PaymentIntents() {
+		if pi.Metadata["order_id"] == s.OrderID {
+			n++
+		}
+	}
+	return n
 }
 
 func (e *completerEnv) stock(sku string) int64 {
@@ -378,6 +392,37 @@ func TestTwoCompletersConcurrently(t *testing.T) {
 	require.EqualValues(t, 0, failed)
 }
 
+// TestCompleterLeavesOtherRoutes: a key of a route the checkout service
+// does not run (here a made-up one) is not taken over, even for a moment:
+// its row, lease owner included, is left exactly as it was.
+func TestCompleterLeavesOtherRoutes(t *testing.T) {
+	t.Parallel()
+	e := setupCompleter(t)
+	expired := time.Now().Add(-time.Hour).UTC().Truncate(time.Microsecond)
+	var id int64
+	require.NoError(t, e.db.Raw(`
+		INSERT INTO idempotency_keys (tenant_id, route, key, fingerprint, recovery_point,
+		  lease_owner, lease_expires_at, created_at, updated_at, expires_at)
+		VALUES ('acme', 'POST /v1/somewhere/else', 'other-1', 'fp', 'started', 'dead', ?, ?, ?, ?)
+		RETURNING id`, expired, expired, expired, time.Now().Add(time.Hour)).Scan(&id).Error)
+
+	w := e.worker(maintenance.CompleterConfig{}, nil)
+	round, err := w.completer.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, maintenance.Round{Skipped: 1}, round)
+
+	var row struct {
+		LeaseOwner     string
+		LeaseExpiresAt time.Time
+		UpdatedAt      time.Time
+	}
+	require.NoError(t, e.db.Raw(`SELECT lease_owner, lease_expires_at, updated_at FROM idempotency_keys WHERE id = ?`, id).Scan(&row).Error)
+	require.Equal(t, "dead", row.LeaseOwner, "not taken over")
+	require.True(t, expired.Equal(row.LeaseExpiresAt), "lease untouched: %s", row.LeaseExpiresAt)
+	require.True(t, expired.Equal(row.UpdatedAt), "row untouched: %s", row.UpdatedAt)
+	require.EqualValues(t, 0, metric(t, e.takeovers(w), "checkout_idempotency_takeovers_total"))
+}
+
 // fakeCompleter answers Complete from a table, finishing the keys it
 // reports completed.
 type fakeCompleter struct {
@@ -467,4 +512,54 @@ func TestNewCompleterRegistersOnce(t *testing.T) {
 	require.NoError(t, err)
 	_, err = maintenance.NewCompleter(nil, store, &fakeCompleter{}, maintenance.CompleterConfig{Registerer: reg})
 	require.Error(t, err)
+}
+
+// TestCompleterKeepsLeaseWhileSlow: a completion slower than the lease (Stripe
+// holds the create) extends the key's lease while it works, as the API's
+// gateway does, so a second worker's completer finds the lease live and
+// leaves the key alone: one create attempt, one PaymentIntent, one
+// completion.
+func TestCompleterKeepsLeaseWhileSlow(t *testing.T) {
+	t.Parallel()
+	e := setupCompleter(t)
+	e.stuck(teeBody, "slow-1")
+	require.NoError(t, e.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultDelay, Op: stripeemu.OpPICreate, Count: 1, Before: 1500 * time.Millisecond}))
+
+	lease := 300 * time.Millisecond
+	mk := func() (*maintenance.Completer, *prometheus.Registry) {
+		reg := prometheus.NewRegistry()
+		store := &idempotency.Store{Lease: lease, TTL: 24 * time.Hour, Now: time.Now, Metrics: idempotency.NewMetrics(reg)}
+		svc := &checkout.Service{DB: e.db, Keys: store, Payments: payments.NewClient(payments.Config{APIBase: e.emuURL,
+			SecretKey: "sk_test_123", Timeout: 5 * time.Second, MaxElapsed: 5 * time.Second}, e.logger, reg),
+			Logger: e.logger, Now: time.Now}
+		c, err := maintenance.NewCompleter(e.db, store, svc, maintenance.CompleterConfig{Grace: time.Millisecond, Registerer: reg})
+		require.NoError(t, err)
+		return c, reg
+	}
+	first, firstReg := mk()
+	second, _ := mk()
+
+	done := make(chan maintenance.Round, 1)
+	go func() {
+		r, err := first.RunOnce(context.Background())
+		assert.NoError(t, err)
+		done <- r
+	}()
+	eventually(t, "Stripe to hold the create", func() bool { return e.emu.InFlight() == 1 })
+	taken := time.Now() // after the takeover, which leased the key until taken + lease at most
+	eventually(t, "the lease to be extended past two terms", func() bool {
+		var expires time.Time
+		require.NoError(t, e.db.Raw(`SELECT lease_expires_at FROM idempotency_keys WHERE key = 'slow-1'`).Scan(&expires).Error)
+		return expires.After(taken.Add(2 * lease))
+	})
+	round, err := second.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, maintenance.Round{}, round, "the lease is live: nothing to take over")
+
+	require.Equal(t, maintenance.Round{Completed: 1}, <-done)
+	require.GreaterOrEqual(t, metric(t, firstReg, "checkout_idempotency_lease_extensions_total", "store", "postgres"), 2.0)
+	s := e.state("slow-1")
+	require.Equal(t, checkout.StatusPaid, s.OrderStatus)
+	require.Equal(t, 1, e.charges("slow-1", s))
+	require.Equal(t, 1, count(t, e.db, `SELECT count(*) FROM payment_attempts WHERE order_id = ? AND step = 'create'`, s.OrderID))
 }

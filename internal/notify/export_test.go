@@ -1,6 +1,5 @@
 package notify
 
 // SetAfterInbox makes c run f inside its transaction right after the inbox
-// record (and the notification, written by the same statement) of a new
-// message; an error from f rolls the transaction back.
+// record; an error from f rolls the transaction back.
 func SetAfterInbox(c *Consumer, f func() error) { c.afterInbox = f }

@@ -1,6 +1,12 @@
-// Package notify tells buyers that their order is paid: it consumes the
-// order.paid events, records the intent to email as a notification row, and
-// sends the email over SMTP.
+// Package notify tells buyers that their order is paid, and about each
+// refund: it consumes the order events, records the intent to email as a
+// notification row, and sends the email over SMTP.
+//
+// Emails about one order go out in the order of its events (CONTRACT.md v2,
+// "Events"): the consumer applies an order's events in their sequence
+// (parking an early one until its predecessor comes, for at most
+// Config.SequenceWait), and the sender sends an order's notification only
+// when none created before it is still waiting to be sent.
 //
 // The guarantees (CONTRACT.md, "Events"): one notification row per order and
 // channel whatever the number of deliveries, because the consumer writes the
@@ -31,6 +37,21 @@ const ConsumerName = "notify.order_paid"
 // ChannelEmail is the notification channel this package sends.
 const ChannelEmail = "email"
 
+// Notification kinds: what a notification row (and its email) is about.
+const (
+	KindOrderPaid     = "order_paid"     // one per paid order
+	KindOrderRefunded = "order_refunded" // one per succeeded refund
+)
+
+// Results of checkout_notify_sequence_events_total.
+const (
+	SequenceInOrder  = "in_order"
+	SequenceParked   = "parked"
+	SequenceUnparked = "unparked"
+	SequenceReleased = "released_after_wait"
+	SequenceLate     = "late"
+)
+
 // Config configures a Service. Zero values get the defaults shown.
 type Config struct {
 	// Queue is the queue of order.paid events ("notify.order_paid").
@@ -40,6 +61,10 @@ type Config struct {
 	// Concurrency is how many messages are handled at once (16): each
 	// waits on its own transaction, so more of them keep the database busy.
 	Concurrency int
+	// SequenceWait is how long an event that came before its order's
+	// previous event waits for it, parked, before it is applied anyway
+	// (NOTIFY_SEQUENCE_WAIT, 30s).
+	SequenceWait time.Duration
 	// Sender configures the email sender.
 	Sender SenderConfig
 	// Logger (default: discard).
@@ -48,10 +73,14 @@ type Config struct {
 	Registerer prometheus.Registerer
 }
 
-// Service runs the order.paid consumer and the notification sender.
+// Service runs the order events consumer, the release of overdue parked
+// events and the notification sender.
 type Service struct {
 	consumer *rabbitmq.Consumer
+	handler  *Consumer
 	sender   *Sender
+	cfg      Config
+	logger   *slog.Logger
 }
 
 // NewService wires a consumer of cfg.Queue on conn and a sender through
@@ -66,6 +95,9 @@ func NewService(db *gorm.DB, conn *rabbitmq.Conn, mailer Mailer, cfg Config) (*S
 	}
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 16
+	}
+	if cfg.SequenceWait <= 0 {
+		cfg.SequenceWait = 30 * time.Second
 	}
 	logger := cfg.Logger
 	if logger == nil {
@@ -90,7 +122,10 @@ func NewService(db *gorm.DB, conn *rabbitmq.Conn, mailer Mailer, cfg Config) (*S
 			HandlerTimeout: 15 * time.Second,
 			Logger:         logger,
 		}, handler.Handle),
-		sender: sender,
+		handler: handler,
+		sender:  sender,
+		cfg:     cfg,
+		logger:  logger,
 	}, nil
 }
 
@@ -106,5 +141,24 @@ func (s *Service) Run(ctx context.Context) error {
 		return nil
 	})
 	g.Go(func() error { return s.sender.Run(ctx) })
+	g.Go(func() error { return s.releaseOverdue(ctx) })
 	return g.Wait()
+}
+
+// releaseOverdue applies parked events whose wait is over, checking every
+// SequenceWait/10 (at least 100ms, at most the sender's sweep interval).
+func (s *Service) releaseOverdue(ctx context.Context) error {
+	every := min(max(s.cfg.SequenceWait/10, 100*time.Millisecond), s.sender.cfg.SweepInterval)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if _, err := s.handler.ReleaseOverdue(ctx, s.cfg.SequenceWait); err != nil && ctx.Err() == nil {
+			s.logger.Warn("notify: release overdue parked events", "err", err)
+		}
+	}
 }

@@ -168,12 +168,15 @@ func (s *Sender) Run(ctx context.Context) error {
 
 // due is one claimed notification with what its email says.
 type due struct {
-	ID          string
-	OrderID     string
-	Recipient   string
-	Attempts    int
-	AmountTotal int64
-	Currency    string
+	ID           string
+	OrderID      string
+	Recipient    string
+	Attempts     int
+	Kind         string
+	RefundID     *string
+	AmountTotal  int64
+	Currency     string
+	RefundAmount *int64
 }
 
 // SendDue claims up to BatchSize due notifications, sends them and records
@@ -185,18 +188,29 @@ func (s *Sender) SendDue(ctx context.Context) (int, error) {
 	var batch []due
 	// One statement, so it commits on its own: the claim is visible to other
 	// senders before any email leaves.
+	//
+	// A notification waits while another of its order, created by an
+	// earlier event, is still pending or sending, so an order's emails
+	// leave in the order of its events: the refund email never before the
+	// paid one (CONTRACT.md v2, "Events").
 	err := s.db.WithContext(ctx).Raw(`UPDATE notifications n
 		SET status = 'sending', attempts = n.attempts + 1,
 		    claimed_until = now() + ?::interval, next_attempt_at = now() + ?::interval
 		FROM (
-			SELECT id FROM notifications
+			SELECT id FROM notifications d
 			WHERE status IN ('pending', 'sending') AND next_attempt_at <= now()
+			  AND NOT EXISTS (
+				SELECT 1 FROM notifications p
+				WHERE p.order_id = d.order_id AND p.channel = d.channel
+				  AND p.status IN ('pending', 'sending')
+				  AND coalesce(p.event_seq, 0) < coalesce(d.event_seq, 0))
 			ORDER BY next_attempt_at
 			LIMIT ?
 			FOR UPDATE SKIP LOCKED
 		) d, orders o
 		WHERE n.id = d.id AND o.id = n.order_id
-		RETURNING n.id, n.order_id, n.recipient, n.attempts, o.amount_total, o.currency`,
+		RETURNING n.id, n.order_id, n.recipient, n.attempts, n.kind, n.refund_id, o.amount_total, o.currency,
+		          (SELECT r.amount FROM refunds r WHERE r.id = n.refund_id) AS refund_amount`,
 		s.cfg.ClaimTTL.String(), s.cfg.ClaimTTL.String(), s.cfg.BatchSize).Scan(&batch).Error
 	if err != nil {
 		return 0, fmt.Errorf("notify: claim: %w", err)
@@ -281,6 +295,24 @@ func (s *Sender) markSent(ctx context.Context, n due) {
 
 // email builds the message for n.
 func (s *Sender) email(n due) Email {
+	if n.Kind == KindOrderRefunded {
+		var amount int64
+		if n.RefundAmount != nil {
+			amount = *n.RefundAmount
+		}
+		refundID := ""
+		if n.RefundID != nil {
+			refundID = *n.RefundID
+		}
+		return Email{
+			MessageID: MessageID(n.ID),
+			From:      s.cfg.From,
+			To:        n.Recipient,
+			Subject:   fmt.Sprintf("Your refund for order %s", n.OrderID),
+			Body: fmt.Sprintf("We refunded part or all of your order.\n\nOrder: %s\nRefund: %s\nAmount refunded: %s\n",
+				n.OrderID, refundID, formatAmount(amount, n.Currency)),
+		}
+	}
 	return Email{
 		MessageID: MessageID(n.ID),
 		From:      s.cfg.From,

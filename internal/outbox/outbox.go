@@ -26,6 +26,12 @@ const (
 	TypeOrderCreated       = "order.created"
 	TypeOrderPaid          = "order.paid"
 	TypeOrderPaymentFailed = "order.payment_failed"
+	// TypeOrderRefunded is published once per succeeded refund; its data is
+	// the refund.
+	TypeOrderRefunded = "order.refunded"
+	// TypeOrderCanceled: an order in requires_action was canceled (POST
+	// /v1/orders/{id}/cancel); its PaymentIntent is canceled at Stripe.
+	TypeOrderCanceled = "order.canceled"
 )
 
 // Event is one domain event. Its JSON form is the message body:
@@ -42,16 +48,26 @@ type Event struct {
 	// Data is the event's subject, e.g. the order as the API shows it.
 	Data any `json:"data"`
 
-	// AggregateID is the id of the entity the event is about (the order id).
-	// It is stored for operators, not sent.
-	AggregateID string `json:"-"`
+	// AggregateID is the id of the entity the event is about (the order
+	// id). Events with one get a Sequence.
+	AggregateID string `json:"aggregate_id,omitempty"`
+	// Sequence numbers the events of one aggregate 1, 2, 3, … in the order
+	// their transactions commit; Add assigns it. Consumers that must apply
+	// an aggregate's events in order use it (see inbox.Sequencer): the
+	// relay publishes with several processes and retries, so the broker's
+	// order is not the commit order.
+	Sequence int64 `json:"sequence,omitempty"`
 }
 
 // NewID returns a fresh event id: "evt_" and a UUIDv7 in hex.
 func NewID() string { return ids.New("evt") }
 
 // Add writes e to the outbox inside tx. An empty ID gets a new one and a zero
-// OccurredAt gets the current time.
+// OccurredAt gets the current time. An event with an AggregateID gets the
+// aggregate's next Sequence: Add increments the aggregate's counter row in
+// tx, so a concurrent transaction adding an event of the same aggregate
+// waits for tx to end, and sequence numbers follow commit order without
+// gaps (a rollback returns its number).
 //
 // Commit makes the event durable and due for publication together with the
 // caller's other writes; rollback discards it with them, so no event is ever
@@ -81,11 +97,22 @@ func Statement(e Event) (string, []any, error) {
 		e.OccurredAt = time.Now()
 	}
 	e.OccurredAt = e.OccurredAt.UTC()
+	e.Sequence = 0 // the database assigns it
 	body, err := json.Marshal(e)
 	if err != nil {
 		return "", nil, fmt.Errorf("outbox: encode %s: %w", e.Type, err)
 	}
-	return `INSERT INTO outbox (id, tenant_id, aggregate_id, type, payload, occurred_at)
-		 SELECT ?, ?, ?, ?, ?::json, ?::timestamptz`,
-		[]any{e.ID, e.TenantID, e.AggregateID, e.Type, string(body), e.OccurredAt}, nil
+	if e.AggregateID == "" {
+		return `INSERT INTO outbox (id, tenant_id, aggregate_id, type, payload, occurred_at)
+			 SELECT ?, ?, ?, ?, ?, ?`,
+			[]any{e.ID, e.TenantID, e.AggregateID, e.Type, string(body), e.OccurredAt}, nil
+	}
+	// Sequence is Event's last field, omitted while zero: the body with it
+	// is the body without it, its closing brace replaced by
+	// ,"sequence":N} — what json.Marshal would give, byte for byte. The
+	// aggregate's next number comes from outbox_next_seq (migration 00004).
+	return `INSERT INTO outbox (id, tenant_id, aggregate_id, aggregate_seq, type, payload, occurred_at)
+			 SELECT ?, ?, ?, s.n, ?, (? || s.n || '}')::json, ?
+			 FROM (SELECT outbox_next_seq(?) AS n) s`,
+		[]any{e.ID, e.TenantID, e.AggregateID, e.Type, string(body[:len(body)-1]) + `,"sequence":`, e.OccurredAt, e.AggregateID}, nil
 }

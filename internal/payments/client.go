@@ -1,10 +1,22 @@
-// Package payments charges cards through Stripe's PaymentIntents API with
-// stripe-go v76, retrying transient failures with the same idempotency key so
-// that a charge is never made twice.
+// Package payments talks to Stripe's PaymentIntents API with stripe-go v76,
+// one step per call (create, confirm, cancel, retrieve, search), and
+// classifies each answer the way Stripe's idempotency rules require
+// (https://docs.stripe.com/api/idempotent_requests,
+// https://docs.stripe.com/error-low-level):
+//
+//   - network errors, timeouts, 409 (idempotency_key_in_use, lock_timeout),
+//     429 and 503 are not stored by Stripe: retried here with the same key
+//     and the same parameters;
+//   - a 500 (any 5xx but 503) on a write is stored under the key and replayed
+//     to every retry: the outcome is indeterminate, and the caller must
+//     reconcile (checkout.ErrProviderIndeterminate), never resend;
+//   - 402 card_error is a decline and any other 4xx a rejection: final
+//     (*checkout.PaymentRefusal).
 package payments
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,26 +32,25 @@ import (
 	"github.com/onceonly/checkout/internal/checkout"
 )
 
-// ErrUnavailable is wrapped by Charge's error when Stripe could not be reached
-// or kept answering with a transient failure (5xx, 429, 409
-// idempotency_key_in_use or lock_timeout, a network error, a per-attempt
-// timeout) until Config.MaxElapsed passed or the context was done. The outcome
-// is unknown: the charge may have been made. Calling Charge again with the
-// same ChargeRequest is safe and returns the first outcome.
-var ErrUnavailable = errors.New("payment provider unavailable")
+// ErrUnavailable is checkout.ErrProviderUnanswered: no final answer within
+// Config.MaxElapsed (or before the context ended). Resending the same
+// request with the same key is safe.
+var ErrUnavailable = checkout.ErrProviderUnanswered
 
-// ErrRejected is wrapped by Charge's error when Stripe refused the request
-// itself (4xx other than a card decline, 409 and 429, e.g.
-// invalid_request_error, authentication, or idempotency_error for a key reused
-// with other parameters), or when the ChargeRequest has no idempotency key.
-// Nothing was charged and retrying the same request cannot succeed.
-var ErrRejected = errors.New("payment request rejected")
+// ErrIndeterminate is checkout.ErrProviderIndeterminate: Stripe stored an
+// error (a 500) under the key; reconcile before any new attempt.
+var ErrIndeterminate = checkout.ErrProviderIndeterminate
+
+// ErrNoIdempotencyKey is returned, without any HTTP request, by a write
+// whose request has no idempotency key: stripe-go would otherwise generate a
+// random one per attempt, which would let a retry execute twice.
+var ErrNoIdempotencyKey = errors.New("payments: a write needs an idempotency key")
 
 // Defaults for zero Config fields.
 const (
 	DefaultAPIBase    = "https://api.stripe.com"
 	DefaultTimeout    = 10 * time.Second
-	DefaultMaxElapsed = 30 * time.Second
+	DefaultMaxElapsed = 20 * time.Second
 )
 
 // Config configures a Client. Zero fields take the Default* values.
@@ -51,24 +62,26 @@ type Config struct {
 	// SecretKey is the Stripe secret key, "sk_test_…" or "sk_live_…", sent as
 	// a Bearer token (env STRIPE_SECRET_KEY).
 	SecretKey string
-	// Timeout bounds one HTTP attempt. An attempt that times out may have been
-	// executed by Stripe; the retry replays it through the idempotency key.
+	// Timeout bounds one HTTP attempt (env STRIPE_TIMEOUT). An attempt that
+	// times out may have been executed by Stripe; the retry with the same key
+	// replays it.
 	Timeout time.Duration
-	// MaxElapsed bounds the time spent retrying: no new attempt starts after
-	// it, so Charge returns within about MaxElapsed + Timeout.
+	// MaxElapsed bounds the time spent retrying one call (env
+	// STRIPE_MAX_ELAPSED): no new attempt starts after it, so a call returns
+	// within about MaxElapsed + Timeout.
 	MaxElapsed time.Duration
 }
 
-// Backoff between attempts: exponential with jitter, as Stripe recommends for
-// retries (https://docs.stripe.com/error-low-level#idempotency). The first
-// retry comes quickly because a dropped response or a 409 in flight usually
+// Backoff between attempts: exponential with jitter, as Stripe recommends
+// (https://docs.stripe.com/error-low-level#idempotency). The first retry
+// comes quickly because a dropped response or a 409 in flight usually
 // resolves in well under a second.
 const (
 	backoffInitial = 100 * time.Millisecond
 	backoffMax     = 2 * time.Second
 )
 
-// Client creates and confirms PaymentIntents. It is safe for concurrent use.
+// Client calls Stripe's PaymentIntents API. It is safe for concurrent use.
 type Client struct {
 	cfg    Config
 	pi     paymentintent.Client
@@ -79,8 +92,8 @@ type Client struct {
 var _ checkout.PaymentProvider = (*Client)(nil)
 
 // NewClient returns a Client for cfg. stripe-go's own retries are turned off
-// (MaxNetworkRetries 0) so that every retry is made, logged and counted here.
-// reg may be nil; otherwise the metric checkout_stripe_calls_total is
+// (MaxNetworkRetries 0) so that every retry is decided, logged and counted
+// here. reg may be nil; otherwise the metric checkout_stripe_calls_total is
 // registered on it (or reused if another Client registered it already).
 func NewClient(cfg Config, logger *slog.Logger, reg prometheus.Registerer) *Client {
 	if cfg.APIBase == "" {
@@ -113,50 +126,185 @@ func NewClient(cfg Config, logger *slog.Logger, reg prometheus.Registerer) *Clie
 	}
 }
 
-// Charge creates and confirms a PaymentIntent (POST /v1/payment_intents with
-// amount, currency, payment_method, confirm=true, payment_method_types
-// ["card"] and metadata order_id and tenant_id), sending req.IdempotencyKey as
-// the Idempotency-Key header.
-//
-// Transient failures are retried with exponential backoff until
-// Config.MaxElapsed or ctx is done; every attempt sends the same key and the
-// same parameters, so Stripe executes the charge at most once and replays its
-// result to later attempts.
-//
-// It returns:
-//   - the PaymentIntent's id and status and a nil error when Stripe answered
-//     with a PaymentIntent. Its status is usually "succeeded", but a
-//     PaymentIntent that needs more (requires_action for 3D Secure,
-//     processing, requires_capture) is returned as-is, not Declined: the caller
-//     decides what a non-succeeded status means;
-//   - Declined, the PaymentIntent's id and status and the decline code (the
-//     card_error's decline_code, else its code) and a nil error on a card
-//     decline (402 card_error);
-//   - an error wrapping ErrRejected when the request is refused as such, with
-//     no retry (see ErrRejected);
-//   - an error wrapping ErrUnavailable (and ctx's error when ctx ended the
-//     retries) when the outcome is unknown (see ErrUnavailable).
-func (c *Client) Charge(ctx context.Context, req checkout.ChargeRequest) (checkout.ChargeResult, error) {
+// Config returns the client's configuration with defaults applied.
+func (c *Client) Config() Config { return c.cfg }
+
+// CreatePaymentIntent creates an unconfirmed PaymentIntent: POST
+// /v1/payment_intents with amount, currency, payment_method,
+// payment_method_types[]=card, confirm=false, metadata[order_id] and
+// metadata[tenant_id], under req.IdempotencyKey
+// (https://docs.stripe.com/api/payment_intents/create). Errors: see
+// checkout.PaymentProvider; an unknown payment method is a
+// *checkout.PaymentRefusal (400 resource_missing).
+func (c *Client) CreatePaymentIntent(ctx context.Context, req checkout.CreateIntentRequest) (checkout.PaymentIntentState, error) {
 	if strings.TrimSpace(req.IdempotencyKey) == "" {
-		// stripe-go would generate a random key per attempt, which would let a
-		// retry charge twice.
-		return checkout.ChargeResult{}, fmt.Errorf("charge order %s: %w: empty idempotency key", req.OrderID, ErrRejected)
+		return checkout.PaymentIntentState{}, ErrNoIdempotencyKey
 	}
-	attempts := 0
-	op := func() (checkout.ChargeResult, error) {
-		attempts++
-		res, out, err := c.attempt(ctx, req)
-		c.calls.WithLabelValues(string(out)).Inc()
-		if out == outcomeRejected {
-			return res, backoff.Permanent(err)
+	return c.call(ctx, opCreate, req.IdempotencyKey, func(actx context.Context) (*stripe.PaymentIntent, error) {
+		p := &stripe.PaymentIntentParams{
+			Amount:             stripe.Int64(req.Amount),
+			Currency:           stripe.String(req.Currency),
+			PaymentMethod:      stripe.String(req.PaymentMethod),
+			PaymentMethodTypes: stripe.StringSlice([]string{"card"}),
+			Confirm:            stripe.Bool(false),
 		}
-		return res, err
+		p.Context = actx
+		p.SetIdempotencyKey(req.IdempotencyKey)
+		p.AddMetadata("order_id", req.OrderID)
+		p.AddMetadata("tenant_id", req.TenantID)
+		return c.pi.New(p)
+	})
+}
+
+// ConfirmPaymentIntent confirms a PaymentIntent with the payment method it
+// was created with: POST /v1/payment_intents/{id}/confirm under
+// req.IdempotencyKey (https://docs.stripe.com/api/payment_intents/confirm).
+// A 3D Secure card answers with status requires_action and a next_action; a
+// declined card is a *checkout.PaymentRefusal with Declined set.
+func (c *Client) ConfirmPaymentIntent(ctx context.Context, req checkout.ConfirmIntentRequest) (checkout.PaymentIntentState, error) {
+	if strings.TrimSpace(req.IdempotencyKey) == "" {
+		return checkout.PaymentIntentState{}, ErrNoIdempotencyKey
 	}
+	return c.call(ctx, opConfirm, req.IdempotencyKey, func(actx context.Context) (*stripe.PaymentIntent, error) {
+		p := &stripe.PaymentIntentConfirmParams{}
+		p.Context = actx
+		p.SetIdempotencyKey(req.IdempotencyKey)
+		return c.pi.Confirm(req.PaymentIntentID, p)
+	})
+}
+
+// CancelPaymentIntent cancels a PaymentIntent: POST
+// /v1/payment_intents/{id}/cancel with cancellation_reason, under
+// req.IdempotencyKey (https://docs.stripe.com/api/payment_intents/cancel).
+// A PaymentIntent that is already succeeded (or canceled) cannot be
+// canceled: a *checkout.PaymentRefusal (400 payment_intent_unexpected_state).
+func (c *Client) CancelPaymentIntent(ctx context.Context, req checkout.CancelIntentRequest) (checkout.PaymentIntentState, error) {
+	if strings.TrimSpace(req.IdempotencyKey) == "" {
+		return checkout.PaymentIntentState{}, ErrNoIdempotencyKey
+	}
+	return c.call(ctx, opCancel, req.IdempotencyKey, func(actx context.Context) (*stripe.PaymentIntent, error) {
+		p := &stripe.PaymentIntentCancelParams{}
+		if req.Reason != "" {
+			p.CancellationReason = stripe.String(req.Reason)
+		}
+		p.Context = actx
+		p.SetIdempotencyKey(req.IdempotencyKey)
+		return c.pi.Cancel(req.PaymentIntentID, p)
+	})
+}
+
+// RetrievePaymentIntent reads a PaymentIntent: GET /v1/payment_intents/{id}
+// (https://docs.stripe.com/api/payment_intents/retrieve), strongly
+// consistent. Reads are safe to repeat, so every 5xx is retried. An unknown
+// id is a *checkout.PaymentRefusal (404 resource_missing).
+func (c *Client) RetrievePaymentIntent(ctx context.Context, id string) (checkout.PaymentIntentState, error) {
+	return c.call(ctx, opRetrieve, "", func(actx context.Context) (*stripe.PaymentIntent, error) {
+		p := &stripe.PaymentIntentParams{}
+		p.Context = actx
+		return c.pi.Get(id, p)
+	})
+}
+
+// SearchPaymentIntents returns every PaymentIntent with
+// metadata['order_id'] = orderID, oldest first: GET
+// /v1/payment_intents/search?query=metadata['order_id']:'…'
+// (https://docs.stripe.com/search#search-query-language). Search is
+// eventually consistent: objects appear about a minute after they were
+// created (https://docs.stripe.com/search#data-freshness), so an empty
+// result proves nothing until then.
+func (c *Client) SearchPaymentIntents(ctx context.Context, orderID string) ([]checkout.PaymentIntentState, error) {
+	if strings.ContainsAny(orderID, `'\`) {
+		return nil, fmt.Errorf("search payment intents: order id %q cannot be quoted", orderID)
+	}
+	op := func() ([]checkout.PaymentIntentState, error) {
+		actx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+		defer cancel()
+		p := &stripe.PaymentIntentSearchParams{}
+		p.Context = actx
+		p.Query = "metadata['order_id']:'" + orderID + "'"
+		p.Limit = stripe.Int64(100)
+		it := c.pi.Search(p)
+		var got []checkout.PaymentIntentState
+		for it.Next() {
+			got = append(got, stateOf(it.PaymentIntent()))
+		}
+		res, err := classify(it.Err(), false)
+		c.calls.WithLabelValues(string(opSearch), string(res)).Inc()
+		if err != nil && res != resultTransient {
+			return nil, backoff.Permanent(err)
+		}
+		return got, err
+	}
+	out, err := retry(c, ctx, opSearch, "", op)
+	if err != nil {
+		return nil, err
+	}
+	// Oldest first, so that every caller adopts the same one.
+	for i := 1; i < len(out); i++ {
+		for j := i; j > 0 && (out[j].Created < out[j-1].Created ||
+			out[j].Created == out[j-1].Created && out[j].ID < out[j-1].ID); j-- {
+			out[j], out[j-1] = out[j-1], out[j]
+		}
+	}
+	return out, nil
+}
+
+// op names a call in logs and in the op label of checkout_stripe_calls_total.
+type op string
+
+const (
+	opCreate   op = "create"
+	opConfirm  op = "confirm"
+	opCancel   op = "cancel"
+	opRetrieve op = "retrieve"
+	opSearch   op = "search"
+)
+
+// result is the result label of one HTTP attempt.
+type result string
+
+// The values of the result label of checkout_stripe_calls_total.
+const (
+	resultSucceeded     result = "succeeded"     // a PaymentIntent (or a search result) came back
+	resultDeclined      result = "declined"      // 402 card_error
+	resultTransient     result = "transient"     // retried: network, timeout, 409, 429, 503 (any 5xx on a read)
+	resultIndeterminate result = "indeterminate" // a 500 on a write: stored by Stripe, not retried
+	resultRejected      result = "rejected"      // not retried: another 4xx
+)
+
+// call runs one write or read with retries. key is the idempotency key of a
+// write, "" for a read.
+func (c *Client) call(ctx context.Context, o op, key string, do func(context.Context) (*stripe.PaymentIntent, error)) (checkout.PaymentIntentState, error) {
+	write := key != ""
+	attempt := func() (checkout.PaymentIntentState, error) {
+		actx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+		defer cancel()
+		pi, err := do(actx)
+		res, err := classify(err, write)
+		c.calls.WithLabelValues(string(o), string(res)).Inc()
+		switch {
+		case err == nil:
+			return stateOf(pi), nil
+		case res == resultTransient:
+			return checkout.PaymentIntentState{}, err
+		default:
+			return checkout.PaymentIntentState{}, backoff.Permanent(err)
+		}
+	}
+	return retry(c, ctx, o, key, attempt)
+}
+
+// retry runs attempt with exponential backoff until it succeeds, fails
+// permanently, Config.MaxElapsed passes or ctx ends. Giving up on transient
+// failures wraps ErrUnavailable (and ctx's error when ctx ended it).
+func retry[T any](c *Client, ctx context.Context, o op, key string, attempt func() (T, error)) (T, error) {
+	n := 0
+	counted := func() (T, error) { n++; return attempt() }
 	notify := func(err error, next time.Duration) {
-		c.logger.WarnContext(ctx, "stripe charge attempt failed, retrying",
-			"order_id", req.OrderID, "attempt", attempts, "retry_in", next, "err", err)
+		c.logger.WarnContext(ctx, "stripe call failed, retrying with the same key",
+			"op", o, "idempotency_key", key, "attempt", n, "retry_in", next, "err", err)
 	}
-	res, err := backoff.Retry(ctx, op,
+	v, err := backoff.Retry(ctx, counted,
 		backoff.WithBackOff(&backoff.ExponentialBackOff{
 			InitialInterval:     backoffInitial,
 			RandomizationFactor: 0.5,
@@ -166,83 +314,86 @@ func (c *Client) Charge(ctx context.Context, req checkout.ChargeRequest) (checko
 		backoff.WithMaxElapsedTime(c.cfg.MaxElapsed),
 		backoff.WithNotify(notify),
 	)
-	switch {
-	case err == nil:
-		return res, nil
-	case errors.Is(err, ErrRejected):
-		return checkout.ChargeResult{}, fmt.Errorf("charge order %s: %w", req.OrderID, err)
-	default:
-		return checkout.ChargeResult{}, fmt.Errorf("charge order %s after %d attempts: %w: %w", req.OrderID, attempts, ErrUnavailable, err)
+	if err == nil {
+		return v, nil
 	}
+	var refusal *checkout.PaymentRefusal
+	if errors.As(err, &refusal) || errors.Is(err, ErrIndeterminate) {
+		return v, fmt.Errorf("stripe %s: %w", o, err)
+	}
+	return v, fmt.Errorf("stripe %s after %d attempts: %w: %w", o, n, ErrUnavailable, err)
 }
 
-// outcome is the result label of one HTTP attempt.
-type outcome string
-
-// The values of the result label of checkout_stripe_calls_total.
-const (
-	outcomeSucceeded outcome = "succeeded" // a PaymentIntent came back, whatever its status
-	outcomeDeclined  outcome = "declined"  // 402 card_error
-	outcomeTransient outcome = "transient" // retried: 5xx, 429, 409, network, timeout
-	outcomeRejected  outcome = "rejected"  // not retried: other 4xx
-)
-
-// attempt makes one HTTP call and classifies its result. A transient error is
-// returned as-is; a rejected one wraps ErrRejected.
-func (c *Client) attempt(ctx context.Context, req checkout.ChargeRequest) (checkout.ChargeResult, outcome, error) {
-	actx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
-	defer cancel()
-	pi, err := c.pi.New(c.params(actx, req))
+// classify names the result of one attempt and returns the error to act on:
+// nil, a transient error (retry), a *checkout.PaymentRefusal, or an error
+// wrapping ErrIndeterminate.
+func classify(err error, write bool) (result, error) {
 	if err == nil {
-		return checkout.ChargeResult{PaymentIntentID: pi.ID, Status: string(pi.Status)}, outcomeSucceeded, nil
+		return resultSucceeded, nil
 	}
-
 	var se *stripe.Error
 	if !errors.As(err, &se) {
 		// Network error, per-attempt timeout, or a body that is not Stripe's
-		// JSON (a proxy's 502 page): the request may or may not have run.
-		return checkout.ChargeResult{}, outcomeTransient, fmt.Errorf("stripe request: %w", err)
+		// JSON (a proxy's 502 page): Stripe gave no answer it stored.
+		return resultTransient, fmt.Errorf("stripe request: %w", err)
 	}
 	e := stripeError{se}
 	switch {
-	case se.Type == stripe.ErrorTypeCard:
-		res := checkout.ChargeResult{Declined: true, DeclineCode: string(se.DeclineCode)}
-		if res.DeclineCode == "" {
-			res.DeclineCode = string(se.Code)
-		}
-		if se.PaymentIntent != nil {
-			res.PaymentIntentID, res.Status = se.PaymentIntent.ID, string(se.PaymentIntent.Status)
-		}
-		if res.Status == "" {
-			res.Status = string(stripe.PaymentIntentStatusRequiresPaymentMethod)
-		}
-		return res, outcomeDeclined, nil
-	case se.HTTPStatusCode >= 500, se.HTTPStatusCode == http.StatusTooManyRequests,
-		se.HTTPStatusCode == http.StatusConflict:
-		// 409 is idempotency_key_in_use (an earlier attempt still runs) or
-		// lock_timeout: both resolve by waiting.
-		return checkout.ChargeResult{}, outcomeTransient, e
-	default:
-		return checkout.ChargeResult{}, outcomeRejected, fmt.Errorf("%w: %w", ErrRejected, e)
+	case se.HTTPStatusCode == http.StatusConflict, se.HTTPStatusCode == http.StatusTooManyRequests,
+		se.HTTPStatusCode == http.StatusServiceUnavailable:
+		// 409 idempotency_key_in_use (an earlier attempt still runs) or
+		// lock_timeout, 429 rate_limit and 503: Stripe stored nothing
+		// under the key; the same request may be sent again.
+		return resultTransient, e
+	case se.HTTPStatusCode >= 500 && !write:
+		return resultTransient, e // a read is safe to repeat
+	case se.HTTPStatusCode >= 500:
+		// "Stripe stores ... the first request under the key, including
+		// 500 errors": resending replays this answer. Reconcile.
+		return resultIndeterminate, fmt.Errorf("%w: %w", ErrIndeterminate, e)
+	case se.Type == stripe.ErrorTypeIdempotency:
+		// The key was used with other parameters: the first request's
+		// outcome is unknown to this call. Never treat it as final.
+		return resultIndeterminate, fmt.Errorf("%w: %w", ErrIndeterminate, e)
 	}
+	r := &checkout.PaymentRefusal{
+		Declined:   se.Type == stripe.ErrorTypeCard,
+		HTTPStatus: se.HTTPStatusCode,
+		Type:       string(se.Type), Code: string(se.Code), DeclineCode: string(se.DeclineCode),
+		Param: se.Param, Message: se.Msg,
+	}
+	if se.PaymentIntent != nil {
+		s := stateOf(se.PaymentIntent)
+		r.PaymentIntent = &s
+	}
+	if r.Declined {
+		return resultDeclined, r
+	}
+	return resultRejected, r
 }
 
-// params builds the request parameters. They depend only on req, so every
-// attempt sends the same form body, which Stripe's idempotency rules require
-// for a replay.
-func (c *Client) params(ctx context.Context, req checkout.ChargeRequest) *stripe.PaymentIntentParams {
-	p := &stripe.PaymentIntentParams{
-		Amount:             stripe.Int64(req.Amount),
-		Currency:           stripe.String(req.Currency),
-		PaymentMethod:      stripe.String(req.PaymentMethod),
-		Confirm:            stripe.Bool(true),
-		PaymentMethodTypes: stripe.StringSlice([]string{"card"}),
+// stateOf converts stripe-go's PaymentIntent. next_action is taken from the
+// raw JSON when there is one, so that it is passed on as Stripe sent it.
+func stateOf(pi *stripe.PaymentIntent) checkout.PaymentIntentState {
+	s := checkout.PaymentIntentState{
+		ID: pi.ID, Status: string(pi.Status), Amount: pi.Amount, Currency: string(pi.Currency),
+		Metadata: pi.Metadata, ClientSecret: pi.ClientSecret,
+		CancellationReason: string(pi.CancellationReason), Created: pi.Created,
 	}
-	p.Context = ctx
-	p.SetIdempotencyKey(req.IdempotencyKey)
-	p.AddMetadata("order_id", req.OrderID)
-	p.AddMetadata("tenant_id", req.TenantID)
-	return p
+	if e := pi.LastPaymentError; e != nil {
+		s.LastErrorCode, s.LastDeclineCode = string(e.Code), string(e.DeclineCode)
+	}
+	if pi.LastResponse != nil && len(pi.LastResponse.RawJSON) > 0 {
+		var raw struct {
+			NextAction json.RawMessage `json:"next_action"`
+		}
+		if json.Unmarshal(pi.LastResponse.RawJSON, &raw) == nil && len(raw.NextAction) > 0 && string(raw.NextAction) != "null" {
+			s.NextAction = raw.NextAction
+		}
+	} else if pi.NextAction != nil {
+		s.NextAction, _ = json.Marshal(map[string]any{"type": pi.NextAction.Type})
+	}
+	return s
 }
 
 // stripeError gives a *stripe.Error a one-line message (its own Error is the

@@ -2,6 +2,7 @@ package payments_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/http/httptest"
@@ -48,11 +49,11 @@ func setup(t testing.TB, cfg payments.Config) bundle {
 	return bundle{emu: emu, client: payments.NewClient(cfg, slog.New(slog.DiscardHandler), reg), reg: reg, base: srv.URL}
 }
 
-// chargeReq is a valid request with a key unique to the test.
-func chargeReq(t testing.TB, pm string) checkout.ChargeRequest {
+// createReq is a valid create request with a key unique to the test.
+func createReq(t testing.TB, pm string) checkout.CreateIntentRequest {
 	t.Helper()
-	return checkout.ChargeRequest{
-		IdempotencyKey: checkout.StepKey("acme", t.Name(), "ord_1", checkout.StepPaymentIntent),
+	return checkout.CreateIntentRequest{
+		IdempotencyKey: checkout.StepKey("ord_"+t.Name(), checkout.StepCreate, 1),
 		Amount:         2500,
 		Currency:       "usd",
 		PaymentMethod:  pm,
@@ -61,8 +62,8 @@ func chargeReq(t testing.TB, pm string) checkout.ChargeRequest {
 	}
 }
 
-// calls reads checkout_stripe_calls_total{result} from reg.
-func calls(t testing.TB, reg *prometheus.Registry, result string) int {
+// calls reads checkout_stripe_calls_total{op,result} from reg.
+func calls(t testing.TB, reg *prometheus.Registry, op, result string) int {
 	t.Helper()
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
@@ -71,64 +72,126 @@ func calls(t testing.TB, reg *prometheus.Registry, result string) int {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() == result {
-					return int(m.GetCounter().GetValue())
-				}
+				have[l.GetName()] = l.GetValue()
+			}
+			if have["op"] == op && have["result"] == result {
+				return int(m.GetCounter().GetValue())
 			}
 		}
 	}
-	t.Fatalf("no checkout_stripe_calls_total{result=%q}", result)
+	t.Fatalf("no checkout_stripe_calls_total{op=%q,result=%q}", op, result)
 	return 0
 }
 
-// requireSameRequests asserts that every logged request carried key and the
-// same parameters: retries must be indistinguishable from the first attempt.
-func requireSameRequests(t testing.TB, emu *stripeemu.Emulator, key string) {
+// requireSameRequests asserts that every logged request on path carried key
+// and the same parameters: retries must be indistinguishable from the first
+// attempt.
+func requireSameRequests(t testing.TB, emu *stripeemu.Emulator, path, key string) []stripeemu.Request {
 	t.Helper()
-	reqs := emu.Requests()
+	var reqs []stripeemu.Request
+	for _, r := range emu.Requests() {
+		if r.Path == path {
+			reqs = append(reqs, r)
+		}
+	}
 	require.NotEmpty(t, reqs)
 	for i, r := range reqs {
 		require.Equal(t, key, r.IdempotencyKey, "request %d", i)
 		require.Equal(t, reqs[0].Params, r.Params, "request %d", i)
 		require.Equal(t, "POST", r.Method)
-		require.Equal(t, "/v1/payment_intents", r.Path)
+	}
+	return reqs
+}
+
+// TestCreateAndConfirm: each step is its own call with its own key; the
+// outcome of a confirm is the PaymentIntent's status, a decline is a
+// refusal that names the PaymentIntent.
+func TestCreateAndConfirm(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name        string
+		pm          string
+		wantStatus  string
+		wantDecline string
+		wantAction  bool
+	}{
+		{name: "succeeded", pm: "pm_card_visa", wantStatus: "succeeded"},
+		{name: "declined", pm: "pm_card_chargeDeclined", wantDecline: "generic_decline"},
+		{name: "3D Secure requires action", pm: "pm_card_authenticationRequired", wantStatus: "requires_action", wantAction: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, payments.Config{})
+			req := createReq(t, tt.pm)
+			pi, err := b.client.CreatePaymentIntent(t.Context(), req)
+			require.NoError(t, err)
+			require.Regexp(t, `^pi_`, pi.ID)
+			require.Equal(t, "requires_confirmation", pi.Status, "created unconfirmed: no money moves")
+			require.Equal(t, map[string]string{"order_id": "ord_1", "tenant_id": "acme"}, pi.Metadata)
+
+			key := checkout.StepKey("ord_1", checkout.StepConfirm, 1)
+			got, err := b.client.ConfirmPaymentIntent(t.Context(), checkout.ConfirmIntentRequest{IdempotencyKey: key, PaymentIntentID: pi.ID})
+			if tt.wantDecline != "" {
+				var refusal *checkout.PaymentRefusal
+				require.ErrorAs(t, err, &refusal)
+				require.True(t, refusal.Declined)
+				require.Equal(t, tt.wantDecline, refusal.DeclineCode)
+				require.NotNil(t, refusal.PaymentIntent)
+				require.Equal(t, pi.ID, refusal.PaymentIntent.ID)
+				require.Equal(t, 1, calls(t, b.reg, "confirm", "declined"))
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, pi.ID, got.ID)
+			require.Equal(t, tt.wantStatus, got.Status)
+			if tt.wantAction {
+				var next struct {
+					Type string `json:"type"`
+				}
+				require.NoError(t, json.Unmarshal(got.NextAction, &next), "next_action as Stripe sent it")
+				require.Equal(t, "use_stripe_sdk", next.Type)
+				require.Regexp(t, `^`+pi.ID+`_secret_`, got.ClientSecret)
+			}
+			require.Equal(t, 1, calls(t, b.reg, "create", "succeeded"))
+			require.Equal(t, 1, calls(t, b.reg, "confirm", "succeeded"))
+
+			read, err := b.client.RetrievePaymentIntent(t.Context(), pi.ID)
+			require.NoError(t, err)
+			require.Equal(t, tt.wantStatus, read.Status)
+		})
 	}
 }
 
-func TestCharge(t *testing.T) {
+// TestCreateSentParams pins the create request's form: confirm=false and
+// the metadata every PaymentIntent of the checkout carries.
+func TestCreateSentParams(t *testing.T) {
+	t.Parallel()
+	b := setup(t, payments.Config{})
+	_, err := b.client.CreatePaymentIntent(t.Context(), createReq(t, "pm_card_visa"))
+	require.NoError(t, err)
+	reqs := b.emu.Requests()
+	require.Len(t, reqs, 1)
+	require.Equal(t, "amount=2500&confirm=false&currency=usd&metadata%5Border_id%5D=ord_1&metadata%5Btenant_id%5D=acme"+
+		"&payment_method=pm_card_visa&payment_method_types%5B0%5D=card", reqs[0].Params)
+}
+
+// TestTransientRetriedWithSameKey: failures Stripe does not store are
+// retried with the same key and parameters until a final answer.
+func TestTransientRetriedWithSameKey(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name         string
 		cfg          payments.Config
 		faults       []stripeemu.Fault
-		pm           string
-		wantStatus   string
-		wantDeclined bool
-		wantCode     string
 		wantRequests int
-		wantReplayed int // requests answered from the idempotency store
+		wantReplayed int
 		wantCalls    map[string]int
 	}{
 		{
-			name: "succeeded", pm: "pm_card_visa", wantStatus: "succeeded", wantRequests: 1,
-			wantCalls: map[string]int{"succeeded": 1},
-		},
-		{
-			name: "declined with payment intent", pm: "pm_card_chargeDeclined", wantStatus: "requires_payment_method",
-			wantDeclined: true, wantCode: "generic_decline", wantRequests: 1, wantCalls: map[string]int{"declined": 1},
-		},
-		{
-			name: "requires action returned as is", pm: "pm_card_authenticationRequired", wantStatus: "requires_action",
-			wantRequests: 1, wantCalls: map[string]int{"succeeded": 1},
-		},
-		{
-			name: "succeeded after two 500s", pm: "pm_card_visa", wantStatus: "succeeded",
-			faults:       []stripeemu.Fault{{Kind: stripeemu.FaultFail, Count: 2, Status: 500}},
-			wantRequests: 3, wantCalls: map[string]int{"transient": 2, "succeeded": 1},
-		},
-		{
-			name: "succeeded after 429 and 503", pm: "pm_card_visa", wantStatus: "succeeded",
+			name: "429 and 503",
 			faults: []stripeemu.Fault{
 				{Kind: stripeemu.FaultFail, Count: 1, Status: 429},
 				{Kind: stripeemu.FaultFail, Count: 1, Status: 503},
@@ -136,18 +199,12 @@ func TestCharge(t *testing.T) {
 			wantRequests: 3, wantCalls: map[string]int{"transient": 2, "succeeded": 1},
 		},
 		{
-			name: "succeeded by replay after dropped response", pm: "pm_card_visa", wantStatus: "succeeded",
+			name:         "dropped response replayed",
 			faults:       []stripeemu.Fault{{Kind: stripeemu.FaultDrop, Count: 1}},
 			wantRequests: 2, wantReplayed: 1, wantCalls: map[string]int{"transient": 1, "succeeded": 1},
 		},
 		{
-			name: "declined by replay after dropped response", pm: "pm_card_chargeDeclined", wantStatus: "requires_payment_method",
-			wantDeclined: true, wantCode: "generic_decline",
-			faults:       []stripeemu.Fault{{Kind: stripeemu.FaultDrop, Count: 1}},
-			wantRequests: 2, wantReplayed: 1, wantCalls: map[string]int{"transient": 1, "declined": 1},
-		},
-		{
-			name: "succeeded by replay after timeout once charged", pm: "pm_card_visa", wantStatus: "succeeded",
+			name:         "timeout once executed, replayed",
 			cfg:          payments.Config{Timeout: 150 * time.Millisecond},
 			faults:       []stripeemu.Fault{{Kind: stripeemu.FaultDelay, Count: 1, After: 600 * time.Millisecond}},
 			wantRequests: 2, wantReplayed: 1, wantCalls: map[string]int{"transient": 1, "succeeded": 1},
@@ -160,173 +217,138 @@ func TestCharge(t *testing.T) {
 			for _, f := range tt.faults {
 				require.NoError(t, b.emu.Inject(f))
 			}
-			req := chargeReq(t, tt.pm)
-
-			res, err := b.client.Charge(t.Context(), req)
-
+			req := createReq(t, "pm_card_visa")
+			pi, err := b.client.CreatePaymentIntent(t.Context(), req)
 			require.NoError(t, err)
-			require.Regexp(t, `^pi_`, res.PaymentIntentID)
-			require.Equal(t, tt.wantStatus, res.Status)
-			require.Equal(t, tt.wantDeclined, res.Declined)
-			require.Equal(t, tt.wantCode, res.DeclineCode)
-			require.Equal(t, 1, b.emu.Created(req.IdempotencyKey), "exactly one PaymentIntent for the key")
-			require.Equal(t, 1, b.emu.TotalCreated())
-
+			require.Equal(t, 1, b.emu.TotalCreated(), "one PaymentIntent")
 			// Delayed responses are logged before the delay ends.
 			require.Eventually(t, func() bool { return len(b.emu.Requests()) == tt.wantRequests }, 2*time.Second, 10*time.Millisecond)
-			requireSameRequests(t, b.emu, req.IdempotencyKey)
+			reqs := requireSameRequests(t, b.emu, "/v1/payment_intents", req.IdempotencyKey)
 			replayed := 0
-			for _, r := range b.emu.Requests() {
+			for _, r := range reqs {
 				if r.Replayed {
 					replayed++
-					require.Equal(t, res.PaymentIntentID, r.PaymentIntentID)
+					require.Equal(t, pi.ID, r.PaymentIntentID)
 				}
 			}
 			require.Equal(t, tt.wantReplayed, replayed)
-			for _, result := range []string{"succeeded", "declined", "transient", "rejected"} {
-				require.Equal(t, tt.wantCalls[result], calls(t, b.reg, result), result)
+			for _, res := range []string{"succeeded", "transient", "indeterminate", "rejected"} {
+				require.Equal(t, tt.wantCalls[res], calls(t, b.reg, "create", res), res)
 			}
 		})
 	}
 }
 
-func TestChargeSentParams(t *testing.T) {
-	t.Parallel()
-	b := setup(t, payments.Config{})
-	req := chargeReq(t, "pm_card_visa")
-	_, err := b.client.Charge(t.Context(), req)
-	require.NoError(t, err)
-	reqs := b.emu.Requests()
-	require.Len(t, reqs, 1)
-	require.Equal(t, "amount=2500&confirm=true&currency=usd&metadata%5Border_id%5D=ord_1&metadata%5Btenant_id%5D=acme"+
-		"&payment_method=pm_card_visa&payment_method_types%5B0%5D=card", reqs[0].Params)
-}
-
-func TestChargeFails(t *testing.T) {
+// TestFinalAnswersNotRetried: a 500 (stored by Stripe under the key) is
+// indeterminate and a 4xx a refusal: one request each, never retried.
+func TestFinalAnswersNotRetried(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		name        string
-		cfg         payments.Config
-		faults      []stripeemu.Fault
-		mutate      func(*checkout.ChargeRequest)
-		secretKey   string
-		wantErr     error
-		wantMaxPIs  int
-		wantMaxReqs int // upper bound on HTTP requests; 0 = no bound
+		name      string
+		fault     *stripeemu.Fault
+		mutate    func(*checkout.CreateIntentRequest)
+		secretKey string
+		wantErr   error
+		wantCode  string
+		wantReqs  int
 	}{
-		{
-			name:    "unavailable after 5xx until max elapsed",
-			cfg:     payments.Config{MaxElapsed: 400 * time.Millisecond},
-			faults:  []stripeemu.Fault{{Kind: stripeemu.FaultFail, Status: 503}},
-			wantErr: payments.ErrUnavailable, wantMaxPIs: 0,
-		},
-		{
-			name:    "unavailable after timeouts until max elapsed",
-			cfg:     payments.Config{Timeout: 100 * time.Millisecond, MaxElapsed: 400 * time.Millisecond},
-			faults:  []stripeemu.Fault{{Kind: stripeemu.FaultDelay, Before: 1200 * time.Millisecond}},
-			wantErr: payments.ErrUnavailable, wantMaxPIs: 1,
-		},
-		{
-			name:    "rejected without idempotency key",
-			mutate:  func(r *checkout.ChargeRequest) { r.IdempotencyKey = " " },
-			wantErr: payments.ErrRejected, wantMaxReqs: 0,
-		},
-		{
-			name:    "rejected on invalid request without retry",
-			mutate:  func(r *checkout.ChargeRequest) { r.Amount = 0 },
-			wantErr: payments.ErrRejected, wantMaxReqs: 1,
-		},
-		{
-			name:      "rejected on invalid api key without retry",
-			secretKey: "pk_test_wrong",
-			wantErr:   payments.ErrRejected, wantMaxReqs: 1,
-		},
+		{name: "500 is indeterminate", fault: &stripeemu.Fault{Kind: stripeemu.FaultFail, Status: 500},
+			wantErr: payments.ErrIndeterminate, wantReqs: 1},
+		{name: "502 is indeterminate", fault: &stripeemu.Fault{Kind: stripeemu.FaultFail, Status: 502},
+			wantErr: payments.ErrIndeterminate, wantReqs: 1},
+		{name: "no idempotency key", mutate: func(r *checkout.CreateIntentRequest) { r.IdempotencyKey = " " },
+			wantErr: payments.ErrNoIdempotencyKey, wantReqs: 0},
+		{name: "invalid request rejected", mutate: func(r *checkout.CreateIntentRequest) { r.Amount = 0 },
+			wantCode: "amount_too_small", wantReqs: 1},
+		{name: "invalid api key rejected", secretKey: "pk_test_wrong", wantCode: "api_key_invalid", wantReqs: 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, tt.cfg)
+			b := setup(t, payments.Config{})
 			client := b.client
 			if tt.secretKey != "" {
 				client = payments.NewClient(payments.Config{APIBase: b.base, SecretKey: tt.secretKey}, nil, nil)
 			}
-			for _, f := range tt.faults {
-				require.NoError(t, b.emu.Inject(f))
+			if tt.fault != nil {
+				require.NoError(t, b.emu.Inject(*tt.fault))
 			}
-			req := chargeReq(t, "pm_card_visa")
+			req := createReq(t, "pm_card_visa")
 			if tt.mutate != nil {
 				tt.mutate(&req)
 			}
-
-			res, err := client.Charge(t.Context(), req)
-
-			require.ErrorIs(t, err, tt.wantErr)
-			require.Zero(t, res)
-			require.LessOrEqual(t, b.emu.Created(req.IdempotencyKey), tt.wantMaxPIs)
-			if tt.wantErr == payments.ErrRejected {
-				require.NotErrorIs(t, err, payments.ErrUnavailable)
-				require.Len(t, b.emu.Requests(), tt.wantMaxReqs, "a rejection is not retried")
+			_, err := client.CreatePaymentIntent(t.Context(), req)
+			if tt.wantErr != nil {
+				require.ErrorIs(t, err, tt.wantErr)
 			} else {
-				requireSameRequests(t, b.emu, req.IdempotencyKey)
+				var refusal *checkout.PaymentRefusal
+				require.ErrorAs(t, err, &refusal)
+				require.False(t, refusal.Declined)
+				require.Equal(t, tt.wantCode, refusal.Code)
 			}
+			require.NotErrorIs(t, err, payments.ErrUnavailable)
+			require.Len(t, b.emu.Requests(), tt.wantReqs, "a final answer is not retried")
 		})
 	}
 }
 
-func TestChargeSameKeyOtherAmountIsRejected(t *testing.T) {
+// TestUnansweredUntilMaxElapsed: Stripe down (503, or slower than the
+// per-attempt timeout) ends in ErrUnavailable after MaxElapsed, every
+// attempt with the same key.
+func TestUnansweredUntilMaxElapsed(t *testing.T) {
 	t.Parallel()
-	b := setup(t, payments.Config{})
-	req := chargeReq(t, "pm_card_visa")
-	first, err := b.client.Charge(t.Context(), req)
-	require.NoError(t, err)
-
-	req.Amount++
-	_, err = b.client.Charge(t.Context(), req)
-
-	require.ErrorIs(t, err, payments.ErrRejected)
-	require.Equal(t, 1, b.emu.Created(req.IdempotencyKey))
-	require.Len(t, b.emu.Requests(), 2, "an idempotency_error is not retried")
-	require.Equal(t, 1, calls(t, b.reg, "rejected"))
-
-	req.Amount--
-	again, err := b.client.Charge(t.Context(), req)
-	require.NoError(t, err)
-	require.Equal(t, first, again, "the original request still replays")
+	for name, tc := range map[string]struct {
+		cfg   payments.Config
+		fault stripeemu.Fault
+	}{
+		"503":      {payments.Config{MaxElapsed: 400 * time.Millisecond}, stripeemu.Fault{Kind: stripeemu.FaultFail, Status: 503}},
+		"timeouts": {payments.Config{Timeout: 100 * time.Millisecond, MaxElapsed: 400 * time.Millisecond}, stripeemu.Fault{Kind: stripeemu.FaultDelay, Before: 1200 * time.Millisecond}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, tc.cfg)
+			require.NoError(t, b.emu.Inject(tc.fault))
+			req := createReq(t, "pm_card_visa")
+			_, err := b.client.CreatePaymentIntent(t.Context(), req)
+			require.ErrorIs(t, err, payments.ErrUnavailable)
+			// Delayed requests are logged when their delay ends.
+			require.Eventually(t, func() bool { return len(b.emu.Requests()) >= 2 }, 3*time.Second, 10*time.Millisecond, "retried")
+			requireSameRequests(t, b.emu, "/v1/payment_intents", req.IdempotencyKey)
+		})
+	}
 }
 
-func TestChargeConcurrentSameKeyWaitsForInFlight(t *testing.T) {
+func TestConcurrentSameKeyWaitsForInFlight(t *testing.T) {
 	t.Parallel()
 	b := setup(t, payments.Config{})
 	// The first attempt holds the key long enough for the second to get 409.
 	require.NoError(t, b.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultDelay, Count: 1, Before: 500 * time.Millisecond}))
-	req := chargeReq(t, "pm_card_visa")
+	req := createReq(t, "pm_card_visa")
 
 	var wg sync.WaitGroup
-	var first checkout.ChargeResult
+	var first checkout.PaymentIntentState
 	var firstErr error
-	wg.Go(func() { first, firstErr = b.client.Charge(t.Context(), req) })
+	wg.Go(func() { first, firstErr = b.client.CreatePaymentIntent(t.Context(), req) })
 	require.Eventually(t, func() bool { return b.emu.InFlight() == 1 }, 2*time.Second, 5*time.Millisecond)
-	second, secondErr := b.client.Charge(t.Context(), req)
+	second, secondErr := b.client.CreatePaymentIntent(t.Context(), req)
 	wg.Wait()
 
 	require.NoError(t, firstErr)
 	require.NoError(t, secondErr)
-	require.Equal(t, first, second)
-	require.Equal(t, "succeeded", second.Status)
-	require.Equal(t, 1, b.emu.Created(req.IdempotencyKey))
-	requireSameRequests(t, b.emu, req.IdempotencyKey)
+	require.Equal(t, first.ID, second.ID)
+	require.Equal(t, 1, b.emu.TotalCreated())
 	statuses := map[int]int{}
 	for _, r := range b.emu.Requests() {
 		statuses[r.Status]++
 	}
 	require.Positive(t, statuses[409], "the second call met the first in flight")
-	require.Equal(t, statuses[409], calls(t, b.reg, "transient"))
+	require.Equal(t, statuses[409], calls(t, b.reg, "create", "transient"))
 }
 
-func TestChargeHonorsContextCancellation(t *testing.T) {
+func TestHonorsContextCancellation(t *testing.T) {
 	t.Parallel()
 	b := setup(t, payments.Config{Timeout: 5 * time.Second, MaxElapsed: 30 * time.Second})
-	require.NoError(t, b.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultFail, Status: 500}))
+	require.NoError(t, b.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultFail, Status: 503}))
 	ctx, cancel := context.WithCancel(t.Context())
 	go func() {
 		// Cancel once the client is retrying.
@@ -337,21 +359,21 @@ func TestChargeHonorsContextCancellation(t *testing.T) {
 	}()
 
 	start := time.Now()
-	_, err := b.client.Charge(ctx, chargeReq(t, "pm_card_visa"))
+	_, err := b.client.CreatePaymentIntent(ctx, createReq(t, "pm_card_visa"))
 
 	require.ErrorIs(t, err, context.Canceled)
 	require.ErrorIs(t, err, payments.ErrUnavailable)
 	require.Less(t, time.Since(start), 5*time.Second)
 }
 
-func TestChargeHonorsContextDeadlineDuringAttempt(t *testing.T) {
+func TestHonorsContextDeadlineDuringAttempt(t *testing.T) {
 	t.Parallel()
 	b := setup(t, payments.Config{Timeout: 5 * time.Second, MaxElapsed: 30 * time.Second})
 	require.NoError(t, b.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultDelay, Count: 1, After: 700 * time.Millisecond}))
 	ctx, cancel := context.WithTimeout(t.Context(), 150*time.Millisecond)
 	defer cancel()
 
-	_, err := b.client.Charge(ctx, chargeReq(t, "pm_card_visa"))
+	_, err := b.client.CreatePaymentIntent(ctx, createReq(t, "pm_card_visa"))
 
 	require.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
 	require.ErrorIs(t, err, payments.ErrUnavailable)
@@ -364,5 +386,5 @@ func TestNewClientSharesMetricsOnOneRegistry(t *testing.T) {
 		payments.NewClient(payments.Config{}, nil, reg)
 		payments.NewClient(payments.Config{}, nil, reg)
 	})
-	require.Equal(t, 0, calls(t, reg, "succeeded"))
+	require.Equal(t, 0, calls(t, reg, "create", "succeeded"))
 }

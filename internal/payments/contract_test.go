@@ -18,9 +18,13 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/stripe/stripe-go/v76"
+	"github.com/stripe/stripe-go/v76/client"
 
+	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/payments/stripeemu"
+	"github.com/onceonly/checkout/internal/refunds"
 )
 
 // The contract: the same client calls and raw requests, run against the
@@ -31,7 +35,9 @@ import (
 
 func TestContractEmulator(t *testing.T) {
 	t.Parallel()
-	srv := httptest.NewServer(stripeemu.New())
+	emu := stripeemu.New()
+	srv := httptest.NewServer(emu)
+	t.Cleanup(emu.Close)
 	t.Cleanup(srv.Close)
 	runContract(t, srv.URL)
 }
@@ -46,22 +52,146 @@ func runContract(t *testing.T, base string) {
 	client := payments.NewClient(payments.Config{APIBase: base, SecretKey: "sk_test_123",
 		Timeout: 5 * time.Second, MaxElapsed: 5 * time.Second}, nil, nil)
 
-	t.Run("charge accepted with payment intent", func(t *testing.T) {
+	t.Run("create and confirm accepted", func(t *testing.T) {
 		t.Parallel()
-		req := chargeReq(t, "pm_card_visa")
-		res, err := client.Charge(t.Context(), req)
-		require.NoError(t, err, "the request shape Charge sends must be accepted")
-		require.Regexp(t, `^pi_`, res.PaymentIntentID)
-		require.False(t, res.Declined)
-		require.NotEmpty(t, res.Status)
+		req := createReq(t, "pm_card_visa")
+		pi, err := client.CreatePaymentIntent(t.Context(), req)
+		require.NoError(t, err, "the create request shape must be accepted")
+		require.Regexp(t, `^pi_`, pi.ID)
+		require.NotEmpty(t, pi.Status)
 
-		again, err := client.Charge(t.Context(), req)
+		again, err := client.CreatePaymentIntent(t.Context(), req)
 		require.NoError(t, err, "the same call with the same key is accepted again")
-		require.Regexp(t, `^pi_`, again.PaymentIntentID)
+		require.Regexp(t, `^pi_`, again.ID)
 
-		r := rawRequest(t, base, http.MethodGet, "/v1/payment_intents/"+res.PaymentIntentID, "sk_test_123", "")
+		got, err := client.ConfirmPaymentIntent(t.Context(), checkout.ConfirmIntentRequest{
+			IdempotencyKey: checkout.StepKey("ord_"+t.Name(), checkout.StepConfirm, 1), PaymentIntentID: pi.ID})
+		require.NoError(t, err, "the confirm request shape must be accepted")
+		require.Regexp(t, `^pi_`, got.ID)
+
+		read, err := client.RetrievePaymentIntent(t.Context(), pi.ID)
+		require.NoError(t, err, "the retrieve request shape must be accepted")
+		require.Regexp(t, `^pi_`, read.ID)
+
+		orphan, err := client.CreatePaymentIntent(t.Context(), checkout.CreateIntentRequest{
+			IdempotencyKey: checkout.StepKey("ord_"+t.Name(), checkout.StepCreate, 2), Amount: 2500, Currency: "usd",
+			PaymentMethod: "pm_card_visa", OrderID: "ord_1", TenantID: "acme"})
+		require.NoError(t, err)
+		canceled, err := client.CancelPaymentIntent(t.Context(), checkout.CancelIntentRequest{
+			IdempotencyKey:  checkout.StepKey("ord_"+t.Name(), checkout.StepCancel, 1),
+			PaymentIntentID: orphan.ID, Reason: checkout.CancelDuplicate})
+		require.NoError(t, err, "the cancel request shape must be accepted")
+		require.Regexp(t, `^pi_`, canceled.ID)
+
+		_, err = client.SearchPaymentIntents(t.Context(), "ord_1")
+		require.NoError(t, err, "the search request shape must be accepted")
+
+		r := rawRequest(t, base, http.MethodGet, "/v1/payment_intents/"+pi.ID, "sk_test_123", "")
 		require.Equal(t, http.StatusOK, r.status, string(r.body))
 		require.Equal(t, "payment_intent", r.object())
+	})
+
+	t.Run("refund calls accepted", func(t *testing.T) {
+		t.Parallel()
+		pi, err := client.CreatePaymentIntent(t.Context(), createReq(t, "pm_card_visa"))
+		require.NoError(t, err)
+		_, err = client.ConfirmPaymentIntent(t.Context(), checkout.ConfirmIntentRequest{
+			IdempotencyKey: checkout.StepKey("ord_"+t.Name(), checkout.StepConfirm, 1), PaymentIntentID: pi.ID})
+		require.NoError(t, err)
+
+		p := refunds.CreateParams{IdempotencyKey: "ord_1/refund:rf_" + t.Name() + "/1", PaymentIntentID: pi.ID, Amount: 1000,
+			Reason: "requested_by_customer", RefundID: "rf_1", OrderID: "ord_1", TenantID: "acme"}
+		rf, err := client.CreateRefund(t.Context(), p)
+		require.NoError(t, err, "the refund create shape must be accepted")
+		require.Regexp(t, `^re_`, rf.ID)
+		again, err := client.CreateRefund(t.Context(), p)
+		require.NoError(t, err, "the same refund with the same key is accepted again")
+		require.Regexp(t, `^re_`, again.ID)
+		got, err := client.GetRefund(t.Context(), rf.ID)
+		require.NoError(t, err, "the refund retrieve shape must be accepted")
+		require.Regexp(t, `^re_`, got.ID)
+		list, err := client.ListRefunds(t.Context(), pi.ID)
+		require.NoError(t, err, "the refund list shape must be accepted")
+		require.NotEmpty(t, list)
+	})
+
+	t.Run("payment intent lifecycle with stripe-go", func(t *testing.T) {
+		t.Parallel()
+		sc := stripeGo(base)
+		create := &stripe.PaymentIntentParams{Amount: stripe.Int64(2500), Currency: stripe.String("usd"),
+			PaymentMethod: stripe.String("pm_card_visa"), PaymentMethodTypes: stripe.StringSlice([]string{"card"}),
+			Confirm: stripe.Bool(false)}
+		create.AddMetadata("order_id", "ord_contract")
+		create.AddMetadata("tenant_id", "acme")
+		create.SetIdempotencyKey("contract-create-" + t.Name())
+		pi, err := sc.PaymentIntents.New(create)
+		require.NoError(t, err, "create without confirm")
+		require.Regexp(t, `^pi_`, pi.ID)
+
+		confirm := &stripe.PaymentIntentConfirmParams{}
+		confirm.SetIdempotencyKey("contract-confirm-" + t.Name())
+		confirmed, err := sc.PaymentIntents.Confirm(pi.ID, confirm)
+		require.NoError(t, err, "confirm")
+		require.Regexp(t, `^pi_`, confirmed.ID)
+
+		got, err := sc.PaymentIntents.Get(pi.ID, &stripe.PaymentIntentParams{Expand: stripe.StringSlice([]string{"latest_charge"})})
+		require.NoError(t, err, "retrieve with latest_charge expanded")
+		require.Regexp(t, `^pi_`, got.ID)
+
+		refund := &stripe.RefundParams{PaymentIntent: stripe.String(pi.ID), Amount: stripe.Int64(1000),
+			Reason: stripe.String("requested_by_customer")}
+		refund.AddMetadata("order_id", "ord_contract")
+		refund.SetIdempotencyKey("contract-refund-" + t.Name())
+		rf, err := sc.Refunds.New(refund)
+		require.NoError(t, err, "partial refund of the PaymentIntent")
+		require.Regexp(t, `^re_`, rf.ID)
+		gotRefund, err := sc.Refunds.Get(rf.ID, nil)
+		require.NoError(t, err, "retrieve the refund")
+		require.Regexp(t, `^re_`, gotRefund.ID)
+		refunds := &stripe.RefundListParams{PaymentIntent: stripe.String(pi.ID)}
+		refunds.Single = true
+		rit := sc.Refunds.List(refunds)
+		for rit.Next() {
+			require.Regexp(t, `^re_`, rit.Refund().ID)
+		}
+		require.NoError(t, rit.Err(), "list the PaymentIntent's refunds")
+
+		threeDS := &stripe.PaymentIntentParams{Amount: stripe.Int64(4200), Currency: stripe.String("eur"),
+			PaymentMethod: stripe.String("pm_card_authenticationRequired"), Confirm: stripe.Bool(true),
+			ReturnURL: stripe.String("https://shop.example/return")}
+		threeDS.AddMetadata("order_id", "ord_contract_3ds")
+		action, err := sc.PaymentIntents.New(threeDS)
+		require.NoError(t, err, "create and confirm with 3D Secure and a return_url")
+		require.Regexp(t, `^pi_`, action.ID)
+
+		toCancel, err := sc.PaymentIntents.New(&stripe.PaymentIntentParams{Amount: stripe.Int64(100), Currency: stripe.String("usd"),
+			PaymentMethod: stripe.String("pm_card_visa")})
+		require.NoError(t, err)
+		cancel := &stripe.PaymentIntentCancelParams{CancellationReason: stripe.String("duplicate")}
+		cancel.SetIdempotencyKey("contract-cancel-" + t.Name())
+		canceled, err := sc.PaymentIntents.Cancel(toCancel.ID, cancel)
+		require.NoError(t, err, "cancel")
+		require.Regexp(t, `^pi_`, canceled.ID)
+
+		list := &stripe.PaymentIntentListParams{}
+		list.Limit = stripe.Int64(3)
+		list.Single = true
+		it := sc.PaymentIntents.List(list)
+		n := 0
+		for it.Next() {
+			require.Regexp(t, `^pi_`, it.PaymentIntent().ID)
+			n++
+		}
+		require.NoError(t, it.Err(), "list")
+		require.NotZero(t, n)
+
+		search := &stripe.PaymentIntentSearchParams{SearchParams: stripe.SearchParams{
+			Query: "metadata['order_id']:'ord_contract'", Limit: stripe.Int64(10), Single: true}}
+		sit := sc.PaymentIntents.Search(search)
+		for sit.Next() {
+			require.Regexp(t, `^pi_`, sit.PaymentIntent().ID)
+		}
+		require.NoError(t, sit.Err(), "search by metadata")
 	})
 
 	t.Run("unknown parameter rejected", func(t *testing.T) {
@@ -85,6 +215,19 @@ func runContract(t *testing.T, base string) {
 		require.Equal(t, http.StatusUnauthorized, r.status, string(r.body))
 		require.Equal(t, "invalid_request_error", r.errorType())
 	})
+}
+
+// stripeGo is a stripe-go v76 client of base, without retries.
+func stripeGo(base string) *client.API {
+	backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
+		URL:               stripe.String(base),
+		MaxNetworkRetries: stripe.Int64(0),
+		EnableTelemetry:   stripe.Bool(false),
+		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
+	})
+	api := &client.API{}
+	api.Init("sk_test_123", &stripe.Backends{API: backend, Connect: backend, Uploads: backend})
+	return api
 }
 
 // rawReply is a raw HTTP response.

@@ -9,16 +9,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// registerCalls creates the counter checkout_stripe_calls_total{result},
-// incremented once per HTTP attempt (not per Charge), so retries show up as
-// "transient" increments. result is one of succeeded, declined, transient,
+// registerCalls creates the counter checkout_stripe_calls_total{op,result},
+// incremented once per HTTP attempt (not per call), so retries show up as
+// "transient" increments. op is one of create, confirm, cancel, retrieve,
+// search; result one of succeeded, declined, transient, indeterminate,
 // rejected. It is registered on reg unless reg is nil; when reg already has
 // it, the registered one is used.
 func registerCalls(reg prometheus.Registerer) *prometheus.CounterVec {
 	calls := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "checkout_stripe_calls_total",
-		Help: "Stripe PaymentIntent HTTP attempts by result (succeeded, declined, transient, rejected); retries count once each.",
-	}, []string{"result"})
+		Help: "Stripe PaymentIntent HTTP attempts by op (create, confirm, cancel, retrieve, search) and result (succeeded, declined, transient, indeterminate, rejected); retries count once each.",
+	}, []string{"op", "result"})
 	if reg != nil {
 		if err := reg.Register(calls); err != nil {
 			var are prometheus.AlreadyRegisteredError
@@ -28,8 +29,10 @@ func registerCalls(reg prometheus.Registerer) *prometheus.CounterVec {
 			calls = are.ExistingCollector.(*prometheus.CounterVec)
 		}
 	}
-	for _, o := range []outcome{outcomeSucceeded, outcomeDeclined, outcomeTransient, outcomeRejected} {
-		calls.WithLabelValues(string(o)) // export zeros so rates work from the start
+	for _, o := range []op{opCreate, opConfirm, opCancel, opRetrieve, opSearch} {
+		for _, r := range []result{resultSucceeded, resultDeclined, resultTransient, resultIndeterminate, resultRejected} {
+			calls.WithLabelValues(string(o), string(r)) // export zeros so rates work from the start
+		}
 	}
 	return calls
 }

@@ -85,7 +85,7 @@ func TestPublishConfirmedAndConsumedWithProperties(t *testing.T) {
 
 	errs := pub.Publish(context.Background(), []rabbitmq.Message{
 		paid("evt_1"),
-		{MessageID: "evt_2", RoutingKey: "order.created", Body: []byte(`{}`)}, // unroutable: confirmed, dropped
+		{MessageID: "evt_2", RoutingKey: "product.updated", Body: []byte(`{}`)}, // unroutable: confirmed, dropped
 		paid("evt_3"),
 	})
 	require.Equal(t, []error{nil, nil, nil}, errs)

@@ -13,10 +13,18 @@ type Names struct {
 	// ("checkout.events").
 	Exchange string
 	// NotifyQueue is the durable queue of the notification worker
-	// ("notify.order_paid"), bound to NotifyRoutingKey.
+	// ("notify.order_paid"), bound with NotifyBindings.
 	NotifyQueue string
-	// NotifyRoutingKey is the binding key of NotifyQueue ("order.paid").
-	NotifyRoutingKey string
+	// NotifyBindings are the binding keys of NotifyQueue (["order.*"]).
+	//
+	// The worker takes every event of an order, not only the ones it
+	// emails about (order.paid, order.refunded): it applies an order's
+	// events in their sequence (outbox.Event.Sequence), and a consumer can
+	// only tell that an event is early, its predecessor not yet applied, if
+	// every predecessor reaches it too. One queue for all of them keeps one
+	// delivery limit, one dead-letter queue and one consumer to operate;
+	// the events it does not email about cost an inbox row each.
+	NotifyBindings []string
 	// NotifyDLQ receives the messages of NotifyQueue that failed
 	// DeliveryLimit times ("notify.order_paid.dlq").
 	NotifyDLQ string
@@ -28,11 +36,11 @@ type Names struct {
 // DefaultNames returns the topology of CONTRACT.md, "Events".
 func DefaultNames() Names {
 	return Names{
-		Exchange:         "checkout.events",
-		NotifyQueue:      "notify.order_paid",
-		NotifyRoutingKey: "order.paid",
-		NotifyDLQ:        "notify.order_paid.dlq",
-		DeliveryLimit:    5,
+		Exchange:       "checkout.events",
+		NotifyQueue:    "notify.order_paid",
+		NotifyBindings: []string{"order.*"},
+		NotifyDLQ:      "notify.order_paid.dlq",
+		DeliveryLimit:  5,
 	}
 }
 
@@ -46,7 +54,7 @@ func (n Names) WithPrefix(prefix string) Names {
 }
 
 // DeclareTopology declares, idempotently, the durable topic exchange, the
-// dead-letter queue and the notification queue bound to its routing key. The
+// dead-letter queue and the notification queue bound with its binding keys. The
 // dispatcher and the worker both call it at start (and on every reconnect),
 // so no event is lost whichever starts first.
 //
@@ -83,8 +91,10 @@ func DeclareTopology(ch *amqp.Channel, n Names) error {
 	}); err != nil {
 		return fmt.Errorf("declare queue %s: %w", n.NotifyQueue, err)
 	}
-	if err := ch.QueueBind(n.NotifyQueue, n.NotifyRoutingKey, n.Exchange, false, nil); err != nil {
-		return fmt.Errorf("bind %s to %s: %w", n.NotifyQueue, n.Exchange, err)
+	for _, key := range n.NotifyBindings {
+		if err := ch.QueueBind(n.NotifyQueue, key, n.Exchange, false, nil); err != nil {
+			return fmt.Errorf("bind %s to %s with %s: %w", n.NotifyQueue, n.Exchange, key, err)
+		}
 	}
 	return nil
 }

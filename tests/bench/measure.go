@@ -113,6 +113,11 @@ func pgbenchVars() map[string]string {
 		"headers": `{"Content-Type":["application/json"],"Location":["/v1/orders/ord_bench"]}`,
 		"body":    orderJSON, "paid": "paid", "pi": "pi_bench", "succeeded": "succeeded", "paid_event": "order.paid",
 		"consumer": "notify.order_paid", "channel": "email", "ttl": "60s", "orders": strconv.Itoa(workerOrders),
+		// The body of a sequenced event up to its number (outbox.Statement).
+		"payload_seq": payload[:len(payload)-1] + `,"sequence":`,
+		"step_create": "create", "step_confirm": "confirm", "one": "1", "params": `{"amount":2500,"currency":"usd"}`,
+		"pi_created": "requires_confirmation", "payment_unknown": "payment_unknown", "requires_action": "requires_action",
+		"kind": "order_paid",
 	}
 }
 

@@ -2,12 +2,15 @@
 // tests/e2e/stack) from concurrent clients while it injects faults at
 // random: Stripe failures, delays and dropped answers, gateway 504s, SIGKILL
 // and restart of the api, the dispatcher and the worker, and cut or stalled
-// connections to Postgres, Redis and RabbitMQ. Then it turns the faults off,
-// lets every client retry its key until it gets a final answer, waits for
-// the outbox and the notifications to drain, and checks every invariant:
-// one charge per key, one order per key, one email per paid order, every
-// 201 a client saw is a paid order, no key left unfinished, no outbox row
-// unpublished. It prints a table and, as its last line,
+// connections to Postgres, Redis and RabbitMQ, and Stripe's own semantics:
+// 500s stored under the idempotency key (replayed to every retry), some of
+// them rolled forward (executed anyway). Then it turns the faults off, lets
+// every client retry its key until it gets a final answer, waits for the
+// outbox and the notifications to drain, and checks every invariant: at
+// most one money-moving PaymentIntent per order (read from the emulator's
+// own state), the order's status equal to Stripe's, one order per key, one
+// email per paid order, every 201 a client saw is a paid order, no key left
+// unfinished, no outbox row unpublished. It prints a table and, as its last line,
 // "chaos: R requests, F faults, V violations", and exits 1 on a violation.
 //
 //	go run ./tests/chaos -n 2000
@@ -15,6 +18,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -105,6 +110,9 @@ type keyState struct {
 	key    string
 	mu     sync.Mutex
 	finals []stack.Result
+	// challenged: the customer has played the 3D Secure challenge of the
+	// key's 202.
+	challenged bool
 }
 
 // tally counts client answers by kind and faults by kind.
@@ -169,6 +177,9 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 		StripeTimeout:    time.Second,
 		StripeMaxElapsed: 3 * time.Second,
 		GatewayTimeout:   1500 * time.Millisecond,
+		// The emulator delivers its signed webhooks to the api; the
+		// webhook faults below duplicate, reorder, delay and drop them.
+		Webhooks: true,
 	})
 	fmt.Fprintf(os.Stderr, "chaos: stack up (logs in %s); %d checkouts, %d clients\n", logDir, n, clients)
 
@@ -197,6 +208,9 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 	}
 	apiLayers := func() {
 		layerSnapshot(s.APIURL+"/metrics", "checkout_idempotency_duplicates_total", "layer", "redis", "postgres")
+		if x, err := stack.Metric(s.APIURL+"/metrics", "checkout_stripe_webhooks_total", `outcome="duplicate"`); err == nil {
+			layers.add("inbox (stripe webhooks)", int(x))
+		}
 	}
 	workerLayer := func() {
 		if x, err := stack.Metric(s.WorkerOps+"/metrics", "checkout_inbox_duplicates_total", "consumer", "notify.order_paid"); err == nil {
@@ -206,6 +220,9 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 
 	// Clients: each takes the next key and retries it until a final
 	// answer; a share of the keys gets a second client at the same time.
+	// A 202 (3D Secure) is followed by the customer's challenge, once per
+	// key, passed or failed at random; the webhooks (or the reconciler)
+	// settle the order.
 	send := func(k *keyState, body stack.Body) {
 		c := s.Client()
 		for ctx.Err() == nil {
@@ -215,7 +232,12 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 			if res.Final() {
 				k.mu.Lock()
 				k.finals = append(k.finals, res)
+				challenge := res.Status == 202 && !k.challenged
+				k.challenged = k.challenged || challenge
 				k.mu.Unlock()
+				if challenge {
+					customer3DS(s, res, rand.IntN(4) != 0, &answers)
+				}
 				return
 			}
 			time.Sleep(time.Duration(100+rand.IntN(200)) * time.Millisecond)
@@ -226,7 +248,11 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 		wg      sync.WaitGroup
 		started atomic.Int64
 	)
-	methods := []string{"pm_card_visa", "pm_card_visa", "pm_card_visa", "pm_card_visa", "pm_card_chargeDeclined"}
+	// Mostly cards that pay, then a decline, a 3D Secure card (202; the
+	// customers authenticate, or fail to, after the run) and a payment
+	// method Stripe does not know (402 payment_rejected).
+	methods := []string{"pm_card_visa", "pm_card_visa", "pm_card_visa", "pm_card_visa", "pm_card_visa", "pm_card_visa",
+		"pm_card_chargeDeclined", "pm_card_chargeDeclined", "pm_card_authenticationRequired", "pm_card_unknownToStripe"}
 	for range clients {
 		wg.Add(1)
 		go func() {
@@ -265,7 +291,7 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 	}
 	for started.Load() < int64(n) && ctx.Err() == nil {
 		time.Sleep(time.Duration(200+rng.IntN(500)) * time.Millisecond)
-		switch k := rng.IntN(13); k {
+		switch k := rng.IntN(17); k {
 		case 0:
 			s.Fault(stripeemu.Fault{Kind: stripeemu.FaultFail, Count: 1 + rng.IntN(3), Status: []int{500, 503, 429}[rng.IntN(3)]})
 			faults.add("stripe 5xx/429", 1)
@@ -316,6 +342,37 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 			faults.add("gateway timeout spike", 1)
 			time.Sleep(time.Duration(100+rng.IntN(200)) * time.Millisecond)
 			s.Gateway.SetTimeout(1500 * time.Millisecond)
+		case 11:
+			// Stripe stores a 500 under the key: resending it can never
+			// succeed; the saga reconciles (search, GET) instead.
+			op := []string{stripeemu.OpPICreate, stripeemu.OpPIConfirm}[rng.IntN(2)]
+			s.Fault(stripeemu.Fault{Kind: stripeemu.FaultStored500, Op: op, Count: 1 + rng.IntN(2)})
+			faults.add("stripe stored 500 ("+op+")", 1)
+		case 12:
+			// ... and executes the request anyway (remediation rolls it
+			// forward): the object exists though the answer was a 500.
+			op := []string{stripeemu.OpPICreate, stripeemu.OpPIConfirm}[rng.IntN(2)]
+			s.Fault(stripeemu.Fault{Kind: stripeemu.FaultStored500, Op: op, Count: 1 + rng.IntN(2),
+				RollForward: stripeemu.RollForwardAfter(time.Duration(rng.IntN(200)) * time.Millisecond)})
+			faults.add("stripe stored 500 rolled forward ("+op+")", 1)
+		case 13:
+			// Stripe delivers events at least once and in no particular
+			// order (https://docs.stripe.com/webhooks#event-ordering).
+			if rng.IntN(2) == 0 {
+				s.HookFault(stripeemu.HookFault{Kind: stripeemu.HookDuplicate, Count: 5 + rng.IntN(20)})
+				faults.add("webhooks duplicated", 1)
+			} else {
+				s.HookFault(stripeemu.HookFault{Kind: stripeemu.HookShuffle, Count: 1 + rng.IntN(3), Window: 2 + rng.IntN(5)})
+				faults.add("webhooks reordered", 1)
+			}
+		case 14:
+			if rng.IntN(2) == 0 {
+				s.HookFault(stripeemu.HookFault{Kind: stripeemu.HookDelay, Count: 1 + rng.IntN(5), Delay: time.Duration(200+rng.IntN(1800)) * time.Millisecond})
+				faults.add("webhooks delayed", 1)
+			} else {
+				s.HookFault(stripeemu.HookFault{Kind: stripeemu.HookDropFirst, Count: 1 + rng.IntN(5)})
+				faults.add("webhooks dropped (first attempt)", 1)
+			}
 		default:
 			// Quiet period.
 		}
@@ -324,6 +381,7 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 	// Quiesce: faults off, every link and process back, clients finish.
 	fmt.Fprintf(os.Stderr, "chaos: %d keys started after %s; faults off, quiescing\n", n, time.Since(start).Round(time.Second))
 	s.ClearFaults()
+	s.ClearHookFaults()
 	s.Gateway.SetTimeout(5 * time.Second)
 	for _, p := range proxies {
 		p.Heal()
@@ -335,11 +393,50 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 	if ctx.Err() != nil {
 		r.Fatalf("clients did not finish: %v", ctx.Err())
 	}
-	quiesceErr := s.Quiesce(2 * time.Minute)
+	// Most customers of 3D Secure checkouts played their challenge during
+	// the run (customer3DS); the rest play it now, every other one failing
+	// it. The webhooks (resent after a drop or a killed api) or the
+	// worker's reconciler settle the orders.
+	var actionErr error
+	q, err := s.DB.Query(context.Background(), `SELECT payment_intent_id FROM orders WHERE status = 'requires_action' ORDER BY id`)
+	if err != nil {
+		r.Fatalf("%v", err)
+	}
+	var waiting []string
+	for q.Next() {
+		var pi string
+		if err := q.Scan(&pi); err != nil {
+			r.Fatalf("%v", err)
+		}
+		waiting = append(waiting, pi)
+	}
+	q.Close()
+	for i, pi := range waiting {
+		if err := s.TryAuthenticate(pi, i%2 == 0); err == nil {
+			answers.add("(3D Secure played after the run)", 1)
+		}
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		n := s.Count(`SELECT count(*) FROM orders WHERE status = 'requires_action'`)
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			actionErr = fmt.Errorf("%d orders still in requires_action a minute after their customers authenticated", n)
+			break
+		}
+	}
+	quiesceErr := errors.Join(actionErr, s.Quiesce(2*time.Minute))
+	// PaymentIntents that Stripe rolled forward after the saga's search are
+	// canceled by the worker's sweep (ORPHAN_SWEEP_INTERVAL=1s here).
+	for deadline := time.Now().Add(30 * time.Second); s.Orphans() > 0 && time.Now().Before(deadline); {
+		time.Sleep(200 * time.Millisecond)
+	}
 	apiLayers()
 	workerLayer()
 
-	violations, resends := check(s, keys, quiesceErr)
+	violations, resends, canceledOrphans := check(s, keys, quiesceErr)
+	hooks := s.Webhooks()
 	stats := s.Stats()
 	stripeReplays := 0
 	stripe409 := 0
@@ -358,10 +455,12 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 	w := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "checkouts (keys)\t%d\n", n)
 	fmt.Fprintf(w, "HTTP requests sent\t%d\n", requests.Load())
-	fmt.Fprintf(w, "orders\t%d (paid %d, payment_failed %d)\n", s.Orders(),
+	fmt.Fprintf(w, "orders\t%d (paid %d, payment_failed %d, of which 3D Secure %d)\n", s.Orders(),
 		s.Count(`SELECT count(*) FROM orders WHERE status = 'paid'`),
-		s.Count(`SELECT count(*) FROM orders WHERE status = 'payment_failed'`))
-	fmt.Fprintf(w, "PaymentIntents created\t%d\n", stats.PaymentIntentsCreated)
+		s.Count(`SELECT count(*) FROM orders WHERE status = 'payment_failed'`),
+		s.Count(`SELECT count(*) FROM orders WHERE requires_action_at IS NOT NULL`))
+	fmt.Fprintf(w, "webhook deliveries\t%d attempts of %d events\n", len(hooks.Attempts), len(hooks.Events))
+	fmt.Fprintf(w, "PaymentIntents created\t%d (canceled orphans %d)\n", stats.PaymentIntentsCreated, canceledOrphans)
 	fmt.Fprintf(w, "emails\t%d\n", len(s.Messages()))
 	fmt.Fprintf(w, "gateway 504s\t%d\n", s.Gateway.Timeouts())
 	fmt.Fprintf(w, "duration\t%s\n", time.Since(start).Round(time.Second))
@@ -432,10 +531,12 @@ type violation struct {
 // message again after its claim expires. That is the at-least-once half of
 // the sender, made harmless by the deterministic Message-ID that receivers
 // deduplicate on; it is reported, not counted as a violation.
-func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*violation, resends []string) {
+func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*violation, resends []string, canceledOrphans int) {
 	inv := func(name string) *violation { return &violation{name: name} }
 	var (
-		oneCharge   = inv("one charge per key")
+		oneCharge   = inv("at most one money-moving PaymentIntent per order")
+		asStripe    = inv("order status equals Stripe's")
+		orphans     = inv("every other PaymentIntent of an order canceled")
 		oneOrder    = inv("one order per key")
 		oneEmail    = inv("one email per paid order")
 		seen201     = inv("every 201 seen is a paid order")
@@ -447,8 +548,8 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*vi
 	if quiesceErr != nil {
 		quiet.examples = append(quiet.examples, quiesceErr.Error())
 	}
-	stats := s.Stats()
 	msgs := s.Messages()
+	byOrder := stack.IntentsByOrder(s.PaymentIntents())
 
 	type keyRow struct{ recoveryPoint, orderID, orderStatus, pi string }
 	rows := map[string]keyRow{}
@@ -493,8 +594,26 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*vi
 		if row.orderID == "" {
 			continue
 		}
-		if n := stats.CreatedByKey[stack.StepKey(k.key, row.orderID)]; n != 1 {
-			oneCharge.examples = append(oneCharge.examples, fmt.Sprintf("%s: %d PaymentIntents", k.key, n))
+		pis := byOrder[row.orderID]
+		if n := stack.MoneyMoving(pis); n > 1 {
+			oneCharge.examples = append(oneCharge.examples, fmt.Sprintf("%s: order %s has %d money-moving PaymentIntents", k.key, row.orderID, n))
+		}
+		var mine *stack.PaymentIntent
+		for i := range pis {
+			switch {
+			case pis[i].ID == row.pi:
+				mine = &pis[i]
+			case pis[i].Status == "canceled":
+				canceledOrphans++
+			default:
+				orphans.examples = append(orphans.examples, fmt.Sprintf("%s: order %s: PaymentIntent %s is %s", k.key, row.orderID, pis[i].ID, pis[i].Status))
+			}
+		}
+		switch {
+		case row.orderStatus == "paid" && (mine == nil || mine.Status != "succeeded"):
+			asStripe.examples = append(asStripe.examples, fmt.Sprintf("%s: order %s paid, its PaymentIntent %v", k.key, row.orderID, mine))
+		case row.orderStatus != "paid" && stack.MoneyMoving(pis) > 0:
+			asStripe.examples = append(asStripe.examples, fmt.Sprintf("%s: order %s is %s but money moved", k.key, row.orderID, row.orderStatus))
 		}
 		if row.orderStatus == "paid" {
 			ids := stack.MessageIDsFor(msgs, row.orderID)
@@ -508,10 +627,10 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*vi
 			}
 		}
 	}
-	// Charges and orders nobody's key accounts for.
-	for sk, n := range stats.CreatedByKey {
-		if n > 1 {
-			oneCharge.examples = append(oneCharge.examples, fmt.Sprintf("Stripe key %s…: %d PaymentIntents", sk[:12], n))
+	// Money nobody's order accounts for.
+	for orderID, pis := range byOrder {
+		if n := stack.MoneyMoving(pis); n > 1 && orderID != "" {
+			oneCharge.examples = append(oneCharge.examples, fmt.Sprintf("order %s: %d money-moving PaymentIntents", orderID, n))
 		}
 	}
 	if n := s.Count(`SELECT count(*) FROM orders o WHERE NOT EXISTS (SELECT 1 FROM idempotency_keys k WHERE k.order_id = o.id)`); n > 0 {
@@ -519,9 +638,6 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*vi
 	}
 	if n := s.Count(`SELECT count(*) FROM (SELECT order_id FROM idempotency_keys WHERE order_id IS NOT NULL GROUP BY order_id HAVING count(*) > 1) d`); n > 0 {
 		oneOrder.examples = append(oneOrder.examples, fmt.Sprintf("%d orders shared by keys", n))
-	}
-	if withPI := s.Count(`SELECT count(*) FROM orders WHERE payment_intent_id IS NOT NULL`); withPI != stats.PaymentIntentsCreated {
-		oneCharge.examples = append(oneCharge.examples, fmt.Sprintf("%d PaymentIntents for %d settled orders", stats.PaymentIntentsCreated, withPI))
 	}
 	if paid := s.Count(`SELECT count(*) FROM orders WHERE status = 'paid'`); len(msgs)-len(resends) != paid {
 		oneEmail.examples = append(oneEmail.examples, fmt.Sprintf("%d emails (%d resends) for %d paid orders", len(msgs), len(resends), paid))
@@ -532,5 +648,29 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*vi
 	if n := s.Unpublished(); n > 0 {
 		unpublished.examples = append(unpublished.examples, fmt.Sprintf("%d rows", n))
 	}
-	return []*violation{oneCharge, oneOrder, oneEmail, seen201, sameAnswer, finished, unpublished, quiet}, resends
+	// Every customer played the challenge: no order may still wait for it.
+	settled := inv("every 3D Secure order settled")
+	if n := s.Count(`SELECT count(*) FROM orders WHERE status = 'requires_action'`); n > 0 {
+		settled.examples = append(settled.examples, fmt.Sprintf("%d orders still requires_action", n))
+	}
+	return []*violation{oneCharge, asStripe, orphans, oneOrder, oneEmail, seen201, sameAnswer, finished, unpublished, settled, quiet}, resends, canceledOrphans
+}
+
+// customer3DS plays the customer of a 202 requires_action answer: the 3D
+// Secure challenge of its PaymentIntent at the emulator, passed or failed.
+func customer3DS(s *stack.Stack, res stack.Result, succeed bool, answers *tally) {
+	var o stack.Order
+	if err := json.Unmarshal(res.Body, &o); err != nil || o.Payment.PaymentIntentID == "" {
+		answers.add("(3D Secure answer without a PaymentIntent)", 1)
+		return
+	}
+	if err := s.TryAuthenticate(o.Payment.PaymentIntentID, succeed); err != nil {
+		answers.add("(3D Secure challenge refused)", 1)
+		return
+	}
+	if succeed {
+		answers.add("(3D Secure passed)", 1)
+	} else {
+		answers.add("(3D Secure failed)", 1)
+	}
 }

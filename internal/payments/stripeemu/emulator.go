@@ -1,64 +1,121 @@
 // Package stripeemu is a stateful, in-memory emulator of Stripe's
-// PaymentIntents API over real HTTP, for tests and the local stack.
+// PaymentIntents and Refunds APIs over real HTTP, for tests and the local
+// stack. Where it and our service disagree, Stripe's documented behaviour
+// wins; every rule cites its source.
 //
 // It follows Stripe's idempotency rules
-// (https://docs.stripe.com/api/idempotent_requests), scoped per API key:
-//   - the same Idempotency-Key with the same parameters replays the stored
-//     response byte for byte, with the header Idempotent-Replayed: true;
+// (https://docs.stripe.com/api/idempotent_requests), scoped per API key, for
+// every POST:
+//   - the status and body of the first execution under an Idempotency-Key
+//     are stored, 500 errors included, and replayed byte for byte with the
+//     header Idempotent-Replayed: true, for KeyTTL (default 24h, "keys ...
+//     at least 24 hours old" may be pruned); after that the key is pruned and
+//     runs as a new request;
 //   - the same key with other parameters (or another endpoint) is a 400
 //     idempotency_error;
 //   - the same key while the first request with it still executes is a 409
 //     with code idempotency_key_in_use;
-//   - a request that fails before executing (validation, an injected fault)
-//     stores nothing, so the key can be sent again.
+//   - a request that fails before executing (validation, an unknown
+//     PaymentMethod, an injected fail fault: 429, 503, 5xx) stores nothing,
+//     so the key can be sent again.
 //
-// Declines are stored and replayed like successes. Faults (5xx, delays,
-// dropped responses) can be injected from Go (Inject) or over HTTP (POST
-// /_emulator/faults), and GET /_emulator/stats counts PaymentIntents per
-// idempotency key so tests can prove that nothing was charged twice.
+// Declines are stored and replayed like successes. Faults (5xx, stored 500s
+// rolled forward or not, 429 rate_limit or lock_timeout, delays, dropped
+// responses), each optionally limited to one operation, can be injected from
+// Go (Inject) or over HTTP (POST /_emulator/faults). GET /_emulator/stats
+// counts PaymentIntents per idempotency key and GET /_emulator/state returns
+// every object, so tests can prove that nothing was charged twice.
 //
-// Routes:
+// Stripe routes (form-encoded, as stripe-go v76 sends them):
 //
-//	POST /v1/payment_intents        create (and with confirm=true, confirm)
-//	GET  /v1/payment_intents/{id}   retrieve
-//	POST /_emulator/faults          inject one Fault or a JSON array of them
-//	GET  /_emulator/faults          the faults still active
-//	DELETE /_emulator/faults        clear faults
-//	POST /_emulator/reset           clear faults and all state
-//	GET  /_emulator/stats           Stats as JSON
+//	POST /v1/payment_intents               create (confirm=true: and confirm)
+//	GET  /v1/payment_intents               list, newest first
+//	GET  /v1/payment_intents/search        search (lags by SearchLag)
+//	GET  /v1/payment_intents/{id}          retrieve
+//	POST /v1/payment_intents/{id}/confirm  confirm
+//	POST /v1/payment_intents/{id}/cancel   cancel
+//	GET  /v1/charges/{id}                  retrieve a PaymentIntent's charge
+//	POST /v1/refunds                       refund a succeeded PaymentIntent
+//	GET  /v1/refunds                       list (payment_intent=, charge=), newest first
+//	GET  /v1/refunds/{id}                  retrieve
+//
+// Control routes (JSON, not Stripe's):
+//
+//	POST   /_emulator/faults              inject one Fault or a JSON array of them
+//	GET    /_emulator/faults              the faults still active
+//	DELETE /_emulator/faults              clear faults
+//	POST   /_emulator/reset               clear faults and all state
+//	GET    /_emulator/stats               Stats as JSON
+//	GET    /_emulator/state               every PaymentIntent and refund
+//	POST   /_emulator/keys/prune          forget every stored idempotency key
+//	POST   /_emulator/payment_intents/{id}/authenticate  play a 3D Secure challenge
+//	POST   /_emulator/refunds/pending     {"on":bool}: new refunds start pending
+//	POST   /_emulator/refunds/{id}/succeed  a pending refund succeeds
+//	POST   /_emulator/refunds/{id}/fail   a refund fails (later), amount refundable again
+//	GET    /_emulator/webhooks            WebhookLog: events and delivery attempts
+//	POST   /_emulator/webhooks/faults     inject one HookFault or an array
+//	GET    /_emulator/webhooks/faults     the webhook faults still active
+//	DELETE /_emulator/webhooks/faults     clear webhook faults
+//
+// Webhooks (WithWebhookURL): every change (payment_intent.created,
+// .requires_action, .succeeded, .payment_failed, .canceled,
+// .amount_capturable_updated; refund.created, refund.updated, refund.failed;
+// charge.refunded) is an Event with api_version stripe.APIVersion and the
+// object's full JSON in data.object, POSTed asynchronously with a
+// Stripe-Signature header (see Sign) and resent with exponential backoff
+// while the endpoint answers non-2xx, for a bounded time.
 package stripeemu
 
 import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"net/url"
-	"strings"
 	"sync"
 	"time"
+
+	"github.com/stripe/stripe-go/v76"
 )
 
 // maxBody bounds a request body; Stripe's limit is larger, ours never needs to be.
 const maxBody = 1 << 20
 
-// Emulator is an http.Handler serving the emulated API. The zero value is not
-// usable; create one with New. It is safe for concurrent use.
-type Emulator struct {
-	mux    *http.ServeMux
-	logger *slog.Logger
-	now    func() time.Time
+// DefaultKeyTTL is how long a stored idempotency result is replayed: Stripe
+// prunes keys "after they're at least 24 hours old"
+// (https://docs.stripe.com/api/idempotent_requests).
+const DefaultKeyTTL = 24 * time.Hour
 
-	mu           sync.Mutex
-	intents      map[string]*storedIntent // by PaymentIntent id
-	keys         map[scope]*keyEntry
-	createdByKey map[string]int
-	created      int
-	inFlight     int
-	requests     []Request
-	faults       []*activeFault
+// Emulator is an http.Handler serving the emulated API. The zero value is not
+// usable; create one with New and stop it with Close. It is safe for
+// concurrent use.
+type Emulator struct {
+	mux       *http.ServeMux
+	logger    *slog.Logger
+	now       func() time.Time
+	keyTTL    time.Duration
+	searchLag time.Duration
+
+	mu             sync.Mutex
+	intents        map[string]*storedIntent // by PaymentIntent id
+	intentOrder    []*storedIntent          // in creation order
+	charges        map[string]*charge       // by charge id
+	refunds        map[string]*storedRefund // by refund id
+	refundOrder    []*storedRefund          // in creation order
+	refundsPending bool                     // new refunds start pending
+	keys           map[scope]*keyEntry
+	createdByKey   map[string]int
+	created        int
+	inFlight       int
+	requests       []Request
+	faults         []*activeFault
+	timers         map[*time.Timer]struct{} // roll-forwards not run yet
+	gen            uint64                   // bumped by Reset: older roll-forwards do nothing
+	closed         bool
+	running        sync.WaitGroup // roll-forwards executing
+	hook           hooks
 }
 
 // scope is what an idempotency key is unique within: Stripe scopes keys to
@@ -70,6 +127,7 @@ type scope struct {
 // keyEntry is the state of one idempotency key.
 type keyEntry struct {
 	fingerprint string // method, path and canonical params of the first request
+	claimed     time.Time
 	done        bool
 	status      int
 	body        []byte
@@ -78,8 +136,9 @@ type keyEntry struct {
 
 // storedIntent is a PaymentIntent and the API key (account) that owns it.
 type storedIntent struct {
-	apiKey string
-	pi     paymentIntent
+	apiKey    string
+	createdAt time.Time
+	pi        paymentIntent
 }
 
 // Option configures an Emulator.
@@ -91,25 +150,72 @@ func WithLogger(l *slog.Logger) Option {
 	return func(e *Emulator) { e.logger = l }
 }
 
+// WithKeyTTL sets how long a stored idempotency result is replayed before its
+// key is pruned (default DefaultKeyTTL; d <= 0 keeps the default).
+func WithKeyTTL(d time.Duration) Option {
+	return func(e *Emulator) {
+		if d > 0 {
+			e.keyTTL = d
+		}
+	}
+}
+
+// WithSearchLag makes an object appear in search results only d after it was
+// created, as Stripe's search index does: "data is searchable in under 1
+// minute" and search must not be used for read-after-write
+// (https://docs.stripe.com/search#data-freshness). Default 0. GET by id and
+// list are never lagged.
+func WithSearchLag(d time.Duration) Option {
+	return func(e *Emulator) { e.searchLag = max(d, 0) }
+}
+
+// WithClock replaces time.Now for key ages, search lag and the created
+// timestamps of objects (not for delays and roll-forwards, which sleep).
+func WithClock(now func() time.Time) Option {
+	return func(e *Emulator) { e.now = now }
+}
+
 // New returns an empty emulator with no faults.
 func New(opts ...Option) *Emulator {
 	e := &Emulator{
 		mux:    http.NewServeMux(),
 		logger: slog.New(slog.DiscardHandler),
 		now:    time.Now,
+		keyTTL: DefaultKeyTTL,
+		timers: map[*time.Timer]struct{}{},
 	}
+	e.initHooks()
 	for _, o := range opts {
 		o(e)
 	}
 	e.reset()
-	e.mux.HandleFunc("POST /v1/payment_intents", e.api(e.createPaymentIntent))
-	e.mux.HandleFunc("GET /v1/payment_intents/{id}", e.api(e.retrievePaymentIntent))
-	e.mux.HandleFunc("/v1/", e.api(e.unknownURL))
+	e.startHooks()
+	e.mux.HandleFunc("POST /v1/payment_intents", e.api(OpPICreate, e.createPaymentIntent))
+	e.mux.HandleFunc("GET /v1/payment_intents", e.api(OpPIList, e.listPaymentIntents))
+	e.mux.HandleFunc("GET /v1/payment_intents/search", e.api(OpPISearch, e.searchPaymentIntents))
+	e.mux.HandleFunc("GET /v1/payment_intents/{id}", e.api(OpPIRetrieve, e.retrievePaymentIntent))
+	e.mux.HandleFunc("POST /v1/payment_intents/{id}/confirm", e.api(OpPIConfirm, e.confirmPaymentIntent))
+	e.mux.HandleFunc("POST /v1/payment_intents/{id}/cancel", e.api(OpPICancel, e.cancelPaymentIntent))
+	e.mux.HandleFunc("GET /v1/charges/{id}", e.api(OpChargeRetrieve, e.retrieveCharge))
+	e.mux.HandleFunc("POST /v1/refunds", e.api(OpRefundCreate, e.createRefund))
+	e.mux.HandleFunc("GET /v1/refunds", e.api(OpRefundList, e.listRefunds))
+	e.mux.HandleFunc("GET /v1/refunds/{id}", e.api(OpRefundRetrieve, e.retrieveRefund))
+	e.mux.HandleFunc("/v1/", e.api("", e.unknownURL))
 	e.mux.HandleFunc("POST /_emulator/faults", e.postFaults)
 	e.mux.HandleFunc("GET /_emulator/faults", e.getFaults)
 	e.mux.HandleFunc("DELETE /_emulator/faults", e.deleteFaults)
 	e.mux.HandleFunc("POST /_emulator/reset", e.postReset)
 	e.mux.HandleFunc("GET /_emulator/stats", e.getStats)
+	e.mux.HandleFunc("GET /_emulator/state", e.getState)
+	e.mux.HandleFunc("POST /_emulator/keys/prune", e.postPruneKeys)
+	e.mux.HandleFunc("POST /_emulator/payment_intents/{id}/authenticate", e.postAuthenticate)
+	e.mux.HandleFunc("POST /_emulator/refunds/pending", e.postRefundsPending)
+	e.mux.HandleFunc("POST /_emulator/refunds/{id}/succeed", e.postRefundSucceed)
+	e.mux.HandleFunc("POST /_emulator/refunds/{id}/fail", e.postRefundFail)
+	e.mux.HandleFunc("GET /_emulator/webhooks", e.getWebhooks)
+	e.mux.HandleFunc("POST /_emulator/webhooks/faults", e.postWebhookFaults)
+	e.mux.HandleFunc("GET /_emulator/webhooks/faults", e.getWebhookFaults)
+	e.mux.HandleFunc("DELETE /_emulator/webhooks/faults", e.deleteWebhookFaults)
 	return e
 }
 
@@ -118,8 +224,22 @@ func (e *Emulator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	e.mux.ServeHTTP(w, r)
 }
 
+// Close stops the emulator's background work: roll-forwards not run yet are
+// dropped, the webhook dispatcher stops and deliveries in progress are
+// abandoned; Close waits for all of them. Requests served after Close still
+// work, but schedule and deliver nothing. Close is idempotent.
+func (e *Emulator) Close() {
+	e.mu.Lock()
+	e.closed = true
+	e.stopTimersLocked()
+	e.mu.Unlock()
+	e.running.Wait()
+	e.closeHooks()
+}
+
 // Inject adds a fault. It returns an error, and adds nothing, when the fault
-// is invalid (unknown kind, status outside 400..599, delay without duration).
+// is invalid (unknown kind or op, status outside 400..599, delay without
+// duration, roll_forward on another kind than stored_500).
 func (e *Emulator) Inject(f Fault) error {
 	if err := f.validate(); err != nil {
 		return err
@@ -127,8 +247,8 @@ func (e *Emulator) Inject(f Fault) error {
 	e.mu.Lock()
 	e.faults = append(e.faults, &activeFault{Fault: f, left: f.Count})
 	e.mu.Unlock()
-	e.logger.Info("stripe emulator: fault injected", "kind", f.Kind, "count", f.Count,
-		"status", f.Status, "before", f.Before, "after", f.After)
+	e.logger.Info("stripe emulator: fault injected", "kind", f.Kind, "op", f.Op, "count", f.Count,
+		"status", f.Status, "code", f.Code, "before", f.Before, "after", f.After, "roll_forward", f.RollForward)
 	return nil
 }
 
@@ -158,11 +278,17 @@ func (e *Emulator) ClearFaults() {
 	e.mu.Unlock()
 }
 
-// Reset removes every fault, PaymentIntent, idempotency key, count and logged
-// request. Requests executing during a Reset finish against the new state.
+// Reset removes every fault (webhook faults too), PaymentIntent, charge,
+// refund, idempotency key, count, logged request, pending roll-forward and
+// webhook event (deliveries in progress are abandoned), and ends pending
+// refund mode. Requests executing during a Reset
+// finish against the new state.
 func (e *Emulator) Reset() {
 	e.mu.Lock()
 	e.reset()
+	e.stopTimersLocked()
+	e.resetHooksLocked()
+	e.gen++
 	e.mu.Unlock()
 	e.logger.Info("stripe emulator: reset")
 }
@@ -170,6 +296,11 @@ func (e *Emulator) Reset() {
 // reset clears the state; the caller holds mu, or owns e exclusively.
 func (e *Emulator) reset() {
 	e.intents = map[string]*storedIntent{}
+	e.intentOrder = nil
+	e.charges = map[string]*charge{}
+	e.refunds = map[string]*storedRefund{}
+	e.refundOrder = nil
+	e.refundsPending = false
 	e.keys = map[scope]*keyEntry{}
 	e.createdByKey = map[string]int{}
 	e.created = 0
@@ -177,14 +308,38 @@ func (e *Emulator) reset() {
 	e.faults = nil
 }
 
+// stopTimersLocked drops every pending roll-forward; the caller holds mu.
+func (e *Emulator) stopTimersLocked() {
+	for t := range e.timers {
+		t.Stop()
+	}
+	clear(e.timers)
+}
+
+// PruneKeys forgets every stored idempotency key now, as if KeyTTL had
+// passed for all of them, and returns how many it forgot. Keys whose request
+// still executes are kept.
+func (e *Emulator) PruneKeys() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for sc, k := range e.keys {
+		if k.done {
+			delete(e.keys, sc)
+			n++
+		}
+	}
+	return n
+}
+
 // Stats is a snapshot of what the emulator did, served by GET /_emulator/stats.
 type Stats struct {
 	// PaymentIntentsCreated counts every PaymentIntent created, declined ones
-	// included.
+	// and rolled-forward ones included.
 	PaymentIntentsCreated int `json:"payment_intents_created"`
 	// CreatedByKey maps an Idempotency-Key to the number of PaymentIntents
-	// created with it, whatever the API key. More than 1 means a charge was
-	// duplicated, which Stripe's rules make impossible for one API key.
+	// created with it, whatever the API key. More than 1 means the key was
+	// used again after it was pruned (or by another account).
 	CreatedByKey map[string]int `json:"created_by_key"`
 	// InFlight is the number of requests executing under an idempotency key
 	// right now (claimed, result not stored yet).
@@ -199,6 +354,8 @@ type Request struct {
 	// Method and Path are the request line, e.g. "POST" "/v1/payment_intents".
 	Method string `json:"method"`
 	Path   string `json:"path"`
+	// Op is the operation, one of the Op* constants ("" for an unknown URL).
+	Op string `json:"op,omitempty"`
 	// IdempotencyKey is the Idempotency-Key header, "" if none.
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
 	// Params is the canonical form of the parameters (form body or query):
@@ -209,12 +366,14 @@ type Request struct {
 	Status int `json:"status"`
 	// Replayed is true when the response was a stored one.
 	Replayed bool `json:"replayed,omitempty"`
-	// Fault names the injected fault that applied: "fail", "delay", "drop",
-	// "delay+drop" or "".
+	// Fault names the injected fault that applied: "fail", "stored_500",
+	// "delay", "drop", "delay+drop" or "".
 	Fault string `json:"fault,omitempty"`
-	// PaymentIntentID is the PaymentIntent the request created, returned or
-	// declined, if any.
+	// PaymentIntentID is the PaymentIntent the request created, returned,
+	// confirmed, canceled or declined, if any.
 	PaymentIntentID string `json:"payment_intent_id,omitempty"`
+	// RefundID is the refund the request created or returned, if any.
+	RefundID string `json:"refund_id,omitempty"`
 }
 
 // Stats returns a snapshot; the caller may keep and modify it.
@@ -262,338 +421,97 @@ func (e *Emulator) Requests() []Request {
 	return append([]Request{}, e.requests...)
 }
 
-// call is one authenticated /v1 request as the endpoint handlers see it.
-type call struct {
-	r         *http.Request
-	apiKey    string
-	idemKey   string
-	params    url.Values
-	canonical string
-	requestID string
-}
-
-// response is what an endpoint decided to answer.
-type response struct {
-	status   int
-	body     []byte
-	replayed bool
-	origReq  string // Original-Request header on replays
-	piID     string
-	faults   execFaults // delay and drop faults that apply (executed requests only)
-}
-
-// api wraps an endpoint with what every /v1 request gets: body parsing,
-// authentication, fail faults, the request log, delays, drops and headers.
-func (e *Emulator) api(endpoint func(*call) response) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		c := &call{r: r, idemKey: strings.TrimSpace(r.Header.Get("Idempotency-Key")), requestID: newID("req")}
-		var err error
-		if r.Method == http.MethodPost {
-			var body []byte
-			body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
-			if err == nil {
-				c.params, err = url.ParseQuery(string(body))
-			}
-		} else {
-			c.params, err = url.ParseQuery(r.URL.RawQuery)
-		}
-		c.canonical = canonical(c.params)
-		rec := Request{Method: r.Method, Path: r.URL.Path, IdempotencyKey: c.idemKey, Params: c.canonical}
-
-		var resp response
-		apiKey, authErr := bearer(r)
-		switch {
-		case authErr != nil:
-			resp = errResponse(http.StatusUnauthorized, authErr)
-		case err != nil:
-			resp = errResponse(http.StatusBadRequest, &apiError{Type: "invalid_request_error",
-				Message: "Could not parse the request body as application/x-www-form-urlencoded."})
-		default:
-			c.apiKey = apiKey
-			e.mu.Lock()
-			fail, failed := take(e.faults, FaultFail)
-			e.mu.Unlock()
-			if failed {
-				resp = failResponse(fail.Status)
-				rec.Fault = string(FaultFail)
-			} else {
-				resp = endpoint(c)
-			}
-		}
-
-		rec.Status, rec.Replayed, rec.PaymentIntentID = resp.status, resp.replayed, resp.piID
-		if name := resp.faults.name(); name != "" {
-			rec.Fault = name
-		}
-		e.mu.Lock()
-		e.requests = append(e.requests, rec)
-		e.mu.Unlock()
-		e.logger.Info("stripe emulator: request", "method", rec.Method, "path", rec.Path,
-			"idempotency_key", rec.IdempotencyKey, "status", rec.Status, "replayed", rec.Replayed,
-			"fault", rec.Fault, "payment_intent", rec.PaymentIntentID)
-
-		if d := resp.faults.after; d > 0 {
-			time.Sleep(d)
-		}
-		if resp.faults.drop {
-			dropConnection(w)
-			return
-		}
-		h := w.Header()
-		h.Set("Content-Type", "application/json")
-		h.Set("Request-Id", c.requestID)
-		h.Set("Stripe-Version", r.Header.Get("Stripe-Version"))
-		if c.idemKey != "" && r.Method == http.MethodPost {
-			h.Set("Idempotency-Key", c.idemKey)
-		}
-		if resp.replayed {
-			h.Set("Idempotent-Replayed", "true")
-			h.Set("Original-Request", resp.origReq)
-		}
-		if resp.status >= 500 {
-			h.Set("Stripe-Should-Retry", "true")
-		}
-		w.WriteHeader(resp.status)
-		_, _ = w.Write(resp.body)
-	}
-}
-
-// dropConnection closes the client's connection without a response, as a
-// network failure after the server executed the request would.
-func dropConnection(w http.ResponseWriter) {
-	conn, _, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		// Not hijackable (HTTP/2): aborting the handler resets the stream.
-		panic(http.ErrAbortHandler)
-	}
-	_ = conn.Close()
-}
-
-// bearer returns the secret API key of the request, or the 401 error Stripe
-// answers without one.
-func bearer(r *http.Request) (string, *apiError) {
-	auth := r.Header.Get("Authorization")
-	key, ok := strings.CutPrefix(auth, "Bearer ")
-	if !ok {
-		if u, _, basic := r.BasicAuth(); basic {
-			key, ok = u, true
-		}
-	}
-	key = strings.TrimSpace(key)
-	switch {
-	case !ok || key == "":
-		return "", &apiError{Type: "invalid_request_error",
-			Message: "You did not provide an API key. You need to provide your API key in the Authorization header, using Bearer auth (e.g. 'Authorization: Bearer YOUR_SECRET_KEY')."}
-	case !strings.HasPrefix(key, "sk_"):
-		return "", &apiError{Type: "invalid_request_error", Code: "api_key_invalid",
-			Message: "Invalid API Key provided: " + redact(key)}
-	}
-	return key, nil
-}
-
-// redact keeps the start of a key, as Stripe's error messages do.
-func redact(key string) string {
-	if len(key) <= 8 {
-		return strings.Repeat("*", len(key))
-	}
-	return key[:8] + strings.Repeat("*", len(key)-8)
-}
-
-// createPaymentIntent serves POST /v1/payment_intents under Stripe's
-// idempotency rules.
-func (e *Emulator) createPaymentIntent(c *call) response {
-	fingerprint := "POST /v1/payment_intents?" + c.canonical
-	sc := scope{c.apiKey, c.idemKey}
-	var entry *keyEntry
-	if c.idemKey != "" {
-		e.mu.Lock()
-		prev, ok := e.keys[sc]
-		switch {
-		case ok && !prev.done:
-			e.mu.Unlock()
-			return errResponse(http.StatusConflict, &apiError{Type: "invalid_request_error", Code: "idempotency_key_in_use",
-				Message: "There is currently another in-progress request using this Idempotent Key (that probably means you submitted twice, and the other request is still going through): " + c.idemKey + ". Please try again later."})
-		case ok && prev.fingerprint != fingerprint:
-			e.mu.Unlock()
-			return errResponse(http.StatusBadRequest, &apiError{Type: "idempotency_error",
-				Message: "Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '" + c.idemKey + "' if you meant to execute a different request."})
-		case ok:
-			e.mu.Unlock()
-			return response{status: prev.status, body: prev.body, replayed: true, origReq: prev.requestID, piID: piIDOf(prev.body)}
-		}
-		entry = &keyEntry{fingerprint: fingerprint}
-		e.keys[sc] = entry
-		e.inFlight++
-		e.mu.Unlock()
-	}
-
-	p, perr := parseCreate(c.params)
-	if perr != nil {
-		// Failed validation: Stripe saves no result, the key may be reused.
-		if entry != nil {
-			e.mu.Lock()
-			if e.keys[sc] == entry {
-				delete(e.keys, sc)
-			}
-			e.inFlight--
-			e.mu.Unlock()
-		}
-		return errResponse(http.StatusBadRequest, perr)
-	}
-
-	x := e.takeExecFaults()
-	if x.before > 0 {
-		time.Sleep(x.before)
-	}
-
-	pi := e.newIntent(p)
-	status, body := http.StatusOK, mustJSON(pi)
-	if d, declined := declines[p.paymentMethod]; declined && p.confirm {
-		status = http.StatusPaymentRequired
-		body = mustJSON(errorBody{Error: &apiError{Type: "card_error", Code: d.code, DeclineCode: d.declineCode,
-			Message: d.message, Charge: deref(pi.LatestCharge), DocURL: "https://docs.stripe.com/error-codes/" + strings.ReplaceAll(d.code, "_", "-"),
-			PaymentIntent: &pi}})
-	}
-
+// PaymentIntents returns every PaymentIntent of every account, in creation
+// order, as stripe-go v76 decodes the emulator's JSON (latest_charge
+// expanded, so LatestCharge.AmountRefunded is current). Search lag does not
+// apply.
+func (e *Emulator) PaymentIntents() []*stripe.PaymentIntent {
 	e.mu.Lock()
-	e.intents[pi.ID] = &storedIntent{apiKey: c.apiKey, pi: pi}
-	e.created++
-	if entry != nil {
-		e.createdByKey[c.idemKey]++
-		entry.done, entry.status, entry.body, entry.requestID = true, status, body, c.requestID
-		e.inFlight--
+	raw := make([][]byte, 0, len(e.intentOrder))
+	for _, s := range e.intentOrder {
+		raw = append(raw, mustJSON(e.renderPILocked(s, []string{"latest_charge"})))
 	}
 	e.mu.Unlock()
-	return response{status: status, body: body, piID: pi.ID, faults: x}
+	out := make([]*stripe.PaymentIntent, 0, len(raw))
+	for _, b := range raw {
+		var pi stripe.PaymentIntent
+		if err := json.Unmarshal(b, &pi); err != nil {
+			panic("stripeemu: decode own PaymentIntent: " + err.Error())
+		}
+		out = append(out, &pi)
+	}
+	return out
 }
 
-// newIntent creates the PaymentIntent for p, confirmed when p.confirm.
-func (e *Emulator) newIntent(p createParams) paymentIntent {
-	id := newID("pi")
-	pi := paymentIntent{
-		ID: id, Object: "payment_intent", Amount: p.amount, CaptureMethod: p.captureMethod,
-		ClientSecret: id + "_secret_" + newID("s")[2:], ConfirmationMethod: "automatic",
-		Created: e.now().Unix(), Currency: p.currency, Description: p.description,
-		Metadata: p.metadata, PaymentMethodTypes: p.pmTypes, Status: "requires_payment_method",
-	}
-	if p.paymentMethod != "" {
-		pi.PaymentMethod = &p.paymentMethod
-		pi.Status = "requires_confirmation"
-	}
-	if !p.confirm {
-		return pi
-	}
-	switch d, declined := declines[p.paymentMethod]; {
-	case declined:
-		charge := newID("ch")
-		pi.LatestCharge = &charge
-		pi.Status = "requires_payment_method"
-		pi.LastPaymentError = &apiError{Type: "card_error", Code: d.code, DeclineCode: d.declineCode,
-			Message: d.message, Charge: charge}
-	case requiresAction[p.paymentMethod]:
-		pi.Status = "requires_action"
-		pi.NextAction = &nextAction{Type: "use_stripe_sdk"}
-	case p.captureMethod == "manual":
-		charge := newID("ch")
-		pi.LatestCharge = &charge
-		pi.Status = "requires_capture"
-		pi.AmountCapturable = p.amount
-	default:
-		charge := newID("ch")
-		pi.LatestCharge = &charge
-		pi.Status = "succeeded"
-		pi.AmountReceived = p.amount
-	}
-	return pi
+// State is the body of GET /_emulator/state: every object, in creation
+// order, in Stripe's JSON (PaymentIntents with latest_charge expanded).
+type State struct {
+	PaymentIntents []json.RawMessage `json:"payment_intents"`
+	Refunds        []json.RawMessage `json:"refunds"`
 }
 
-// retrievePaymentIntent serves GET /v1/payment_intents/{id}; another API key's
-// PaymentIntent is a 404, as another account's is on Stripe.
-func (e *Emulator) retrievePaymentIntent(c *call) response {
-	id := c.r.PathValue("id")
-	e.mu.Lock()
-	s, ok := e.intents[id]
-	e.mu.Unlock()
-	if !ok || s.apiKey != c.apiKey {
-		return errResponse(http.StatusNotFound, &apiError{Type: "invalid_request_error", Code: "resource_missing",
-			Param: "intent", Message: "No such payment_intent: '" + id + "'"})
-	}
-	x := e.takeExecFaults()
-	if x.before > 0 {
-		time.Sleep(x.before)
-	}
-	return response{status: http.StatusOK, body: mustJSON(s.pi), piID: id, faults: x}
-}
-
-// unknownURL answers any other /v1 route the way Stripe does.
-func (e *Emulator) unknownURL(c *call) response {
-	return errResponse(http.StatusNotFound, &apiError{Type: "invalid_request_error",
-		Message: "Unrecognized request URL (" + c.r.Method + ": " + c.r.URL.Path + ")."})
-}
-
-// takeExecFaults consumes the delay and drop faults for one executing request.
-func (e *Emulator) takeExecFaults() execFaults {
+// State returns every PaymentIntent and refund as Stripe JSON.
+func (e *Emulator) State() State {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	var x execFaults
-	if f, ok := take(e.faults, FaultDelay); ok {
-		x.before, x.after = f.Before, f.After
+	st := State{PaymentIntents: []json.RawMessage{}, Refunds: []json.RawMessage{}}
+	for _, s := range e.intentOrder {
+		st.PaymentIntents = append(st.PaymentIntents, compactJSON(e.renderPILocked(s, []string{"latest_charge"})))
 	}
-	_, x.drop = take(e.faults, FaultDrop)
-	return x
+	for _, rf := range e.refundOrder {
+		st.Refunds = append(st.Refunds, compactJSON(rf.r))
+	}
+	return st
 }
 
-// errResponse is a Stripe error response.
-func errResponse(status int, err *apiError) response {
-	return response{status: status, body: mustJSON(errorBody{Error: err})}
+// Authenticate plays the customer's 3D Secure challenge on a PaymentIntent in
+// requires_action (https://docs.stripe.com/payments/3d-secure/authentication-flow,
+// https://docs.stripe.com/testing#regulatory-cards): success moves it to
+// succeeded (requires_capture for manual capture); failure to
+// requires_payment_method with last_payment_error code
+// payment_intent_authentication_failure
+// (https://docs.stripe.com/error-codes#payment-intent-authentication-failure).
+// It returns the PaymentIntent's JSON, ErrNotFound, or an error naming the
+// status when it is not requires_action.
+func (e *Emulator) Authenticate(id string, succeed bool) ([]byte, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s, ok := e.intents[id]
+	if !ok {
+		return nil, ErrNotFound
+	}
+	if s.pi.Status != statusRequiresAction {
+		return nil, fmt.Errorf("%w: payment_intent %s is %s, not requires_action", ErrWrongState, id, s.pi.Status)
+	}
+	s.pi.NextAction = nil
+	if succeed {
+		e.succeedLocked(s)
+	} else {
+		s.pi.Status = statusRequiresPaymentMethod
+		s.pi.LastPaymentError = &apiError{Type: "invalid_request_error", Code: "payment_intent_authentication_failure",
+			Message: "The provided PaymentMethod has failed authentication. You can provide payment_method_data or a new " +
+				"PaymentMethod to attempt to fulfill this PaymentIntent again.",
+			DocURL: "https://docs.stripe.com/error-codes/payment-intent-authentication-failure"}
+		e.emitPILocked("payment_intent.payment_failed", s)
+	}
+	return mustJSON(e.renderPILocked(s, nil)), nil
 }
 
-// failResponse is the answer of an injected FaultFail.
-func failResponse(status int) response {
-	if status == http.StatusTooManyRequests {
-		return errResponse(status, &apiError{Type: "invalid_request_error", Code: "rate_limit",
-			Message: "Too many requests hit the API too quickly (stripe emulator fault)."})
-	}
-	return errResponse(status, &apiError{Type: "api_error",
-		Message: "An unknown error occurred (stripe emulator fault)."})
-}
+// Errors of the Go control methods.
+var (
+	// ErrNotFound: no object with that id.
+	ErrNotFound = errors.New("stripe emulator: no such object")
+	// ErrWrongState: the object is not in a state the control applies to.
+	ErrWrongState = errors.New("stripe emulator: wrong state")
+)
 
-// piIDOf extracts the PaymentIntent id from a stored body, a PaymentIntent or
-// an error carrying one.
-func piIDOf(body []byte) string {
-	var v struct {
-		ID    string `json:"id"`
-		Error *struct {
-			PaymentIntent *struct {
-				ID string `json:"id"`
-			} `json:"payment_intent"`
-		} `json:"error"`
-	}
-	if json.Unmarshal(body, &v) != nil {
-		return ""
-	}
-	if v.Error != nil && v.Error.PaymentIntent != nil {
-		return v.Error.PaymentIntent.ID
-	}
-	return v.ID
-}
-
-// mustJSON encodes v, which is always one of this package's encodable types,
-// indented like Stripe's responses.
-func mustJSON(v any) []byte {
-	b, err := json.MarshalIndent(v, "", "  ")
+// compactJSON returns b without indentation.
+func compactJSON(v any) json.RawMessage {
+	b, err := json.Marshal(v)
 	if err != nil {
-		panic("stripeemu: encode response: " + err.Error())
+		panic("stripeemu: encode: " + err.Error())
 	}
-	return append(b, '\n')
-}
-
-// deref returns *s, or "" for nil.
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
+	return b
 }
 
 // postFaults serves POST /_emulator/faults: one Fault object or an array.
@@ -602,7 +520,7 @@ func deref(s *string) string {
 func (e *Emulator) postFaults(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 	if err != nil {
-		writeAdminError(w, err)
+		writeAdminError(w, http.StatusBadRequest, err)
 		return
 	}
 	var faults []Fault
@@ -614,18 +532,18 @@ func (e *Emulator) postFaults(w http.ResponseWriter, r *http.Request) {
 		faults = []Fault{f}
 	}
 	if err != nil {
-		writeAdminError(w, err)
+		writeAdminError(w, http.StatusBadRequest, err)
 		return
 	}
 	for i := range faults {
 		if err := faults[i].validate(); err != nil {
-			writeAdminError(w, err)
+			writeAdminError(w, http.StatusBadRequest, err)
 			return
 		}
 	}
 	for _, f := range faults {
 		if err := e.Inject(f); err != nil { // already validated; cannot fail
-			writeAdminError(w, err)
+			writeAdminError(w, http.StatusBadRequest, err)
 			return
 		}
 	}
@@ -634,7 +552,7 @@ func (e *Emulator) postFaults(w http.ResponseWriter, r *http.Request) {
 
 // getFaults serves GET /_emulator/faults: the JSON array of Faults().
 func (e *Emulator) getFaults(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, e.Faults())
+	writeJSON(w, http.StatusOK, e.Faults())
 }
 
 // deleteFaults serves DELETE /_emulator/faults.
@@ -651,23 +569,74 @@ func (e *Emulator) postReset(w http.ResponseWriter, _ *http.Request) {
 
 // getStats serves GET /_emulator/stats.
 func (e *Emulator) getStats(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, e.Stats())
+	writeJSON(w, http.StatusOK, e.Stats())
 }
 
-// writeJSON answers 200 with v as JSON.
-func writeJSON(w http.ResponseWriter, v any) {
+// getState serves GET /_emulator/state:
+// {"payment_intents":[…Stripe JSON…],"refunds":[…Stripe JSON…]}.
+func (e *Emulator) getState(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, e.State())
+}
+
+// postPruneKeys serves POST /_emulator/keys/prune: 200 {"pruned":N}.
+func (e *Emulator) postPruneKeys(w http.ResponseWriter, _ *http.Request) {
+	n := e.PruneKeys()
+	e.logger.Info("stripe emulator: idempotency keys pruned", "pruned", n)
+	writeJSON(w, http.StatusOK, map[string]int{"pruned": n})
+}
+
+// postAuthenticate serves POST /_emulator/payment_intents/{id}/authenticate
+// with {"outcome":"succeed"|"fail"}: 200 with the PaymentIntent's Stripe
+// JSON; 400 for another outcome; 404 for an unknown id; 409 when the
+// PaymentIntent is not in requires_action. Errors are {"error":"…"}.
+func (e *Emulator) postAuthenticate(w http.ResponseWriter, r *http.Request) {
+	var in struct {
+		Outcome string `json:"outcome"`
+	}
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody)).Decode(&in); err != nil {
+		writeAdminError(w, http.StatusBadRequest, err)
+		return
+	}
+	if in.Outcome != "succeed" && in.Outcome != "fail" {
+		writeAdminError(w, http.StatusBadRequest, fmt.Errorf("outcome %q: want succeed or fail", in.Outcome))
+		return
+	}
+	body, err := e.Authenticate(r.PathValue("id"), in.Outcome == "succeed")
+	if err != nil {
+		writeControlError(w, err)
+		return
+	}
+	e.logger.Info("stripe emulator: 3D Secure challenge played", "payment_intent", r.PathValue("id"), "outcome", in.Outcome)
 	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(body)
+}
+
+// writeControlError answers a Go control method's error: 404 for
+// ErrNotFound, 409 for ErrWrongState.
+func writeControlError(w http.ResponseWriter, err error) {
+	switch {
+	case errors.Is(err, ErrNotFound):
+		writeAdminError(w, http.StatusNotFound, err)
+	case errors.Is(err, ErrWrongState):
+		writeAdminError(w, http.StatusConflict, err)
+	default:
+		writeAdminError(w, http.StatusBadRequest, err)
+	}
+}
+
+// writeJSON answers status with v as JSON.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// writeAdminError answers 400 {"error": "..."} to a bad /_emulator request.
-func writeAdminError(w http.ResponseWriter, err error) {
+// writeAdminError answers {"error": "..."} to a bad /_emulator request, with
+// status (413 instead when the body was too large).
+func writeAdminError(w http.ResponseWriter, status int, err error) {
 	var tooBig *http.MaxBytesError
-	status := http.StatusBadRequest
 	if errors.As(err, &tooBig) {
 		status = http.StatusRequestEntityTooLarge
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
+	writeJSON(w, status, map[string]string{"error": err.Error()})
 }

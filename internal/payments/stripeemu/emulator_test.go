@@ -30,8 +30,15 @@ type bundle struct {
 
 func setup(t testing.TB) bundle {
 	t.Helper()
-	emu := stripeemu.New()
+	return setupWith(t)
+}
+
+// setupWith is setup with options; the emulator is closed after the server.
+func setupWith(t testing.TB, opts ...stripeemu.Option) bundle {
+	t.Helper()
+	emu := stripeemu.New(opts...)
 	srv := httptest.NewServer(emu)
+	t.Cleanup(emu.Close)
 	t.Cleanup(srv.Close)
 	return bundle{emu: emu, url: srv.URL}
 }
@@ -350,7 +357,7 @@ func TestAdminOverHTTP(t *testing.T) {
 	require.Equal(t, map[string]int{"ak": 1}, stats.CreatedByKey)
 	require.Len(t, stats.Requests, 5)
 	first := stats.Requests[0]
-	require.Equal(t, stripeemu.Request{Method: "POST", Path: "/v1/payment_intents", IdempotencyKey: "ak",
+	require.Equal(t, stripeemu.Request{Method: "POST", Path: "/v1/payment_intents", Op: stripeemu.OpPICreate, IdempotencyKey: "ak",
 		Params: mustCanonical(t, visaForm), Status: 502, Fault: "fail"}, first)
 	require.Equal(t, "delay", stats.Requests[1].Fault)
 	require.Equal(t, pi.ID, stats.Requests[1].PaymentIntentID)

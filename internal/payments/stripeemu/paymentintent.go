@@ -2,6 +2,7 @@ package stripeemu
 
 import (
 	"crypto/rand"
+	"encoding/json"
 	"net/url"
 	"sort"
 	"strconv"
@@ -11,12 +12,15 @@ import (
 // paymentIntent is the subset of Stripe's PaymentIntent object
 // (https://docs.stripe.com/api/payment_intents/object) the emulator returns;
 // enough for stripe-go v76 to decode and for a checkout to read its outcome.
+// Amounts are in the currency's minor unit; times are Unix seconds.
 type paymentIntent struct {
 	ID                 string            `json:"id"`
 	Object             string            `json:"object"`
 	Amount             int64             `json:"amount"`
 	AmountCapturable   int64             `json:"amount_capturable"`
 	AmountReceived     int64             `json:"amount_received"`
+	CanceledAt         *int64            `json:"canceled_at"`
+	CancellationReason *string           `json:"cancellation_reason"`
 	CaptureMethod      string            `json:"capture_method"`
 	ClientSecret       string            `json:"client_secret"`
 	ConfirmationMethod string            `json:"confirmation_method"`
@@ -24,7 +28,7 @@ type paymentIntent struct {
 	Currency           string            `json:"currency"`
 	Description        *string           `json:"description"`
 	LastPaymentError   *apiError         `json:"last_payment_error"`
-	LatestCharge       *string           `json:"latest_charge"`
+	LatestCharge       expandable        `json:"latest_charge"`
 	Livemode           bool              `json:"livemode"`
 	Metadata           map[string]string `json:"metadata"`
 	NextAction         *nextAction       `json:"next_action"`
@@ -33,9 +37,56 @@ type paymentIntent struct {
 	Status             string            `json:"status"`
 }
 
-// nextAction is the PaymentIntent's next_action for requires_action.
+// The PaymentIntent statuses (https://docs.stripe.com/payments/paymentintents/lifecycle).
+const (
+	statusRequiresPaymentMethod = "requires_payment_method"
+	statusRequiresConfirmation  = "requires_confirmation"
+	statusRequiresAction        = "requires_action"
+	statusRequiresCapture       = "requires_capture"
+	statusProcessing            = "processing"
+	statusSucceeded             = "succeeded"
+	statusCanceled              = "canceled"
+)
+
+// expandable is an expandable field: the id of the object, or the object
+// itself when the request asked for it with expand[].
+type expandable struct {
+	id  string
+	obj any
+}
+
+// MarshalJSON encodes null, the id, or the expanded object.
+func (x expandable) MarshalJSON() ([]byte, error) {
+	switch {
+	case x.obj != nil:
+		return json.Marshal(x.obj)
+	case x.id == "":
+		return []byte("null"), nil
+	}
+	return json.Marshal(x.id)
+}
+
+// nextAction is the PaymentIntent's next_action in requires_action
+// (https://docs.stripe.com/api/payment_intents/object#payment_intent_object-next_action):
+// use_stripe_sdk for Stripe.js handleNextAction, or redirect_to_url when the
+// confirmation carried a return_url.
 type nextAction struct {
-	Type string `json:"type"`
+	Type          string         `json:"type"`
+	UseStripeSDK  *useStripeSDK  `json:"use_stripe_sdk,omitempty"`
+	RedirectToURL *redirectToURL `json:"redirect_to_url,omitempty"`
+}
+
+// useStripeSDK is next_action.use_stripe_sdk; Stripe documents it as opaque,
+// for Stripe.js only.
+type useStripeSDK struct {
+	Type          string `json:"type"`
+	ThreeDSSource string `json:"three_d_secure_2_source"`
+}
+
+// redirectToURL is next_action.redirect_to_url.
+type redirectToURL struct {
+	URL       string `json:"url"`
+	ReturnURL string `json:"return_url"`
 }
 
 // apiError is Stripe's error object (https://docs.stripe.com/api/errors), sent
@@ -61,23 +112,62 @@ type decline struct {
 	code, declineCode, message string
 }
 
-// declines maps Stripe's test PaymentMethods that decline on confirm
-// (https://docs.stripe.com/testing#declined-payments) to their error.
-var declines = map[string]decline{
-	"pm_card_chargeDeclined":                  {"card_declined", "generic_decline", "Your card was declined."},
-	"pm_card_visa_chargeDeclined":             {"card_declined", "generic_decline", "Your card was declined."},
-	"pm_card_chargeDeclinedInsufficientFunds": {"card_declined", "insufficient_funds", "Your card has insufficient funds."},
-	"pm_card_chargeDeclinedExpiredCard":       {"expired_card", "expired_card", "Your card has expired."},
+// testCard is how one of Stripe's test PaymentMethods behaves on confirm.
+type testCard struct {
+	decline *decline // non-nil: declined with this card_error
+	threeDS bool     // confirmation needs 3D Secure: requires_action
 }
 
-// requiresAction lists test PaymentMethods whose confirmation needs 3D Secure,
-// leaving the PaymentIntent in requires_action.
-var requiresAction = map[string]bool{
-	"pm_card_authenticationRequired": true,
-	"pm_card_threeDSecure2Required":  true,
+// testPaymentMethods are Stripe's test PaymentMethod ids
+// (https://docs.stripe.com/testing#cards, #declined-payments,
+// #authentication-and-setup). Any other id is a 400 resource_missing, as an
+// unknown PaymentMethod is at Stripe.
+var testPaymentMethods = map[string]testCard{
+	"pm_card_visa":               {},
+	"pm_card_visa_debit":         {},
+	"pm_card_mastercard":         {},
+	"pm_card_mastercard_debit":   {},
+	"pm_card_mastercard_prepaid": {},
+	"pm_card_amex":               {},
+	"pm_card_discover":           {},
+	"pm_card_diners":             {},
+	"pm_card_jcb":                {},
+	"pm_card_unionpay":           {},
+	"pm_card_us":                 {},
+	"pm_card_ca":                 {},
+	"pm_card_gb":                 {},
+	"pm_card_de":                 {},
+	"pm_card_fr":                 {},
+	"pm_card_bypassPending":      {},
+
+	"pm_card_chargeDeclined":                           {decline: &decline{"card_declined", "generic_decline", "Your card was declined."}},
+	"pm_card_visa_chargeDeclined":                      {decline: &decline{"card_declined", "generic_decline", "Your card was declined."}},
+	"pm_card_chargeDeclinedInsufficientFunds":          {decline: &decline{"card_declined", "insufficient_funds", "Your card has insufficient funds."}},
+	"pm_card_chargeDeclinedLostCard":                   {decline: &decline{"card_declined", "lost_card", "Your card was declined."}},
+	"pm_card_chargeDeclinedStolenCard":                 {decline: &decline{"card_declined", "stolen_card", "Your card was declined."}},
+	"pm_card_chargeDeclinedFraudulent":                 {decline: &decline{"card_declined", "fraudulent", "Your card was declined."}},
+	"pm_card_chargeDeclinedExpiredCard":                {decline: &decline{"expired_card", "expired_card", "Your card has expired."}},
+	"pm_card_chargeDeclinedIncorrectCvc":               {decline: &decline{"incorrect_cvc", "incorrect_cvc", "Your card's security code is incorrect."}},
+	"pm_card_chargeDeclinedProcessingError":            {decline: &decline{"processing_error", "processing_error", "An error occurred while processing your card. Try again in a little bit."}},
+	"pm_card_visa_chargeDeclinedVelocityLimitExceeded": {decline: &decline{"card_declined", "card_velocity_exceeded", "Your card was declined for making repeated attempts too frequently or exceeding its amount limit."}},
+
+	"pm_card_authenticationRequired": {threeDS: true},
+	"pm_card_threeDSecure2Required":  {threeDS: true},
+	"pm_card_threeDSecureRequired":   {threeDS: true},
 }
 
-// createParams are the parsed parameters of POST /v1/payment_intents.
+// checkPaymentMethod returns the 400 Stripe answers for a PaymentMethod id it
+// does not know, or nil.
+func checkPaymentMethod(id string) *apiError {
+	if _, ok := testPaymentMethods[id]; ok {
+		return nil
+	}
+	return &apiError{Type: "invalid_request_error", Code: "resource_missing", Param: "payment_method",
+		Message: "No such PaymentMethod: '" + id + "'", DocURL: "https://docs.stripe.com/error-codes/resource-missing"}
+}
+
+// createParams are the parsed parameters of POST /v1/payment_intents
+// (https://docs.stripe.com/api/payment_intents/create).
 type createParams struct {
 	amount        int64
 	currency      string
@@ -85,21 +175,57 @@ type createParams struct {
 	confirm       bool
 	description   *string
 	captureMethod string
+	returnURL     string
 	pmTypes       []string
 	metadata      map[string]string
+	expand        []string
 }
 
-// simpleParams are top-level parameters accepted and ignored beyond
+// confirmParams are the parsed parameters of POST
+// /v1/payment_intents/{id}/confirm
+// (https://docs.stripe.com/api/payment_intents/confirm).
+type confirmParams struct {
+	paymentMethod string
+	returnURL     string
+	expand        []string
+}
+
+// simpleParams are top-level create parameters accepted and ignored beyond
 // validation; anything else is rejected like Stripe does (parameter_unknown).
 var simpleParams = map[string]bool{
-	"customer": true, "receipt_email": true, "return_url": true, "statement_descriptor": true,
-	"setup_future_usage": true, "off_session": true, "confirmation_method": true,
+	"customer": true, "receipt_email": true, "statement_descriptor": true,
+	"statement_descriptor_suffix": true, "setup_future_usage": true, "off_session": true,
+	"confirmation_method": true, "error_on_requires_action": true, "use_stripe_sdk": true,
+}
+
+// confirmSimpleParams are the confirm parameters accepted and ignored.
+var confirmSimpleParams = map[string]bool{
+	"receipt_email": true, "setup_future_usage": true, "off_session": true,
+	"error_on_requires_action": true, "use_stripe_sdk": true, "capture_method": true,
+}
+
+// nestedIgnored reports whether key is a nested parameter the emulator
+// accepts and ignores.
+func nestedIgnored(key string) bool {
+	return strings.HasPrefix(key, "automatic_payment_methods[") ||
+		strings.HasPrefix(key, "payment_method_options[") || strings.HasPrefix(key, "shipping[") ||
+		strings.HasPrefix(key, "mandate_data[")
+}
+
+// parseExpand collects expand[0]=… or expand[]=… values; ok is false when
+// key is not an expand parameter.
+func parseExpand(key string, vals []string, into *[]string) bool {
+	if key != "expand[]" && !(strings.HasPrefix(key, "expand[") && strings.HasSuffix(key, "]")) {
+		return false
+	}
+	*into = append(*into, vals...)
+	return true
 }
 
 // parseCreate decodes a form body as stripe-go encodes it: scalars, nested
 // hashes as metadata[order_id], arrays as payment_method_types[0] or [].
 func parseCreate(v url.Values) (createParams, *apiError) {
-	p := createParams{currency: "", metadata: map[string]string{}, captureMethod: "automatic"}
+	p := createParams{metadata: map[string]string{}, captureMethod: "automatic"}
 	type indexed struct {
 		i int
 		v string
@@ -126,6 +252,8 @@ func parseCreate(v url.Values) (createParams, *apiError) {
 			p.confirm = b
 		case key == "description":
 			p.description = &val
+		case key == "return_url":
+			p.returnURL = val
 		case key == "capture_method":
 			if val != "automatic" && val != "automatic_async" && val != "manual" {
 				return p, invalid("parameter_invalid_string", "capture_method", "Invalid capture_method: "+val)
@@ -146,8 +274,8 @@ func parseCreate(v url.Values) (createParams, *apiError) {
 				return p, invalid("parameter_unknown", key, "Received unknown parameter: "+key)
 			}
 			types = append(types, indexed{i, val})
-		case strings.HasPrefix(key, "expand[") || strings.HasPrefix(key, "automatic_payment_methods[") ||
-			strings.HasPrefix(key, "payment_method_options[") || simpleParams[key]:
+		case parseExpand(key, vals, &p.expand):
+		case nestedIgnored(key) || simpleParams[key]:
 		default:
 			return p, invalid("parameter_unknown", key, "Received unknown parameter: "+key)
 		}
@@ -170,9 +298,86 @@ func parseCreate(v url.Values) (createParams, *apiError) {
 		return p, invalid("parameter_invalid_string", "currency", "Invalid currency: "+p.currency)
 	case p.confirm && p.paymentMethod == "":
 		return p, &apiError{Type: "invalid_request_error", Code: "payment_intent_unexpected_state",
-			Message: "You cannot confirm this PaymentIntent because it's missing a payment method."}
+			Message: "You cannot confirm this PaymentIntent because it's missing a payment method. To confirm the PaymentIntent with " +
+				"a payment method, you must provide a payment_method parameter."}
+	case p.returnURL != "" && !p.confirm:
+		// https://docs.stripe.com/api/payment_intents/create#create_payment_intent-return_url:
+		// "This parameter can only be used with confirm=true."
+		return p, invalid("", "return_url", "The parameter return_url can only be used with confirm=true.")
+	}
+	if p.paymentMethod != "" {
+		if err := checkPaymentMethod(p.paymentMethod); err != nil {
+			return p, err
+		}
 	}
 	return p, nil
+}
+
+// parseConfirm decodes the confirm parameters.
+func parseConfirm(v url.Values) (confirmParams, *apiError) {
+	var p confirmParams
+	for key, vals := range v {
+		val := vals[len(vals)-1]
+		switch {
+		case key == "payment_method":
+			p.paymentMethod = val
+		case key == "return_url":
+			p.returnURL = val
+		case parseExpand(key, vals, &p.expand):
+		case nestedIgnored(key) || confirmSimpleParams[key]:
+		default:
+			return p, invalid("parameter_unknown", key, "Received unknown parameter: "+key)
+		}
+	}
+	if p.paymentMethod != "" {
+		if err := checkPaymentMethod(p.paymentMethod); err != nil {
+			return p, err
+		}
+	}
+	return p, nil
+}
+
+// cancellationReasons are the accepted cancellation_reason values
+// (https://docs.stripe.com/api/payment_intents/cancel).
+var cancellationReasons = map[string]bool{
+	"duplicate": true, "fraudulent": true, "requested_by_customer": true, "abandoned": true,
+}
+
+// parseCancel decodes the cancel parameters: the reason ("" if none) and
+// expand.
+func parseCancel(v url.Values) (string, []string, *apiError) {
+	var reason string
+	var expand []string
+	for key, vals := range v {
+		val := vals[len(vals)-1]
+		switch {
+		case key == "cancellation_reason":
+			if !cancellationReasons[val] {
+				return "", nil, invalid("parameter_invalid_string", key,
+					"Invalid cancellation_reason: must be one of duplicate, fraudulent, requested_by_customer or abandoned")
+			}
+			reason = val
+		case parseExpand(key, vals, &expand):
+		default:
+			return "", nil, invalid("parameter_unknown", key, "Received unknown parameter: "+key)
+		}
+	}
+	return reason, expand, nil
+}
+
+// parseGet decodes the parameters of a GET by id: expand and the ignored
+// client_secret.
+func parseGet(v url.Values) ([]string, *apiError) {
+	var expand []string
+	for key, vals := range v {
+		switch {
+		case key == "client_secret":
+		case parseExpand(key, vals, &expand):
+		default:
+			return nil, invalid("parameter_unknown", key, "Received unknown parameter: "+key)
+		}
+	}
+	return expand, nil
 }
 
 // invalid builds an invalid_request_error for a bad parameter.

@@ -32,7 +32,7 @@ type Result struct {
 	Code     string // the problem's code, when the body is a problem
 	Replayed bool   // Idempotent-Replayed: true
 	Body     []byte
-	Order    *Order // decoded on 201
+	Order    *Order // decoded on 201, 202 and 200
 	Err      error
 }
 
@@ -91,7 +91,11 @@ func TeeBody(email string, n int) Body {
 // Checkout sends one POST /v1/checkouts with the Idempotency-Key key.
 func (c *Client) Checkout(ctx context.Context, key string, body Body) Result {
 	b, _ := json.Marshal(body)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.BaseURL+"/v1/checkouts", bytes.NewReader(b))
+	return c.post(ctx, "/v1/checkouts", key, b)
+}
+
+func (c *Client) post(ctx context.Context, path, key string, b []byte) Result {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.BaseURL+path, bytes.NewReader(b))
 	if err != nil {
 		return Result{Err: err}
 	}
@@ -111,13 +115,19 @@ func (c *Client) Checkout(ctx context.Context, key string, body Body) Result {
 	if json.Unmarshal(rb, &p) == nil {
 		r.Code = p.Code
 	}
-	if resp.StatusCode == http.StatusCreated {
+	if resp.StatusCode == http.StatusCreated || resp.StatusCode == http.StatusAccepted || resp.StatusCode == http.StatusOK {
 		var o Order
 		if err := json.Unmarshal(rb, &o); err == nil {
 			r.Order = &o
 		}
 	}
 	return r
+}
+
+// CancelOrder sends POST /v1/orders/{id}/cancel (body {}) with the
+// Idempotency-Key key.
+func (c *Client) CancelOrder(ctx context.Context, id, key string) Result {
+	return c.post(ctx, "/v1/orders/"+id+"/cancel", key, []byte("{}"))
 }
 
 // CheckoutUntilFinal sends the checkout with the same key until the answer
@@ -161,3 +171,46 @@ func (c *Client) GetOrder(ctx context.Context, id string) (*Order, error) {
 // http30 is shared by the clients of every stack: connections are reused
 // across attempts, and one attempt never waits more than 30s.
 var http30 = http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 128}}
+
+// Refund sends one POST /v1/orders/{orderID}/refunds with the
+// Idempotency-Key key and body (e.g. `{"amount":1000}`).
+func (c *Client) Refund(ctx context.Context, orderID, key, body string) Result {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.BaseURL+"/v1/orders/"+orderID+"/refunds", bytes.NewReader([]byte(body)))
+	if err != nil {
+		return Result{Err: err}
+	}
+	req.Header.Set("Authorization", "Bearer "+c.APIKey)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return Result{Err: err}
+	}
+	defer resp.Body.Close()
+	rb, err := io.ReadAll(resp.Body)
+	r := Result{Status: resp.StatusCode, Body: rb, Err: err, Replayed: resp.Header.Get("Idempotent-Replayed") == "true"}
+	var p struct {
+		Code string `json:"code"`
+	}
+	if json.Unmarshal(rb, &p) == nil {
+		r.Code = p.Code
+	}
+	return r
+}
+
+// RefundUntilFinal sends the refund with the same key until the answer is
+// Final, waiting every between attempts, and returns the final answer or
+// ctx's error.
+func (c *Client) RefundUntilFinal(ctx context.Context, orderID, key, body string, every time.Duration) (Result, error) {
+	for {
+		r := c.Refund(ctx, orderID, key, body)
+		if r.Final() {
+			return r, nil
+		}
+		select {
+		case <-ctx.Done():
+			return r, fmt.Errorf("refund key %s: no final answer (last: %s): %w", key, r, ctx.Err())
+		case <-time.After(every):
+		}
+	}
+}

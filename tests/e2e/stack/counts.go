@@ -30,6 +30,17 @@ func (s *Stack) Fault(faults ...stripeemu.Fault) {
 	s.adminCall(http.MethodPost, "/_emulator/faults", b)
 }
 
+// Authenticate plays the customer's 3D Secure challenge for PaymentIntent
+// id at the emulator (POST /_emulator/payment_intents/{id}/authenticate).
+func (s *Stack) Authenticate(id string, succeed bool) {
+	s.t.Helper()
+	outcome := "fail"
+	if succeed {
+		outcome = "succeed"
+	}
+	s.adminCall(http.MethodPost, "/_emulator/payment_intents/"+id+"/authenticate", []byte(`{"outcome":"`+outcome+`"}`))
+}
+
 // ClearFaults removes every fault still active at the emulator.
 func (s *Stack) ClearFaults() {
 	s.t.Helper()
@@ -60,18 +71,95 @@ func (s *Stack) Stats() stripeemu.Stats {
 	return st
 }
 
-// Charges returns how many PaymentIntents the emulator created with the
-// Stripe idempotency key of the checkout (Tenant, key) whose order is
-// orderID (checkout.StepKey).
-func (s *Stack) Charges(key, orderID string) int {
-	s.t.Helper()
-	return s.Stats().CreatedByKey[StepKey(key, orderID)]
+// PaymentIntent is what the invariant checks read of one PaymentIntent in
+// the emulator's state (GET /_emulator/state): Stripe's JSON, in part.
+type PaymentIntent struct {
+	ID       string            `json:"id"`
+	Status   string            `json:"status"`
+	Amount   int64             `json:"amount"`
+	Metadata map[string]string `json:"metadata"`
+	Created  int64             `json:"created"`
 }
 
-// StepKey is the Stripe idempotency key of the checkout (Tenant, key,
-// orderID).
-func StepKey(key, orderID string) string {
-	return checkout.StepKey(Tenant, key, orderID, checkout.StepPaymentIntent)
+// PaymentIntents returns every PaymentIntent the emulator holds, with its
+// metadata, not lagged like search (GET /_emulator/state).
+func (s *Stack) PaymentIntents() []PaymentIntent {
+	s.t.Helper()
+	var st struct {
+		PaymentIntents []PaymentIntent `json:"payment_intents"`
+	}
+	s.getJSON(s.EmulatorURL+"/_emulator/state", &st)
+	return st.PaymentIntents
+}
+
+// IntentsByOrder groups pis by metadata[order_id].
+func IntentsByOrder(pis []PaymentIntent) map[string][]PaymentIntent {
+	m := map[string][]PaymentIntent{}
+	for _, pi := range pis {
+		m[pi.Metadata["order_id"]] = append(m[pi.Metadata["order_id"]], pi)
+	}
+	return m
+}
+
+// MoneyMoving counts the PaymentIntents of pis that moved or are moving
+// money (succeeded, processing, requires_capture): at most one per order.
+func MoneyMoving(pis []PaymentIntent) int {
+	n := 0
+	for _, pi := range pis {
+		if checkout.MovesMoney(pi.Status) {
+			n++
+		}
+	}
+	return n
+}
+
+// Orphans counts, over every order, the PaymentIntents that are neither the
+// order's own (recorded in orders.payment_intent_id) nor canceled.
+func (s *Stack) Orphans() int {
+	s.t.Helper()
+	recorded := map[string]string{}
+	rows, err := s.DB.Query(context.Background(), `SELECT id, coalesce(payment_intent_id, '') FROM orders`)
+	if err != nil {
+		s.t.Fatalf("stack: orders: %v", err)
+		return 0
+	}
+	for rows.Next() {
+		var id, pi string
+		if err := rows.Scan(&id, &pi); err != nil {
+			s.t.Fatalf("stack: orders: %v", err)
+		}
+		recorded[id] = pi
+	}
+	rows.Close()
+	n := 0
+	for _, pi := range s.PaymentIntents() {
+		if pi.Status != "canceled" && recorded[pi.Metadata["order_id"]] != pi.ID {
+			n++
+		}
+	}
+	return n
+}
+
+// Charges returns how many PaymentIntents of order orderID (by their
+// metadata) move money at the emulator; the checkout's key is not needed
+// any more (the Stripe keys derive from the order), and is kept for the
+// callers' readability.
+func (s *Stack) Charges(_, orderID string) int {
+	s.t.Helper()
+	return MoneyMoving(IntentsByOrder(s.PaymentIntents())[orderID])
+}
+
+// Intents returns how many PaymentIntents order orderID has at the
+// emulator, whatever their status.
+func (s *Stack) Intents(orderID string) int {
+	s.t.Helper()
+	return len(IntentsByOrder(s.PaymentIntents())[orderID])
+}
+
+// StepKey is the Stripe idempotency key of attempt 1 of step of order
+// orderID (checkout.StepKey).
+func StepKey(orderID, step string) string {
+	return checkout.StepKey(orderID, step, 1)
 }
 
 // Messages returns the emails the SMTP sink accepted.
@@ -263,4 +351,24 @@ func Metric(metricsURL, name string, labels ...string) (float64, error) {
 		sum += v
 	}
 	return sum, sc.Err()
+}
+
+// RefundAtStripe is what the invariant checks read of one refund in the
+// emulator's state (GET /_emulator/state).
+type RefundAtStripe struct {
+	ID            string            `json:"id"`
+	Status        string            `json:"status"`
+	Amount        int64             `json:"amount"`
+	PaymentIntent string            `json:"payment_intent"`
+	Metadata      map[string]string `json:"metadata"`
+}
+
+// RefundsAtStripe returns every refund the emulator holds.
+func (s *Stack) RefundsAtStripe() []RefundAtStripe {
+	s.t.Helper()
+	var st struct {
+		Refunds []RefundAtStripe `json:"refunds"`
+	}
+	s.getJSON(s.EmulatorURL+"/_emulator/state", &st)
+	return st.Refunds
 }

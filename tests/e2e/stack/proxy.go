@@ -84,6 +84,13 @@ func (p *Proxy) Latency(ms int) error {
 	return p.addToxic("latency_down", "downstream", "latency", fmt.Sprintf(`{"latency":%d}`, ms))
 }
 
+// Jitter delays every chunk the process sends to the dependency by
+// latency±jitter milliseconds, drawn at random per chunk: with a broker,
+// publishes reach it late and, across several processes, out of order.
+func (p *Proxy) Jitter(latency, jitter int) error {
+	return p.addToxic("jitter_up", "upstream", "latency", fmt.Sprintf(`{"latency":%d,"jitter":%d}`, latency, jitter))
+}
+
 // Heal removes every toxic (Stall, Latency); it does not undo Cut.
 func (p *Proxy) Heal() {
 	p.mu.Lock()

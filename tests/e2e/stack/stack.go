@@ -11,6 +11,7 @@ package stack
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -19,6 +20,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -93,6 +95,10 @@ type Options struct {
 	// StripeTimeout and StripeMaxElapsed are STRIPE_TIMEOUT and
 	// STRIPE_MAX_ELAPSED.
 	StripeTimeout, StripeMaxElapsed time.Duration
+	// SearchLag is the emulator's STRIPE_EMULATOR_SEARCH_LAG and the api's
+	// and worker's STRIPE_SEARCH_SETTLE (default 300ms: the saga trusts a
+	// search only once the index has caught up).
+	SearchLag time.Duration
 	// DedupFailureMode is DEDUP_FAILURE_MODE ("closed" by default).
 	DedupFailureMode string
 	// RedisAddr is the Redis the api's proxy forwards to; empty means the
@@ -102,6 +108,10 @@ type Options struct {
 	// GatewayTimeout is how long the gateway waits for the api before it
 	// answers 504 (default 5s).
 	GatewayTimeout time.Duration
+	// Webhooks makes the emulator deliver its signed webhooks to the api's
+	// POST /v1/webhooks/stripe (STRIPE_EMULATOR_WEBHOOK_URL; same default
+	// STRIPE_WEBHOOK_SECRET on both sides). Off: the emulator sends none.
+	Webhooks bool
 	// NoBackground leaves the dispatcher and the worker stopped.
 	NoBackground bool
 	// Env adds or overrides variables per process name ("api", "worker",
@@ -259,8 +269,19 @@ func start(t TB, opts Options) (*Stack, error) {
 		"STRIPE_API_BASE=" + s.EmulatorURL,
 		"DATABASE_MAX_CONNS=30",
 	}
-	for k, v := range map[string]time.Duration{"IDEMPOTENCY_LEASE": opts.Lease, "IDEMPOTENCY_TTL": opts.TTL,
-		"STRIPE_TIMEOUT": opts.StripeTimeout, "STRIPE_MAX_ELAPSED": opts.StripeMaxElapsed} {
+	if opts.SearchLag <= 0 {
+		opts.SearchLag = 300 * time.Millisecond
+	}
+	// The api and the worker run the same payment saga: same Stripe
+	// timeouts, same search settle delay (the emulator's search lag).
+	stripeEnv := []string{"STRIPE_SEARCH_SETTLE=" + opts.SearchLag.String()}
+	for k, v := range map[string]time.Duration{"STRIPE_TIMEOUT": opts.StripeTimeout, "STRIPE_MAX_ELAPSED": opts.StripeMaxElapsed} {
+		if v > 0 {
+			stripeEnv = append(stripeEnv, k+"="+v.String())
+		}
+	}
+	apiEnv = append(apiEnv, stripeEnv...)
+	for k, v := range map[string]time.Duration{"IDEMPOTENCY_LEASE": opts.Lease, "IDEMPOTENCY_TTL": opts.TTL} {
 		if v > 0 {
 			apiEnv = append(apiEnv, k+"="+v.String())
 		}
@@ -271,7 +292,8 @@ func start(t TB, opts Options) (*Stack, error) {
 	topology := []string{"AMQP_EXCHANGE=" + s.Names.Exchange, "NOTIFY_QUEUE=" + s.Names.NotifyQueue}
 
 	s.Emulator = newProcess("stripe-emulator", opts.BinDir, opts.LogDir, s.EmulatorURL+"/healthz",
-		env("stripe-emulator", "STRIPE_EMULATOR_ADDR="+ports["emulator"]))
+		env("stripe-emulator", append([]string{"STRIPE_EMULATOR_ADDR=" + ports["emulator"], "STRIPE_EMULATOR_SEARCH_LAG=" + opts.SearchLag.String()},
+			emulatorWebhookEnv(opts.Webhooks, s.APIURL)...)...))
 	s.Sink = newProcess("smtp-sink", opts.BinDir, opts.LogDir, s.SinkURL+"/messages",
 		env("smtp-sink", "SMTP_SINK_ADDR="+ports["smtp"], "SMTP_SINK_HTTP_ADDR="+ports["sink"]))
 	s.API = newProcess("api", opts.BinDir, opts.LogDir, s.APIURL+"/readyz", env("api", apiEnv...))
@@ -282,7 +304,8 @@ func start(t TB, opts Options) (*Stack, error) {
 	// this stack's emulator, with the api's lease and TTL.
 	workerEnv := []string{"DATABASE_URL=" + pgVia(s.PGWorker), "AMQP_URL=" + amqpVia(s.AMQPWorker),
 		"METRICS_ADDR=" + ports["worker"], "SMTP_ADDR=" + ports["smtp"], "NOTIFY_SWEEP_INTERVAL=200ms",
-		"STRIPE_API_BASE=" + s.EmulatorURL}
+		"STRIPE_API_BASE=" + s.EmulatorURL, "RECONCILER_INTERVAL=300ms", "ORPHAN_SWEEP_INTERVAL=1s"}
+	workerEnv = append(workerEnv, stripeEnv...)
 	for k, v := range map[string]time.Duration{"IDEMPOTENCY_LEASE": opts.Lease, "IDEMPOTENCY_TTL": opts.TTL} {
 		if v > 0 {
 			workerEnv = append(workerEnv, k+"="+v.String())
@@ -430,13 +453,33 @@ func mustParse(raw string) *url.URL {
 	return u
 }
 
+// handedOut holds every port freePort has returned in this test binary:
+// the kernel may give a port that was just probed and released to the next
+// probe, so two processes of one stack (or of two parallel tests) could be
+// told the same port.
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
+// freePort returns a TCP port on 127.0.0.1 that was free a moment ago and
+// that no earlier call in this process returned.
 func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		if !handedOut.ports[port] {
+			handedOut.ports[port] = true
+			return port, nil
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("no free port not handed out already")
 }
 
 // AddWorker starts another worker process beside s.Worker, a second
@@ -462,4 +505,29 @@ func (s *Stack) AddWorker() (*Process, string, error) {
 		return nil, "", err
 	}
 	return p, ops, nil
+}
+
+// AddDispatcher starts another dispatcher process beside s.Dispatcher, a
+// second replica with the same settings (and the same proxied links) and
+// its own metrics port. It is killed in the TB's cleanup.
+func (s *Stack) AddDispatcher() (*Process, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	ops := "http://127.0.0.1:" + strconv.Itoa(port)
+	env := make([]string, 0, len(s.Dispatcher.env))
+	for _, kv := range s.Dispatcher.env {
+		if !strings.HasPrefix(kv, "METRICS_ADDR=") {
+			env = append(env, kv)
+		}
+	}
+	env = append(env, "METRICS_ADDR=127.0.0.1:"+strconv.Itoa(port))
+	p := newProcess("dispatcher", s.opts.BinDir, s.opts.LogDir, ops+"/readyz", env)
+	p.logPath = filepath.Join(s.opts.LogDir, "dispatcher-"+strconv.Itoa(port)+".log")
+	s.t.Cleanup(p.Kill)
+	if err := p.Start(); err != nil {
+		return nil, err
+	}
+	return p, nil
 }

@@ -1,0 +1,229 @@
+package checkout
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"gorm.io/gorm"
+
+	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/postgres"
+)
+
+// CancelCommand is one POST /v1/orders/{id}/cancel as the gateway admitted
+// it.
+type CancelCommand struct {
+	// Tenant and IdempotencyKey name the key (its route is CancelRoute).
+	Tenant, IdempotencyKey string
+	// Fingerprint is the request's fingerprint; Owner its lease token.
+	Fingerprint, Owner string
+	// OrderID is the order to cancel.
+	OrderID string
+}
+
+// CancelOrder cancels an order in requires_action: its PaymentIntent is
+// canceled at Stripe (cancellation_reason requested_by_customer), its stock
+// released, its status canceled and order.canceled written to the outbox
+// (CONTRACT.md, "3D Secure").
+//
+// It returns the final response, stored under the key: 200 with the order,
+// or 409 order_not_cancelable when the order is in any other status
+// (including one the customer reached meanwhile: a PaymentIntent that
+// succeeded before the cancellation makes the order paid, and the answer
+// 409). Errors, not stored: ErrOrderNotFound (404), the idempotency layer's
+// 409 and 422, payment_provider_unavailable (502) and unavailable (503).
+func (s *Service) CancelOrder(ctx context.Context, cmd CancelCommand) (resp *idempotency.Response, replayed bool, err error) {
+	scope := idempotency.Scope{Tenant: cmd.Tenant, Route: CancelRoute, Key: cmd.IdempotencyKey}
+	var (
+		claim *idempotency.Claim
+		order *Order
+		final *idempotency.Response
+	)
+	if !validOrderID(cmd.OrderID) {
+		return nil, false, ErrOrderNotFound
+	}
+	err = postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
+		c, err := s.Keys.Claim(ctx, tx, scope, cmd.Fingerprint, cmd.Owner)
+		if err != nil {
+			return err
+		}
+		claim = c
+		switch {
+		case c.Response != nil:
+			return nil
+		case c.TakenOver:
+			order, err = s.resumedOrder(ctx, tx, c)
+			return err
+		}
+		// A not-found rolls the claim back: nothing is stored.
+		if order, err = loadOrder(ctx, tx, cmd.Tenant, cmd.OrderID); err != nil {
+			return err
+		}
+		if order.Status != StatusRequiresAction {
+			final = notCancelable(order)
+			return s.Keys.Finish(ctx, tx, c, final)
+		}
+		return s.Keys.Advance(ctx, tx, c, RecoveryPointCancelRequested, order.ID)
+	})
+	switch {
+	case err != nil:
+		return nil, false, s.translate(err)
+	case final != nil:
+		return final, false, nil
+	case claim.Response != nil:
+		return claim.Response, true, nil
+	}
+	resp, err = s.cancelOrder(ctx, claim, order)
+	return resp, false, err
+}
+
+// cancelOrder is the saga of a cancellation after its key reached
+// cancel_requested: cancel the PaymentIntent, apply Stripe's answer, finish
+// the key.
+func (s *Service) cancelOrder(ctx context.Context, c *idempotency.Claim, o *Order) (*idempotency.Response, error) {
+	r := s.newRun(c, CancelRoute, o)
+	if o.Status != StatusRequiresAction || o.Payment.PaymentIntentID == "" {
+		return r.settle(ctx, nil)
+	}
+	pi, err := r.cancel(ctx, o.Payment.PaymentIntentID, CancelRequestedByCustomer)
+	if err != nil {
+		return r.stop(ctx, err)
+	}
+	return r.settle(ctx, &verdict{pi: &pi})
+}
+
+// ReconcileOrder asks Stripe for the state of the PaymentIntent of tenant's
+// order id, which waits in requires_action (the customer's 3D Secure
+// challenge), and applies it: paid, payment_failed, or still waiting. An
+// order still in requires_action PAYMENT_ACTION_TIMEOUT after it entered it
+// has its PaymentIntent canceled (reason abandoned), its stock released and
+// becomes payment_failed. It reports whether the order changed. Orders in
+// other statuses are left alone (false): those with an unfinished key are
+// resumed with Complete. The reconciler calls it.
+func (s *Service) ReconcileOrder(ctx context.Context, tenantID, id string) (bool, error) {
+	o, err := loadOrder(ctx, s.DB, tenantID, id)
+	if err != nil {
+		return false, err
+	}
+	if o.Status != StatusRequiresAction || o.Payment.PaymentIntentID == "" {
+		return false, nil
+	}
+	r := s.newRun(nil, "", o)
+	pi, err := s.Payments.RetrievePaymentIntent(ctx, o.Payment.PaymentIntentID)
+	if err != nil {
+		return false, fmt.Errorf("reconcile order %s: %w", id, err)
+	}
+	if pi.Status == PIRequiresAction && o.requiresActionAt != nil &&
+		!s.Now().Before(o.requiresActionAt.Add(r.cfg.ActionTimeout)) {
+		s.Logger.InfoContext(ctx, "the customer did not complete the payment's next action in time; canceling",
+			"order_id", id, "payment_intent", pi.ID, "since", o.requiresActionAt)
+		if pi, err = r.cancel(ctx, pi.ID, CancelAbandoned); err != nil {
+			return false, fmt.Errorf("cancel abandoned payment of order %s: %w", id, err)
+		}
+	}
+	return s.apply(ctx, r, pi)
+}
+
+// ApplyPaymentIntent applies Stripe's state of PaymentIntent pi to the
+// order named by its metadata (order_id, tenant_id), in one transaction:
+// succeeded makes it paid; requires_action makes it requires_action (with
+// next_action and client_secret); requires_payment_method after a failed
+// attempt (a decline, a failed 3D Secure) makes it payment_failed with its
+// stock released; canceled makes it canceled (when the customer asked) or
+// payment_failed. Every change is monotonic (a status never goes back), so
+// applying the same or an older state again changes nothing, in any order,
+// from any process. It reports whether the order changed.
+//
+// PaymentIntents that are not the order's recorded one (orphans of an
+// indeterminate create, or not ours at all) change nothing; one of them
+// moving money is logged as an error. The reconciler uses it; a webhook
+// handler (payment_intent.* events,
+// https://docs.stripe.com/api/events/types) can call it too.
+func (s *Service) ApplyPaymentIntent(ctx context.Context, pi PaymentIntentState) (bool, error) {
+	id, tenant := pi.Metadata["order_id"], pi.Metadata["tenant_id"]
+	if !validOrderID(id) || tenant == "" {
+		return false, nil
+	}
+	o, err := loadOrder(ctx, s.DB, tenant, id)
+	if errors.Is(err, ErrOrderNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return s.apply(ctx, s.newRun(nil, "", o), pi)
+}
+
+// apply applies pi to the order of r, without a key.
+func (s *Service) apply(ctx context.Context, r *run, pi PaymentIntentState) (bool, error) {
+	o := r.o
+	if o.Payment.PaymentIntentID != pi.ID {
+		if MovesMoney(pi.Status) {
+			s.Logger.ErrorContext(ctx, "a PaymentIntent that is not the order's moves money",
+				"order_id", o.ID, "payment_intent", pi.ID, "status", pi.Status, "order_payment_intent", o.Payment.PaymentIntentID)
+		}
+		return false, nil
+	}
+	ch, ok, err := r.changeOf(ctx, &verdict{pi: &pi})
+	if err != nil || !ok {
+		return false, err
+	}
+	var changed bool
+	err = postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
+		changed, err = s.applyTx(ctx, tx, o, ch, r.now())
+		return err
+	})
+	return changed, err
+}
+
+// SweepOrphans searches Stripe for the PaymentIntents of tenant's order id
+// (metadata['order_id']) and cancels, with cancellation_reason duplicate,
+// every one that is not the order's and moves no money: what a create
+// answered with a 500 and rolled forward by Stripe after the saga's own
+// search left behind. They were never confirmed, so they moved nothing;
+// canceling them keeps CONTRACT.md's "any other PaymentIntent created for
+// the order is canceled". An order whose payment is still being worked on
+// (no PaymentIntent recorded yet) is left to its saga. It returns how many
+// it canceled and records the sweep on the order
+// (payment_orphans_checked_at). The reconciler calls it for orders with an
+// indeterminate create, every ORPHAN_SWEEP_INTERVAL for 72 hours.
+func (s *Service) SweepOrphans(ctx context.Context, tenantID, id string) (int, error) {
+	o, err := loadOrder(ctx, s.DB, tenantID, id)
+	if err != nil {
+		return 0, err
+	}
+	if o.Payment.PaymentIntentID == "" {
+		return 0, nil
+	}
+	found, err := s.Payments.SearchPaymentIntents(ctx, o.ID)
+	if err != nil {
+		return 0, fmt.Errorf("sweep orphans of order %s: %w", id, err)
+	}
+	r := s.newRun(nil, "", o)
+	n := 0
+	for _, pi := range found {
+		if pi.ID == o.Payment.PaymentIntentID || !cancelable(pi.Status) {
+			if pi.ID != o.Payment.PaymentIntentID && MovesMoney(pi.Status) {
+				s.Logger.ErrorContext(ctx, "a PaymentIntent that is not the order's moves money",
+					"order_id", o.ID, "payment_intent", pi.ID, "status", pi.Status)
+			}
+			continue
+		}
+		got, err := r.cancel(ctx, pi.ID, CancelDuplicate)
+		if err != nil {
+			return n, fmt.Errorf("cancel orphan %s of order %s: %w", pi.ID, id, err)
+		}
+		if got.Status == PICanceled {
+			n++
+		}
+	}
+	err = s.DB.WithContext(ctx).Exec(`UPDATE orders SET payment_orphans_checked_at = ? WHERE id = ?`, r.now(), o.ID).Error
+	if err != nil {
+		return n, fmt.Errorf("record orphan sweep of %s: %w", id, err)
+	}
+	if n > 0 {
+		s.Logger.InfoContext(ctx, "canceled orphan PaymentIntents of an indeterminate create", "order_id", o.ID, "canceled", n)
+	}
+	return n, nil
+}

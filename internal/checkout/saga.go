@@ -1,0 +1,803 @@
+package checkout
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/outbox"
+	"github.com/onceonly/checkout/internal/postgres"
+)
+
+// SagaConfig tunes the payment saga. Zero fields take the defaults named in
+// their comments, except SearchSettle, whose zero means "at once".
+type SagaConfig struct {
+	// SearchSettle is how long after an indeterminate create the saga waits
+	// before it trusts a search by metadata['order_id'] (env
+	// STRIPE_SEARCH_SETTLE, default 60s in the processes): Stripe's search
+	// index lags behind writes by up to about a minute
+	// (https://docs.stripe.com/search#data-freshness). Tests set it to the
+	// emulator's STRIPE_EMULATOR_SEARCH_LAG.
+	SearchSettle time.Duration
+	// KeyWindow is how long after an attempt its key may still be resent
+	// as is (default 23h). Stripe keeps keys for at least 24 hours and may
+	// prune them after: a resent key it forgot runs as a new request, so an
+	// older attempt is reconciled (GET or search) instead of resent.
+	KeyWindow time.Duration
+	// UnknownAfter is how long a payment may stay unanswered or
+	// indeterminate before its order becomes payment_unknown (env
+	// PAYMENT_UNKNOWN_AFTER, default 1h). Such an order is still reconciled.
+	UnknownAfter time.Duration
+	// ActionTimeout is how long an order may wait in requires_action for
+	// the customer (env PAYMENT_ACTION_TIMEOUT, default 30m); then the
+	// reconciler cancels its PaymentIntent and the order fails.
+	ActionTimeout time.Duration
+	// MaxAttempts caps the new attempts of one step within one run (default
+	// 4); the run then answers 502 and a later run goes on.
+	MaxAttempts int
+}
+
+func (c SagaConfig) withDefaults() SagaConfig {
+	if c.KeyWindow <= 0 {
+		c.KeyWindow = 23 * time.Hour
+	}
+	if c.UnknownAfter <= 0 {
+		c.UnknownAfter = time.Hour
+	}
+	if c.ActionTimeout <= 0 {
+		c.ActionTimeout = 30 * time.Minute
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = 4
+	}
+	if c.SearchSettle < 0 {
+		c.SearchSettle = 0
+	}
+	return c
+}
+
+// run is one execution of an order's payment saga, by the API, the
+// completer or the reconciler.
+type run struct {
+	s   *Service
+	cfg SagaConfig
+	// claim is the idempotency key this run holds, nil for the reconciler
+	// on an order whose key is finished (requires_action). Its lease fences
+	// the run's new attempts and its final write.
+	claim *idempotency.Claim
+	// route decides the response the key is finished with.
+	route string
+	o     *Order
+}
+
+// verdict is what the saga learned and must apply to the order: a
+// PaymentIntent's state, or a final refusal.
+type verdict struct {
+	pi      *PaymentIntentState
+	refusal *PaymentRefusal
+}
+
+// waitError means the saga cannot go on now: Stripe gave no answer, an
+// indeterminate answer cannot be reconciled yet, or money is still moving.
+type waitError struct{ reason string }
+
+func (e *waitError) Error() string { return e.reason }
+
+func (s *Service) newRun(c *idempotency.Claim, route string, o *Order) *run {
+	return &run{s: s, cfg: s.Saga.withDefaults(), claim: c, route: route, o: o}
+}
+
+func (r *run) now() time.Time { return r.s.Now().UTC().Truncate(time.Microsecond) }
+
+// fence returns the key id and owner that new attempts are fenced by.
+func (r *run) fence() (int64, string) {
+	if r.claim == nil {
+		return 0, ""
+	}
+	return r.claim.ID, r.claim.Owner
+}
+
+// pay drives a checkout's payment from its persisted state to an outcome:
+// create the PaymentIntent (or find the one an indeterminate create made),
+// confirm it, and settle the order. It returns the response the key was
+// finished with, or an error: a wait (502), a lost lease (409) or a failure
+// of the database (503).
+func (r *run) pay(ctx context.Context) (*idempotency.Response, error) {
+	if !pending(r.o.Status) {
+		return r.settle(ctx, nil) // settled by another path (a webhook, the reconciler): finish the key
+	}
+	pi, v, err := r.ensureIntent(ctx)
+	if err != nil {
+		return r.stop(ctx, err)
+	}
+	if v == nil {
+		if v, err = r.confirm(ctx, pi); err != nil {
+			return r.stop(ctx, err)
+		}
+	}
+	return r.settle(ctx, v)
+}
+
+// pending reports the statuses in which the saga still has to reach Stripe.
+func pending(status string) bool {
+	return status == StatusPendingPayment || status == StatusPaymentUnknown
+}
+
+// ensureIntent returns the order's PaymentIntent, creating it if needed, or
+// a verdict when the create was refused.
+func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, error) {
+	if id := r.o.Payment.PaymentIntentID; id != "" {
+		return PaymentIntentState{ID: id, Status: r.o.Payment.Status}, nil, nil
+	}
+	newAttempts := 0
+	for {
+		as, err := loadAttempts(ctx, r.s.DB, r.o.ID, StepCreate)
+		if err != nil {
+			return PaymentIntentState{}, nil, err
+		}
+		var last *attempt
+		if len(as) > 0 {
+			last = &as[len(as)-1]
+		}
+		next := 1
+		switch {
+		case last == nil:
+		case last.outcome() == outcomeSucceeded && last.StripeObjectID != nil:
+			// Answered, but the run stopped before recording it on the order.
+			pi := PaymentIntentState{ID: *last.StripeObjectID, Status: PIRequiresConfirmation}
+			if last.StripeStatus != nil {
+				pi.Status = *last.StripeStatus
+			}
+			return r.record(ctx, pi)
+		case last.outcome() == outcomeRejected || last.outcome() == outcomeFailed:
+			return PaymentIntentState{}, &verdict{refusal: refusalOf(last)}, nil
+		case last.outcome() == "" && r.fresh(last):
+			// No final answer yet: Stripe either never saw the key or stored
+			// an answer it replays. The same key is safe while Stripe keeps it.
+			pi, v, err := r.create(ctx, last, false)
+			if pi != nil || v != nil || err != nil {
+				return deref(pi), v, err
+			}
+			continue
+		default:
+			// Indeterminate (a stored 500), or unanswered with a key Stripe
+			// may have pruned: reconcile before any new attempt. The search
+			// is trusted once the index has caught up with the attempt's
+			// last answer (anything it created existed by then).
+			if settled := last.UpdatedAt.Add(r.cfg.SearchSettle); r.s.Now().Before(settled) {
+				return PaymentIntentState{}, nil, &waitError{fmt.Sprintf(
+					"create attempt %d of order %s is indeterminate; Stripe's search settles at %s", last.Attempt, r.o.ID, settled.Format(time.RFC3339))}
+			}
+			found, err := r.s.Payments.SearchPaymentIntents(ctx, r.o.ID)
+			if err != nil {
+				return PaymentIntentState{}, nil, err
+			}
+			if pi, ok := adoptable(found); ok {
+				r.s.Logger.InfoContext(ctx, "adopting the PaymentIntent an indeterminate create made",
+					"order_id", r.o.ID, "payment_intent", pi.ID, "found", len(found))
+				got, v, err := r.record(ctx, pi)
+				if err == nil {
+					r.cancelOrphans(ctx, found, got.ID)
+				}
+				return got, v, err
+			}
+			next = last.Attempt + 1
+		}
+		if newAttempts == r.cfg.MaxAttempts {
+			return PaymentIntentState{}, nil, &waitError{fmt.Sprintf("create of order %s: %d new attempts in one run", r.o.ID, newAttempts)}
+		}
+		newAttempts++
+		a := r.newAttempt(StepCreate, next, "", r.createRequest(next))
+		pi, v, err := r.create(ctx, a, true)
+		if pi != nil || v != nil || err != nil {
+			return deref(pi), v, err
+		}
+		// Indeterminate: loop to reconcile it.
+	}
+}
+
+func deref(pi *PaymentIntentState) PaymentIntentState {
+	if pi == nil {
+		return PaymentIntentState{}
+	}
+	return *pi
+}
+
+// fresh reports whether a's key may be resent as is (KeyWindow).
+func (r *run) fresh(a *attempt) bool {
+	return r.s.Now().Sub(a.CreatedAt) < r.cfg.KeyWindow
+}
+
+// adoptable picks, among the PaymentIntents a search found for the order,
+// the one to keep: one that moves money (there is at most one: only a
+// recorded PaymentIntent is ever confirmed), else one waiting for the
+// customer, else the oldest that is not canceled.
+func adoptable(found []PaymentIntentState) (PaymentIntentState, bool) {
+	for _, rank := range []func(string) bool{MovesMoney, func(s string) bool { return s == PIRequiresAction },
+		func(s string) bool { return s != PICanceled }} {
+		for _, pi := range found {
+			if rank(pi.Status) {
+				return pi, true
+			}
+		}
+	}
+	return PaymentIntentState{}, false
+}
+
+func (r *run) createRequest(n int) CreateIntentRequest {
+	return CreateIntentRequest{
+		IdempotencyKey: StepKey(r.o.ID, StepCreate, n),
+		Amount:         r.o.AmountTotal,
+		Currency:       r.o.Currency,
+		PaymentMethod:  r.o.paymentMethod,
+		OrderID:        r.o.ID,
+		TenantID:       r.o.tenantID,
+	}
+}
+
+// newAttempt returns the row of attempt n of step, not yet written.
+func (r *run) newAttempt(step string, n int, target string, params any) *attempt {
+	b, err := json.Marshal(params)
+	if err != nil {
+		panic("checkout: encode attempt params: " + err.Error()) // plain structs of strings and ints
+	}
+	a := &attempt{OrderID: r.o.ID, TenantID: r.o.tenantID, Step: step, Attempt: n,
+		IdempotencyKey: StepKey(r.o.ID, step, n), RequestParams: b, CreatedAt: r.now()}
+	if target != "" {
+		a.PaymentIntentID = &target
+	}
+	return a
+}
+
+// begin writes a new attempt before its call (fenced by the key's lease).
+func (r *run) begin(ctx context.Context, a *attempt) error {
+	keyID, owner := r.fence()
+	return insertAttempt(ctx, r.s.DB, a, keyID, owner)
+}
+
+// create sends create attempt a (written first when isNew) and records the
+// answer. It returns the PaymentIntent, a verdict (refused), an error
+// (unanswered: wait), or all nil after an indeterminate answer, which the
+// caller reconciles.
+func (r *run) create(ctx context.Context, a *attempt, isNew bool) (*PaymentIntentState, *verdict, error) {
+	if isNew {
+		if err := r.begin(ctx, a); err != nil {
+			return nil, nil, err
+		}
+	}
+	pi, err := r.s.Payments.CreatePaymentIntent(ctx, r.createRequest(a.Attempt))
+	switch res := r.answer(ctx, a, pi, err); {
+	case res.err != nil:
+		return nil, nil, res.err
+	case res.refusal != nil:
+		return nil, &verdict{refusal: res.refusal}, nil
+	case res.indeterminate:
+		return nil, nil, nil
+	}
+	got, v, err := r.record(ctx, pi)
+	return &got, v, err
+}
+
+// record makes pi the order's PaymentIntent unless it has one already.
+func (r *run) record(ctx context.Context, pi PaymentIntentState) (PaymentIntentState, *verdict, error) {
+	id, err := recordIntent(ctx, r.s.DB, r.o.ID, pi, r.now())
+	if err != nil {
+		return PaymentIntentState{}, nil, err
+	}
+	r.o.Payment.PaymentIntentID = id
+	if id != pi.ID {
+		// Another run recorded another one first: this one is an orphan.
+		r.cancelOrphans(ctx, []PaymentIntentState{pi}, id)
+		return PaymentIntentState{ID: id}, nil, nil
+	}
+	r.o.Payment.Status = pi.Status
+	return pi, nil, nil
+}
+
+// answerResult is an attempt's answer after it was recorded.
+type answerResult struct {
+	refusal       *PaymentRefusal
+	indeterminate bool
+	err           error // unanswered (a waitError), or the database failing
+}
+
+// answer records the answer to attempt a: the PaymentIntent, a refusal, an
+// indeterminate answer (which marks the payment unknown since now), or no
+// answer (the same).
+func (r *run) answer(ctx context.Context, a *attempt, pi PaymentIntentState, callErr error) answerResult {
+	now := r.now()
+	var refusal *PaymentRefusal
+	var res answerResult
+	var dbErr error
+	switch {
+	case callErr == nil:
+		dbErr = finishAttempt(ctx, r.s.DB, a.ID, outcomeSucceeded, &pi, "", now)
+	case errors.As(callErr, &refusal):
+		outcome := outcomeRejected
+		if refusal.Declined {
+			outcome = outcomeFailed
+		}
+		dbErr = finishAttempt(ctx, r.s.DB, a.ID, outcome, refusal.PaymentIntent, refusalText(refusal), now)
+		res.refusal = refusal
+	case errors.Is(callErr, ErrProviderIndeterminate):
+		r.s.Logger.WarnContext(ctx, "stripe answered indeterminately; reconciling before any new attempt",
+			"order_id", r.o.ID, "step", a.Step, "attempt", a.Attempt, "err", callErr)
+		dbErr = errors.Join(finishAttempt(ctx, r.s.DB, a.ID, outcomeIndeterminate, nil, callErr.Error(), now),
+			markUnknownSince(ctx, r.s.DB, r.o.ID, now))
+		res.indeterminate = true
+	default:
+		dbErr = errors.Join(finishAttempt(ctx, r.s.DB, a.ID, "", nil, callErr.Error(), now),
+			markUnknownSince(ctx, r.s.DB, r.o.ID, now))
+		res.err = &waitError{fmt.Sprintf("%s attempt %d of order %s: %v", a.Step, a.Attempt, r.o.ID, callErr)}
+	}
+	if dbErr != nil {
+		res.err = dbErr
+	}
+	return res
+}
+
+// refusalText is what payment_attempts.error keeps of a refusal: enough to
+// rebuild the verdict on resume ("code|decline_code|message").
+func refusalText(e *PaymentRefusal) string {
+	return e.Code + "|" + e.DeclineCode + "|" + e.Error()
+}
+
+// refusalOf rebuilds the refusal recorded on a failed or rejected attempt.
+func refusalOf(a *attempt) *PaymentRefusal {
+	r := &PaymentRefusal{Declined: a.outcome() == outcomeFailed}
+	if a.Error != nil {
+		parts := strings.SplitN(*a.Error, "|", 3)
+		for len(parts) < 3 {
+			parts = append(parts, "")
+		}
+		r.Code, r.DeclineCode, r.Message = parts[0], parts[1], parts[2]
+	}
+	return r
+}
+
+// confirm confirms the order's PaymentIntent pi and returns the verdict to
+// apply. After an indeterminate confirm (or one whose key may have been
+// pruned) it reads the PaymentIntent by id and confirms again, under the
+// next attempt's key, only if Stripe says it is still unconfirmed.
+func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, error) {
+	newAttempts := 0
+	for {
+		all, err := loadAttempts(ctx, r.s.DB, r.o.ID, StepConfirm)
+		if err != nil {
+			return nil, err
+		}
+		var last *attempt
+		maxN := 0
+		for i := range all {
+			maxN = max(maxN, all[i].Attempt)
+			if all[i].target() == pi.ID {
+				last = &all[i]
+			}
+		}
+		switch {
+		case last == nil && (pi.Status == PIRequiresConfirmation || pi.Status == ""):
+		case last == nil:
+			// Adopted in another state: Stripe's state is the truth.
+			cur, err := r.s.Payments.RetrievePaymentIntent(ctx, pi.ID)
+			if err != nil {
+				return nil, err
+			}
+			if cur.Status != PIRequiresConfirmation {
+				return r.verdictOf(cur)
+			}
+		case last.outcome() == "" && r.fresh(last):
+			v, err := r.confirmAttempt(ctx, pi.ID, last)
+			if v != nil || err != nil {
+				return v, err
+			}
+			continue
+		default:
+			// Answered before this run (resume), indeterminate, or a key
+			// Stripe may have pruned: ask Stripe for the PaymentIntent,
+			// strongly consistent, and act on what it says.
+			cur, err := r.s.Payments.RetrievePaymentIntent(ctx, pi.ID)
+			if err != nil {
+				return nil, err
+			}
+			if cur.Status != PIRequiresConfirmation {
+				return r.verdictOf(cur)
+			}
+			if last.outcome() == outcomeRejected {
+				// Refused, and still unconfirmed: final, never sent again.
+				return &verdict{refusal: refusalOf(last)}, nil
+			}
+		}
+		if newAttempts == r.cfg.MaxAttempts {
+			return nil, &waitError{fmt.Sprintf("confirm of order %s: %d new attempts in one run", r.o.ID, newAttempts)}
+		}
+		newAttempts++
+		a := r.newAttempt(StepConfirm, maxN+1, pi.ID, ConfirmIntentRequest{PaymentIntentID: pi.ID})
+		if err := r.begin(ctx, a); err != nil {
+			return nil, err
+		}
+		v, err := r.confirmAttempt(ctx, pi.ID, a)
+		if v != nil || err != nil {
+			return v, err
+		}
+	}
+}
+
+// confirmAttempt sends confirm attempt a (already written) and returns the
+// verdict, an error, or nil, nil after an indeterminate answer.
+func (r *run) confirmAttempt(ctx context.Context, piID string, a *attempt) (*verdict, error) {
+	got, err := r.s.Payments.ConfirmPaymentIntent(ctx, ConfirmIntentRequest{
+		IdempotencyKey: a.IdempotencyKey, PaymentIntentID: piID})
+	res := r.answer(ctx, a, got, err)
+	switch {
+	case res.err != nil:
+		return nil, res.err
+	case res.indeterminate:
+		return nil, nil
+	case res.refusal != nil && res.refusal.Declined:
+		return &verdict{refusal: res.refusal, pi: res.refusal.PaymentIntent}, nil
+	case res.refusal != nil:
+		// Refused, but perhaps because the PaymentIntent moved on (a
+		// rolled-forward confirm made it succeed): Stripe's state decides.
+		cur, gerr := r.s.Payments.RetrievePaymentIntent(ctx, piID)
+		if gerr != nil {
+			var missing *PaymentRefusal
+			if errors.As(gerr, &missing) {
+				return &verdict{refusal: res.refusal}, nil
+			}
+			return nil, gerr
+		}
+		if cur.Status == PIRequiresConfirmation {
+			return &verdict{refusal: res.refusal}, nil
+		}
+		return r.verdictOf(cur)
+	}
+	return r.verdictOf(got)
+}
+
+// verdictOf returns the verdict for a PaymentIntent's state, or a wait when
+// the state settles nothing yet (processing, requires_capture).
+func (r *run) verdictOf(pi PaymentIntentState) (*verdict, error) {
+	if _, ok := r.changeFor(pi, false); !ok {
+		return nil, &waitError{fmt.Sprintf("payment intent %s of order %s is %s", pi.ID, r.o.ID, pi.Status)}
+	}
+	return &verdict{pi: &pi}, nil
+}
+
+// changeFor returns the order change Stripe's state of the order's
+// PaymentIntent calls for, and false when it calls for none.
+// customerCanceled says whether the customer asked for the cancellation.
+func (r *run) changeFor(pi PaymentIntentState, customerCanceled bool) (change, bool) {
+	ch := change{paymentIntentID: pi.ID, paymentStatus: pi.Status}
+	switch pi.Status {
+	case PISucceeded:
+		ch.to = StatusPaid
+	case PIRequiresAction:
+		ch.to, ch.nextAction, ch.clientSecret = StatusRequiresAction, pi.NextAction, pi.ClientSecret
+	case PIRequiresPaymentMethod:
+		if pi.LastErrorCode == "" && pi.LastDeclineCode == "" {
+			return ch, false // never confirmed
+		}
+		ch.to, ch.failureCode, ch.declineCode = StatusPaymentFailed, CodeCardDeclined, firstOf(pi.LastDeclineCode, pi.LastErrorCode)
+	case PICanceled:
+		switch {
+		case customerCanceled || pi.CancellationReason == CancelRequestedByCustomer:
+			ch.to, ch.failureCode = StatusCanceled, "canceled"
+		case pi.CancellationReason == CancelAbandoned:
+			ch.to, ch.failureCode = StatusPaymentFailed, "payment_action_timeout"
+		default:
+			ch.to, ch.failureCode = StatusPaymentFailed, "payment_canceled"
+		}
+	default:
+		return ch, false
+	}
+	return ch, true
+}
+
+func firstOf(s ...string) string {
+	for _, v := range s {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// changeOf returns the change a verdict calls for.
+func (r *run) changeOf(ctx context.Context, v *verdict) (change, bool, error) {
+	if f := v.refusal; f != nil {
+		ch := change{to: StatusPaymentFailed, failureCode: CodePaymentRejected}
+		if v.pi != nil {
+			ch.paymentIntentID, ch.paymentStatus = v.pi.ID, v.pi.Status
+		}
+		if f.Declined {
+			ch.failureCode, ch.declineCode = CodeCardDeclined, firstOf(f.DeclineCode, f.Code)
+		}
+		return ch, true, nil
+	}
+	customer := false
+	if v.pi.Status == PICanceled {
+		var err error
+		if customer, err = customerCanceled(ctx, r.s.DB, r.o.ID, v.pi.ID); err != nil {
+			return change{}, false, err
+		}
+	}
+	ch, ok := r.changeFor(*v.pi, customer)
+	return ch, ok, nil
+}
+
+// customerCanceled reports whether the order's PaymentIntent piID was
+// canceled at the customer's request (POST /v1/orders/{id}/cancel).
+func customerCanceled(ctx context.Context, db *gorm.DB, orderID, piID string) (bool, error) {
+	var n int64
+	err := db.WithContext(ctx).Raw(`
+		SELECT count(*) FROM payment_attempts
+		WHERE order_id = ? AND step = ? AND payment_intent_id = ?
+		  AND request_params->>'cancellation_reason' = ?`,
+		orderID, StepCancel, piID, CancelRequestedByCustomer).Scan(&n).Error
+	if err != nil {
+		return false, fmt.Errorf("load cancel attempts of %s: %w", orderID, err)
+	}
+	return n > 0, nil
+}
+
+// settle applies v (if any) to the order in one transaction, monotonically:
+// the status change, the stock given back, the event, and, when the run
+// holds a key, the key finished with the response the order's state calls
+// for. It returns that response (nil without a key).
+func (r *run) settle(ctx context.Context, v *verdict) (*idempotency.Response, error) {
+	var ch change
+	apply := false
+	if v != nil {
+		var err error
+		if ch, apply, err = r.changeOf(ctx, v); err != nil {
+			return r.stop(ctx, err)
+		}
+	}
+	var resp *idempotency.Response
+	now := r.now()
+	err := postgres.WithTx(ctx, r.s.DB, func(tx *gorm.DB) error {
+		resp = nil
+		if apply {
+			if _, err := r.s.applyTx(ctx, tx, r.o, ch, now); err != nil {
+				return err
+			}
+		}
+		cur, err := loadOrder(ctx, tx, r.o.tenantID, r.o.ID)
+		if err != nil {
+			return err
+		}
+		r.o = cur
+		if r.claim == nil {
+			return nil
+		}
+		if resp = responseFor(r.route, cur); resp == nil {
+			return nil // nothing final yet; the caller waits
+		}
+		return r.s.Keys.Finish(ctx, tx, r.claim, resp)
+	})
+	if err != nil {
+		if errors.Is(err, idempotency.ErrLeaseLost) {
+			return nil, err
+		}
+		return r.stop(ctx, err)
+	}
+	if r.claim != nil && resp == nil {
+		return r.stop(ctx, &waitError{fmt.Sprintf("order %s is %s", r.o.ID, r.o.Status)})
+	}
+	return resp, nil
+}
+
+// applyTx applies ch to o inside tx if the order may move there, with what
+// goes with it: the stock given back (payment_failed, canceled) and the
+// event. It reports whether the order changed.
+func (s *Service) applyTx(ctx context.Context, tx *gorm.DB, o *Order, ch change, now time.Time) (bool, error) {
+	changed, err := transition(ctx, tx, o.ID, ch, now)
+	if err != nil || !changed {
+		return false, err
+	}
+	cur, err := loadOrder(ctx, tx, o.tenantID, o.ID)
+	if err != nil {
+		return false, err
+	}
+	var event string
+	switch ch.to {
+	case StatusPaid:
+		event = outbox.TypeOrderPaid
+	case StatusPaymentFailed:
+		event = outbox.TypeOrderPaymentFailed
+	case StatusCanceled:
+		event = outbox.TypeOrderCanceled
+	case StatusPaymentUnknown:
+		s.Metrics.unknown()
+	}
+	if ch.to == StatusPaymentFailed || ch.to == StatusCanceled {
+		if err := releaseStock(ctx, tx, cur); err != nil {
+			return false, err
+		}
+	}
+	if event != "" {
+		if err := outbox.Add(ctx, tx, s.event(event, cur, now)); err != nil {
+			return false, err
+		}
+	}
+	s.Logger.InfoContext(ctx, "order status changed", "order_id", o.ID, "to", ch.to, "payment_intent", cur.Payment.PaymentIntentID)
+	return true, nil
+}
+
+// stop ends a run that cannot settle now. A wait (Stripe unanswered or
+// indeterminate) releases the key's lease so that a retry resumes at once,
+// moves the order to payment_unknown once UnknownAfter has passed, and is
+// answered 502; a lost lease or attempt is 409 (another run owns the
+// payment); anything else is 503.
+func (r *run) stop(ctx context.Context, err error) (*idempotency.Response, error) {
+	var w *waitError
+	var refusal *PaymentRefusal
+	switch {
+	case errors.Is(err, errAttemptTaken), errors.Is(err, idempotency.ErrLeaseLost):
+		return nil, idempotency.ErrLeaseLost
+	case errors.As(err, &w), errors.Is(err, ErrProviderUnanswered), errors.Is(err, ErrProviderIndeterminate),
+		errors.As(err, &refusal):
+		r.markUnknown(ctx)
+		r.release()
+		return nil, paymentUnavailable(r.o.ID, err)
+	}
+	r.release()
+	return nil, r.s.translate(err)
+}
+
+// markUnknown moves a pending order whose payment has been unknown for
+// UnknownAfter to payment_unknown. Best effort: the next run tries again.
+func (r *run) markUnknown(ctx context.Context) {
+	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	cur, err := loadOrder(bg, r.s.DB, r.o.tenantID, r.o.ID)
+	if err != nil || cur.Status != StatusPendingPayment || cur.unknownSince == nil ||
+		r.s.Now().Sub(*cur.unknownSince) < r.cfg.UnknownAfter {
+		return
+	}
+	err = postgres.WithTx(bg, r.s.DB, func(tx *gorm.DB) error {
+		_, err := r.s.applyTx(bg, tx, cur, change{to: StatusPaymentUnknown}, r.now())
+		return err
+	})
+	if err != nil {
+		r.s.Logger.WarnContext(ctx, "mark payment unknown", "order_id", r.o.ID, "err", err)
+		return
+	}
+	r.s.Logger.ErrorContext(ctx, "payment outcome unknown; the order is payment_unknown and is still reconciled",
+		"order_id", r.o.ID, "since", cur.unknownSince)
+}
+
+// release ends the key's lease early, so that the client's retry resumes at
+// once rather than after the lease expires.
+func (r *run) release() {
+	if r.claim != nil {
+		r.s.release(r.claim)
+	}
+}
+
+// cancelOrphans cancels, best effort, every PaymentIntent of found other
+// than keep that does not move money: orphans of indeterminate creates.
+// They were never confirmed, so they are harmless until then; a failure is
+// logged and the next reconciliation finds them again.
+func (r *run) cancelOrphans(ctx context.Context, found []PaymentIntentState, keep string) {
+	for _, pi := range found {
+		if pi.ID == keep || pi.Status == PICanceled || MovesMoney(pi.Status) {
+			if pi.ID != keep && MovesMoney(pi.Status) {
+				r.s.Logger.ErrorContext(ctx, "a second PaymentIntent of the order moves money",
+					"order_id", r.o.ID, "payment_intent", pi.ID, "status", pi.Status, "kept", keep)
+			}
+			continue
+		}
+		if _, err := r.cancel(ctx, pi.ID, CancelDuplicate); err != nil {
+			r.s.Logger.WarnContext(ctx, "cancel orphan PaymentIntent", "order_id", r.o.ID, "payment_intent", pi.ID, "err", err)
+		}
+	}
+}
+
+// cancel cancels PaymentIntent piID of the order with reason and returns
+// Stripe's state of it afterwards: canceled, or whatever state made the
+// cancellation impossible (succeeded, say). Indeterminate answers are
+// reconciled with a GET before a new attempt.
+func (r *run) cancel(ctx context.Context, piID, reason string) (PaymentIntentState, error) {
+	newAttempts := 0
+	for {
+		all, err := loadAttempts(ctx, r.s.DB, r.o.ID, StepCancel)
+		if err != nil {
+			return PaymentIntentState{}, err
+		}
+		var last *attempt
+		maxN := 0
+		for i := range all {
+			maxN = max(maxN, all[i].Attempt)
+			if all[i].target() == piID {
+				last = &all[i]
+			}
+		}
+		var a *attempt
+		switch {
+		case last != nil && last.outcome() == "" && r.fresh(last):
+			a = last
+		case last != nil:
+			cur, err := r.s.Payments.RetrievePaymentIntent(ctx, piID)
+			if err != nil {
+				return PaymentIntentState{}, err
+			}
+			if !cancelable(cur.Status) {
+				return cur, nil
+			}
+		}
+		if a == nil {
+			if newAttempts == r.cfg.MaxAttempts {
+				return PaymentIntentState{}, &waitError{fmt.Sprintf("cancel of %s: %d new attempts in one run", piID, newAttempts)}
+			}
+			newAttempts++
+			a = r.newAttempt(StepCancel, maxN+1, piID, CancelIntentRequest{PaymentIntentID: piID, Reason: reason})
+			if err := r.begin(ctx, a); err != nil {
+				return PaymentIntentState{}, err
+			}
+		}
+		var req CancelIntentRequest
+		if err := json.Unmarshal(a.RequestParams, &req); err != nil {
+			return PaymentIntentState{}, fmt.Errorf("decode cancel attempt %s: %w", a.IdempotencyKey, err)
+		}
+		req.IdempotencyKey = a.IdempotencyKey
+		got, err := r.s.Payments.CancelPaymentIntent(ctx, req)
+		res := r.answerCancel(ctx, a, got, err)
+		switch {
+		case res.err != nil:
+			return PaymentIntentState{}, res.err
+		case res.refusal != nil:
+			cur, gerr := r.s.Payments.RetrievePaymentIntent(ctx, piID)
+			if gerr != nil {
+				return PaymentIntentState{}, gerr
+			}
+			return cur, nil
+		case res.indeterminate:
+			continue
+		}
+		return got, nil
+	}
+}
+
+// answerCancel records a cancel's answer like answer, without marking the
+// order's payment unknown: a cancellation moves no money.
+func (r *run) answerCancel(ctx context.Context, a *attempt, pi PaymentIntentState, callErr error) answerResult {
+	now := r.now()
+	var refusal *PaymentRefusal
+	var res answerResult
+	var dbErr error
+	switch {
+	case callErr == nil:
+		dbErr = finishAttempt(ctx, r.s.DB, a.ID, outcomeSucceeded, &pi, "", now)
+	case errors.As(callErr, &refusal):
+		dbErr = finishAttempt(ctx, r.s.DB, a.ID, outcomeRejected, nil, refusalText(refusal), now)
+		res.refusal = refusal
+	case errors.Is(callErr, ErrProviderIndeterminate):
+		dbErr = finishAttempt(ctx, r.s.DB, a.ID, outcomeIndeterminate, nil, callErr.Error(), now)
+		res.indeterminate = true
+	default:
+		dbErr = finishAttempt(ctx, r.s.DB, a.ID, "", nil, callErr.Error(), now)
+		res.err = &waitError{fmt.Sprintf("cancel attempt %d of order %s: %v", a.Attempt, r.o.ID, callErr)}
+	}
+	if dbErr != nil {
+		res.err = dbErr
+	}
+	return res
+}
+
+// cancelable reports the PaymentIntent statuses Stripe lets a caller cancel
+// (https://docs.stripe.com/api/payment_intents/cancel); processing, which
+// Stripe allows only in rare cases, is left to settle.
+func cancelable(status string) bool {
+	switch status {
+	case PIRequiresPaymentMethod, PIRequiresConfirmation, PIRequiresAction, PIRequiresCapture:
+		return true
+	}
+	return false
+}

@@ -1,0 +1,47 @@
+package checkout
+
+import (
+	"context"
+
+	"gorm.io/gorm"
+)
+
+// ApplyPaymentIntentTx is ApplyPaymentIntent inside the caller's
+// transaction tx, for the Stripe webhook handler, which records the event
+// in its inbox in the same transaction (internal/webhooks): commit makes the
+// order's change, its stock release and its event durable together with the
+// record; rollback forgets all of them. It reads and writes only through tx.
+//
+// It returns ErrOrderNotFound when pi's metadata names no order of the
+// tenant, and changed=false when pi is not the order's recorded
+// PaymentIntent or the order is already where pi would take it or further
+// (the same monotonic transitions as every other path).
+func (s *Service) ApplyPaymentIntentTx(ctx context.Context, tx *gorm.DB, pi PaymentIntentState) (changed bool, err error) {
+	id, tenant := pi.Metadata["order_id"], pi.Metadata["tenant_id"]
+	if !validOrderID(id) || tenant == "" {
+		return false, ErrOrderNotFound
+	}
+	o, err := loadOrder(ctx, tx, tenant, id)
+	if err != nil {
+		return false, err
+	}
+	if o.Payment.PaymentIntentID != pi.ID {
+		if MovesMoney(pi.Status) {
+			s.Logger.ErrorContext(ctx, "a PaymentIntent that is not the order's moves money",
+				"order_id", o.ID, "payment_intent", pi.ID, "status", pi.Status, "order_payment_intent", o.Payment.PaymentIntentID)
+		}
+		return false, nil
+	}
+	customer := false
+	if pi.Status == PICanceled {
+		if customer, err = customerCanceled(ctx, tx, o.ID, pi.ID); err != nil {
+			return false, err
+		}
+	}
+	r := s.newRun(nil, "", o)
+	ch, ok := r.changeFor(pi, customer)
+	if !ok {
+		return false, nil
+	}
+	return s.applyTx(ctx, tx, o, ch, r.now())
+}

@@ -1,0 +1,175 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// Sequenced is one event of an aggregate's sequence as a consumer received
+// it: outbox.Event's AggregateID and Sequence, and the message itself.
+type Sequenced struct {
+	MessageID   string
+	AggregateID string
+	// Seq is 1 for the aggregate's first event, then 2, 3, … without gaps.
+	Seq  int64
+	Body []byte
+}
+
+// Admission is what Admit decided about one event.
+type Admission struct {
+	// Apply lists the events to apply now, in this order, in the caller's
+	// transaction: the admitted event, then the parked events it unblocked.
+	// Empty when the event was parked.
+	Apply []Sequenced
+	// Parked is true when the event came before its predecessor: it is
+	// stored until the predecessor is applied or ReleaseOverdue lets it go.
+	Parked bool
+	// Late is true when the event's successors were already applied (it was
+	// given up on by ReleaseOverdue, then arrived): it is applied anyway,
+	// out of order.
+	Late bool
+}
+
+// Admit decides, inside tx, whether ev is the next event of its aggregate
+// for consumer, which must already have recorded ev with Record (first ==
+// true) in the same tx: this is the resequencer pattern
+// (https://www.enterpriseintegrationpatterns.com/patterns/messaging/Resequencer.html)
+// with its buffer in the database, so a parked event survives a crash and
+// holds no broker delivery or handler slot while it waits.
+//
+// It locks the aggregate's cursor row (the highest sequence applied without
+// a gap), so two consumers of one aggregate take turns. When ev.Seq is the
+// next one, the cursor moves past it and past every parked successor that
+// follows without a gap, and all of them are returned to be applied (the
+// parked ones are removed from parking). When ev.Seq is further ahead, ev is
+// parked and nothing is returned. When ev.Seq is behind the cursor, it is
+// returned with Late set.
+//
+// Commit makes the cursor, the parking and the caller's effects durable
+// together; rollback undoes all of them, and the redelivered message is
+// admitted again.
+func Admit(ctx context.Context, tx *gorm.DB, consumer string, ev Sequenced) (Admission, error) {
+	if ev.AggregateID == "" || ev.Seq < 1 {
+		return Admission{}, fmt.Errorf("inbox: admit %s: aggregate id and a positive sequence are required", ev.MessageID)
+	}
+	tx = tx.WithContext(ctx)
+	applied, err := lockCursor(tx, consumer, ev.AggregateID)
+	if err != nil {
+		return Admission{}, err
+	}
+	switch {
+	case ev.Seq <= applied:
+		return Admission{Apply: []Sequenced{ev}, Late: true}, nil
+	case ev.Seq > applied+1:
+		err := tx.Exec(`INSERT INTO inbox_parked (consumer, aggregate_id, seq, message_id, body)
+			VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING`,
+			consumer, ev.AggregateID, ev.Seq, ev.MessageID, ev.Body).Error
+		if err != nil {
+			return Admission{}, fmt.Errorf("inbox: park %s: %w", ev.MessageID, err)
+		}
+		return Admission{Parked: true}, nil
+	}
+	apply, err := drain(tx, consumer, ev.AggregateID, ev.Seq, []Sequenced{ev})
+	if err != nil {
+		return Admission{}, err
+	}
+	return Admission{Apply: apply}, nil
+}
+
+// ReleaseOverdue lets go, inside tx, of the events consumer has parked for
+// longer than wait: for up to limit aggregates whose lowest parked event is
+// overdue, it moves the cursor past the missing predecessors to that event
+// and its parked successors without a gap, removes them from parking and
+// returns them to be applied in order. skipped counts the sequence numbers
+// given up on (their events may still arrive, late).
+//
+// Aggregates whose cursor another transaction holds are skipped (FOR UPDATE
+// SKIP LOCKED): a consumer is applying their events right now. Commit and
+// rollback mean what they mean for Admit.
+func ReleaseOverdue(ctx context.Context, tx *gorm.DB, consumer string, wait time.Duration, limit int) (apply []Sequenced, skipped int64, err error) {
+	tx = tx.WithContext(ctx)
+	var aggregates []string
+	err = tx.Raw(`SELECT aggregate_id FROM inbox_parked
+		WHERE consumer = ? AND parked_at < now() - ?::interval
+		GROUP BY aggregate_id ORDER BY min(parked_at) LIMIT ?`,
+		consumer, wait.String(), limit).Scan(&aggregates).Error
+	if err != nil {
+		return nil, 0, fmt.Errorf("inbox: list overdue parked events: %w", err)
+	}
+	for _, agg := range aggregates {
+		// The cursor exists: Admit writes it in the transaction that parks,
+		// and the reaper keeps cursors that have parked events.
+		var applied []int64
+		if err := tx.Raw(`SELECT applied_seq FROM inbox_sequences WHERE consumer = ? AND aggregate_id = ?
+			FOR UPDATE SKIP LOCKED`, consumer, agg).Scan(&applied).Error; err != nil {
+			return nil, 0, fmt.Errorf("inbox: lock cursor of %s: %w", agg, err)
+		}
+		if len(applied) == 0 {
+			continue // a consumer holds it
+		}
+		var first []Sequenced
+		if err := tx.Raw(`SELECT message_id, aggregate_id, seq, body FROM inbox_parked
+			WHERE consumer = ? AND aggregate_id = ? AND parked_at < now() - ?::interval
+			ORDER BY seq LIMIT 1`, consumer, agg, wait.String()).Scan(&first).Error; err != nil {
+			return nil, 0, fmt.Errorf("inbox: load parked event of %s: %w", agg, err)
+		}
+		if len(first) == 0 {
+			continue // released meanwhile
+		}
+		ev := first[0]
+		if err := tx.Exec(`DELETE FROM inbox_parked WHERE consumer = ? AND aggregate_id = ? AND seq = ?`,
+			consumer, agg, ev.Seq).Error; err != nil {
+			return nil, 0, fmt.Errorf("inbox: unpark %s: %w", ev.MessageID, err)
+		}
+		if ev.Seq > applied[0]+1 {
+			skipped += ev.Seq - applied[0] - 1
+		}
+		evs, err := drain(tx, consumer, agg, ev.Seq, []Sequenced{ev})
+		if err != nil {
+			return nil, 0, err
+		}
+		apply = append(apply, evs...)
+	}
+	return apply, skipped, nil
+}
+
+// lockCursor returns the aggregate's cursor, creating it at 0, with its row
+// locked until tx ends.
+func lockCursor(tx *gorm.DB, consumer, aggregateID string) (int64, error) {
+	var applied int64
+	err := tx.Raw(`INSERT INTO inbox_sequences (consumer, aggregate_id, applied_seq) VALUES (?, ?, 0)
+		ON CONFLICT (consumer, aggregate_id) DO UPDATE SET updated_at = now()
+		RETURNING applied_seq`, consumer, aggregateID).Scan(&applied).Error
+	if err != nil {
+		return 0, fmt.Errorf("inbox: cursor of %s: %w", aggregateID, err)
+	}
+	return applied, nil
+}
+
+// drain moves the locked cursor to seq, then past each parked event that
+// follows without a gap, removing those from parking; it returns apply with
+// them appended in order.
+func drain(tx *gorm.DB, consumer, aggregateID string, seq int64, apply []Sequenced) ([]Sequenced, error) {
+	for {
+		var next []Sequenced
+		err := tx.Raw(`DELETE FROM inbox_parked WHERE consumer = ? AND aggregate_id = ? AND seq = ?
+			RETURNING message_id, aggregate_id, seq, body`, consumer, aggregateID, seq+1).Scan(&next).Error
+		if err != nil {
+			return nil, fmt.Errorf("inbox: unpark %s #%d: %w", aggregateID, seq+1, err)
+		}
+		if len(next) == 0 {
+			break
+		}
+		apply = append(apply, next[0])
+		seq++
+	}
+	err := tx.Exec(`UPDATE inbox_sequences SET applied_seq = greatest(applied_seq, ?), updated_at = now()
+		WHERE consumer = ? AND aggregate_id = ?`, seq, consumer, aggregateID).Error
+	if err != nil {
+		return nil, fmt.Errorf("inbox: advance cursor of %s: %w", aggregateID, err)
+	}
+	return apply, nil
+}

@@ -1,0 +1,181 @@
+package refunds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/onceonly/checkout/internal/outbox"
+	"github.com/onceonly/checkout/internal/postgres"
+)
+
+// ErrDuplicateAtStripe is returned by Apply when Stripe's refund carries
+// the metadata refund_id of one of our refunds that is already bound to
+// another Stripe refund: Stripe made two refunds for one of ours (a stored
+// 500 rolled forward after the reconciliation window). Nothing is changed;
+// operators must look (the log names both). The error wraps ErrNotOurs too.
+var ErrDuplicateAtStripe = errors.New("a second Stripe refund for one of our refunds")
+
+// ErrNotOurs is returned by Apply for a Stripe refund that is none of ours
+// (neither its id nor its metadata[refund_id] names one of our refunds):
+// nothing changes; a webhook handler answers 200 and ignores it.
+var ErrNotOurs = errors.New("not one of our refunds")
+
+// ourStatus maps Stripe's refund status
+// (https://docs.stripe.com/api/refunds/object#refund_object-status) to ours:
+// pending and requires_action are pending, canceled is failed.
+func ourStatus(stripeStatus string) string {
+	switch stripeStatus {
+	case "succeeded":
+		return StatusSucceeded
+	case "failed", "canceled":
+		return StatusFailed
+	}
+	return StatusPending
+}
+
+// Apply applies Stripe's state of one refund to our rows inside tx, the
+// caller's transaction: the webhook handler records the event in its inbox
+// in the same one, and the API and the reconciler call it from theirs.
+//
+// It finds our refund by Stripe's id, else by metadata[refund_id] (and then
+// records Stripe's id on it); for a refund that is not ours it returns
+// ErrNotOurs and changes nothing. It locks the order row, then the refund's, and moves the refund
+// only forward: pending to succeeded (the order's amount_refunded grows,
+// its status becomes partially_refunded or refunded, and order.refunded is
+// added to the outbox, once, with the refund as its data), pending to
+// failed (its amount becomes refundable again), or succeeded to failed
+// (Stripe failed it after all, https://docs.stripe.com/refunds#failed-refunds:
+// amount_refunded and the reservation shrink; the order's status stays, no
+// transition goes back). An event older than what we know changes nothing.
+// changed reports whether any row changed.
+//
+// Commit makes the change and its event durable together; rollback leaves
+// the refund as it was, and applying the same state again later is safe.
+func Apply(ctx context.Context, tx *gorm.DB, st StripeRefund, now time.Time) (changed bool, err error) {
+	if st.ID == "" {
+		return false, fmt.Errorf("apply stripe refund: no id")
+	}
+	tx = tx.WithContext(ctx)
+	var ids []struct {
+		ID      string
+		OrderID string
+	}
+	if err := tx.Raw(`SELECT id, order_id FROM refunds WHERE stripe_refund_id = ?`, st.ID).Scan(&ids).Error; err != nil {
+		return false, fmt.Errorf("find refund of %s: %w", st.ID, err)
+	}
+	if len(ids) == 0 && st.Metadata["refund_id"] != "" {
+		if err := tx.Raw(`SELECT id, order_id FROM refunds WHERE id = ?`, st.Metadata["refund_id"]).Scan(&ids).Error; err != nil {
+			return false, fmt.Errorf("find refund %s: %w", st.Metadata["refund_id"], err)
+		}
+	}
+	if len(ids) == 0 {
+		return false, fmt.Errorf("stripe refund %s: %w", st.ID, ErrNotOurs)
+	}
+	// Lock order: the order, then the refund, as every writer does.
+	o, err := lockOrder(ctx, tx, "", ids[0].OrderID)
+	if err != nil {
+		return false, err
+	}
+	r, err := loadRefund(ctx, tx, ids[0].ID, true)
+	if err != nil {
+		return false, err
+	}
+	if r.StripeRefundID != nil && *r.StripeRefundID != st.ID {
+		// Also ErrNotOurs: a webhook for it is acknowledged, not retried
+		// for days; Service.ApplyRefund logs and counts it.
+		return false, fmt.Errorf("refund %s is %s at Stripe, not %s: %w: %w", r.ID, *r.StripeRefundID, st.ID, ErrDuplicateAtStripe, ErrNotOurs)
+	}
+
+	target := ourStatus(st.Status)
+	set := map[string]any{}
+	if r.StripeRefundID == nil {
+		set["stripe_refund_id"] = st.ID
+		r.StripeRefundID = &st.ID
+	}
+	var delta struct{ reserved, refunded int64 }
+	switch {
+	case r.Status == StatusPending && target == StatusSucceeded:
+		delta.refunded = r.Amount
+	case r.Status == StatusPending && target == StatusFailed:
+		delta.reserved = -r.Amount
+	case r.Status == StatusSucceeded && target == StatusFailed:
+		delta.reserved, delta.refunded = -r.Amount, -r.Amount
+	default:
+		target = r.Status // the same, or older than what we know
+	}
+	if target == r.Status && (r.StripeStatus == nil || *r.StripeStatus != st.Status) && r.Status == StatusPending {
+		set["stripe_status"] = st.Status // requires_action, or pending after it
+	}
+	if target != r.Status {
+		set["status"], set["stripe_status"], set["settled_at"] = target, st.Status, now
+		if target == StatusFailed {
+			reason := st.FailureReason
+			if reason == "" {
+				reason = st.Status // canceled
+			}
+			set["failure_reason"] = reason
+			r.FailureReason = &reason
+		}
+		r.Status = target
+	}
+	if len(set) == 0 {
+		return false, nil
+	}
+	set["updated_at"] = now
+	if err := tx.Model(&refundRow{}).Where("id = ?", r.ID).Updates(set).Error; err != nil {
+		return false, fmt.Errorf("update refund %s: %w", r.ID, err)
+	}
+	if delta.reserved == 0 && delta.refunded == 0 {
+		return true, nil
+	}
+	// Paid orders become partially_refunded, then refunded, as refunds
+	// succeed; a failure never moves the status back.
+	err = tx.Exec(`UPDATE orders SET
+		    refund_reserved = refund_reserved + ?,
+		    amount_refunded = amount_refunded + ?,
+		    status = CASE
+		        WHEN ? > 0 AND status IN ('paid', 'partially_refunded') THEN
+		            CASE WHEN amount_refunded + ? >= amount_total THEN 'refunded' ELSE 'partially_refunded' END
+		        ELSE status END,
+		    updated_at = ?
+		WHERE id = ?`, delta.reserved, delta.refunded, delta.refunded, delta.refunded, now, o.ID).Error
+	if err != nil {
+		return false, fmt.Errorf("update order %s after refund %s: %w", o.ID, r.ID, err)
+	}
+	if target == StatusSucceeded {
+		if err := outbox.Add(ctx, tx, outbox.Event{
+			Type: outbox.TypeOrderRefunded, OccurredAt: now, TenantID: r.TenantID, AggregateID: r.OrderID, Data: r.view(),
+		}); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// ApplyRefund is Apply inside the caller's tx with the Service's clock: the
+// form the webhook handler calls, recording the event in its inbox in the
+// same transaction.
+func (s *Service) ApplyRefund(ctx context.Context, tx *gorm.DB, st StripeRefund) (changed bool, err error) {
+	changed, err = Apply(ctx, tx, st, s.now())
+	if errors.Is(err, ErrDuplicateAtStripe) {
+		s.Metrics.duplicate(1)
+		s.Logger.ErrorContext(ctx, "Stripe holds more than one refund for one of ours", "refund_id", st.Metadata["refund_id"],
+			"stripe_refund_id", st.ID, "err", err)
+	}
+	return changed, err
+}
+
+// ApplyStripeRefund is Apply in its own transaction.
+func (s *Service) ApplyStripeRefund(ctx context.Context, st StripeRefund) (bool, error) {
+	var changed bool
+	err := postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
+		var err error
+		changed, err = s.ApplyRefund(ctx, tx, st)
+		return err
+	})
+	return changed, err
+}

@@ -1,0 +1,72 @@
+package refunds
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Results of checkout_refund_reconciliations_total.
+const (
+	ReconcileFound      = "found"       // Stripe had the refund: adopted
+	ReconcileNotYet     = "not_found"   // not at Stripe (yet): 502, looked for again later
+	ReconcileNewAttempt = "new_attempt" // not at Stripe after RetryAfter: a new attempt under the next key
+)
+
+// Metrics counts what refunds do that operators must see. A nil *Metrics
+// counts nothing.
+type Metrics struct {
+	reconciliations *prometheus.CounterVec
+	duplicates      prometheus.Counter
+}
+
+// NewMetrics registers, on reg (or reuses what another Service registered):
+//
+//	checkout_refund_reconciliations_total{result}  indeterminate refund creates reconciled by listing, by result (found, not_found, new_attempt)
+//	checkout_refund_duplicates_at_stripe_total     Stripe refunds found for a refund of ours that already had one (a 500 rolled forward after RetryAfter)
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		reconciliations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "checkout_refund_reconciliations_total",
+			Help: "Indeterminate refund creates reconciled by listing the PaymentIntent's refunds, by result (found, not_found, new_attempt).",
+		}, []string{"result"}),
+		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "checkout_refund_duplicates_at_stripe_total",
+			Help: "Stripe refunds found carrying the refund_id of one of ours that already had a Stripe refund: money refunded twice, to look into.",
+		}),
+	}
+	for _, r := range []string{ReconcileFound, ReconcileNotYet, ReconcileNewAttempt} {
+		m.reconciliations.WithLabelValues(r)
+	}
+	if reg == nil {
+		return m
+	}
+	if err := reg.Register(m.reconciliations); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			panic(fmt.Sprintf("refunds: register metrics: %v", err))
+		}
+		m.reconciliations = are.ExistingCollector.(*prometheus.CounterVec)
+	}
+	if err := reg.Register(m.duplicates); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			panic(fmt.Sprintf("refunds: register metrics: %v", err))
+		}
+		m.duplicates = are.ExistingCollector.(prometheus.Counter)
+	}
+	return m
+}
+
+func (m *Metrics) reconciled(result string) {
+	if m != nil {
+		m.reconciliations.WithLabelValues(result).Inc()
+	}
+}
+
+func (m *Metrics) duplicate(n int) {
+	if m != nil && n > 0 {
+		m.duplicates.Add(float64(n))
+	}
+}

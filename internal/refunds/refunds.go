@@ -1,0 +1,136 @@
+// Package refunds refunds paid orders through Stripe's Refund API
+// (https://docs.stripe.com/api/refunds, https://docs.stripe.com/refunds):
+// POST /v1/orders/{id}/refunds behind the idempotency gateway, the refund as
+// a compensating step of the payment's saga log (payment_attempts, step
+// "refund:{refund id}"), and "apply Stripe's state of refund X" for the
+// webhook handler and the reconciler.
+//
+// The guarantees (CONTRACT.md v2, "Refunds"):
+//   - An order's refunds never add up to more than it paid, whatever runs at
+//     once: the pending refund is inserted in the transaction that locks the
+//     order row and reserves its amount (orders.refund_reserved), and a CHECK
+//     constraint refuses a reservation beyond amount_total.
+//   - A refund is created at Stripe at most once: its row and its attempt
+//     are committed before the call, the Stripe Idempotency-Key is derived
+//     from them ("{order id}/refund:{refund id}/{attempt}"), and an
+//     indeterminate answer (a 500 that Stripe stores under the key, a
+//     timeout) is reconciled by listing the PaymentIntent's refunds and
+//     matching metadata[refund_id] before any new attempt.
+//   - Statuses follow Stripe: pending until Stripe says succeeded or failed
+//     (canceled counts as failed). A succeeded refund adds to the order's
+//     amount_refunded, moves it to partially_refunded or refunded and emits
+//     order.refunded (once); a failed one gives its amount back to what can
+//     be refunded. Nothing moves backwards.
+package refunds
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/onceonly/checkout/internal/problem"
+)
+
+// Route is the idempotency scope's route of a refund. The order id is not
+// part of the scope; the gateway adds the path's parameters to the
+// fingerprint, so one key sent for two orders is 422
+// idempotency_key_reused rather than a replay of the other order's refund.
+const Route = "POST /v1/orders/{id}/refunds"
+
+// RecoveryPointRefundCreated is stored with the key once the pending refund
+// and its first attempt are committed: the Stripe step is next.
+const RecoveryPointRefundCreated = "refund_created"
+
+// Refund statuses (ours; Stripe's pending and requires_action are pending,
+// its canceled is failed).
+const (
+	StatusPending   = "pending"
+	StatusSucceeded = "succeeded"
+	StatusFailed    = "failed"
+)
+
+// Reasons Stripe accepts for a refund
+// (https://docs.stripe.com/api/refunds/create#create_refund-reason).
+var Reasons = []string{"requested_by_customer", "duplicate", "fraudulent"}
+
+// Refund is a refund as the API returns it and order.refunded carries it.
+type Refund struct {
+	ID             string    `json:"id"`
+	OrderID        string    `json:"order_id"`
+	Amount         int64     `json:"amount"`
+	Currency       string    `json:"currency"`
+	Reason         *string   `json:"reason"`
+	Status         string    `json:"status"`
+	StripeRefundID *string   `json:"stripe_refund_id"`
+	FailureReason  *string   `json:"failure_reason,omitempty"`
+	CreatedAt      time.Time `json:"created_at"`
+}
+
+// Problems the refund endpoint answers with. The 409s are final outcomes,
+// stored under the key and replayed.
+var (
+	ErrOrderNotRefundable = problem.New(http.StatusConflict, "order_not_refundable", "Order not refundable",
+		"Only an order that is paid or partially_refunded can be refunded.")
+	ErrRefundExceedsPayment = problem.New(http.StatusConflict, "refund_exceeds_payment", "Refund exceeds payment",
+		"The amount is more than what is left to refund: what the order paid less its succeeded and pending refunds.")
+)
+
+// StripeRefund is Stripe's state of one refund
+// (https://docs.stripe.com/api/refunds/object), as a create, a retrieve, a
+// list or a webhook event gives it.
+type StripeRefund struct {
+	// ID is Stripe's id, "re_…".
+	ID              string
+	PaymentIntentID string
+	Amount          int64
+	Currency        string
+	// Status is pending, requires_action, succeeded, failed or canceled.
+	Status string
+	// FailureReason is set when Status is failed, e.g. lost_or_stolen_card.
+	FailureReason string
+	// Metadata holds refund_id, order_id and tenant_id for refunds we made.
+	Metadata map[string]string
+}
+
+// CreateParams is one POST /v1/refunds.
+type CreateParams struct {
+	// IdempotencyKey is the attempt's key (see attemptKey).
+	IdempotencyKey  string
+	PaymentIntentID string
+	Amount          int64
+	// Reason is one of Reasons, or empty.
+	Reason string
+	// RefundID, OrderID and TenantID go into the refund's metadata; RefundID
+	// is what reconciliation matches on.
+	RefundID, OrderID, TenantID string
+}
+
+// Stripe is what refunds need of Stripe's Refund API;
+// *payments.Client is the implementation.
+//
+// CreateRefund sends p.IdempotencyKey as Stripe's Idempotency-Key and may
+// retry with it; it returns the refund Stripe created (whatever its
+// status), or an error wrapping ErrRejected when Stripe refused the request
+// itself (a 4xx: nothing was created and the same request cannot succeed),
+// an error wrapping ErrIndeterminate for a 500 Stripe stored under the key,
+// or another error when Stripe gave no answer (a timeout, unreachable). GetRefund retrieves one refund by id; ListRefunds lists
+// every refund of a PaymentIntent (strongly consistent, unlike search).
+type Stripe interface {
+	CreateRefund(ctx context.Context, p CreateParams) (StripeRefund, error)
+	GetRefund(ctx context.Context, id string) (StripeRefund, error)
+	ListRefunds(ctx context.Context, paymentIntentID string) ([]StripeRefund, error)
+}
+
+// ErrRejected is wrapped by Stripe's errors when Stripe refused the request
+// as such (4xx other than 409 and 429): final, never retried.
+var ErrRejected = errors.New("stripe rejected the refund request")
+
+// ErrIndeterminate is wrapped by CreateRefund's error when Stripe stored an
+// error under the key (a 500): the key can never succeed again and the
+// refund may or may not exist, or appear later
+// (https://docs.stripe.com/api/idempotent_requests). Any other error of
+// CreateRefund (no answer: a timeout, Stripe unreachable, 503s until the
+// retries ran out) leaves the key usable: resending it either runs the
+// request or replays what it did.
+var ErrIndeterminate = errors.New("stripe stored an indeterminate answer under the key")

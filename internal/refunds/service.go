@@ -1,0 +1,469 @@
+package refunds
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/ids"
+	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/problem"
+)
+
+// Problems that are not stored under the key.
+var (
+	ErrOrderNotFound = problem.New(http.StatusNotFound, "not_found", "Not found", "No such order.")
+	// ErrPaymentUnavailable: Stripe did not answer, or its answer was
+	// indeterminate and reconciliation has not settled it yet.
+	ErrPaymentUnavailable = &problem.Problem{Status: http.StatusBadGateway, Code: "payment_provider_unavailable",
+		Title: "Payment provider unavailable", RetryAfter: 2,
+		Detail: "The payment provider did not answer. Retry with the same Idempotency-Key: it resumes this refund and never refunds twice."}
+	ErrUnavailable = &problem.Problem{Status: http.StatusServiceUnavailable, Code: "unavailable",
+		Title: "Service unavailable", RetryAfter: 1,
+		Detail: "A dependency is unavailable. Retry with the same Idempotency-Key: it resumes this refund and never refunds twice."}
+)
+
+// resendWithin is how long after an attempt was written its key may still
+// be resent as it is. Stripe keeps an idempotency key for at least 24 hours
+// (https://docs.stripe.com/api/idempotent_requests) and may prune it after;
+// an attempt left unanswered longer than this (a process that died and
+// nobody resumed) is reconciled instead, like an indeterminate one.
+const resendWithin = 12 * time.Hour
+
+// Service runs refunds. DB, Keys and Stripe are required.
+type Service struct {
+	DB     *gorm.DB
+	Keys   *idempotency.Store
+	Stripe Stripe
+	Logger *slog.Logger
+	// Now is the clock (the one Keys uses); nil means time.Now.
+	Now func() time.Time
+	// RetryAfter is how long after an indeterminate attempt (a stored 500,
+	// a timeout) reconciliation keeps looking for the refund at Stripe
+	// before a new attempt may be made under the next key (default 1m).
+	// Stripe may roll an indeterminate request forward later
+	// (https://docs.stripe.com/error-low-level#server-errors); a new attempt
+	// before that could make a second refund. Until then the request
+	// answers 502 and is resumed by its retry or the completer.
+	RetryAfter time.Duration
+	// Metrics counts reconciliations and duplicates (nil: nothing).
+	Metrics *Metrics
+}
+
+func (s *Service) now() time.Time {
+	if s.Now == nil {
+		return time.Now().UTC().Truncate(time.Microsecond)
+	}
+	return s.Now().UTC().Truncate(time.Microsecond)
+}
+
+func (s *Service) retryAfter() time.Duration {
+	if s.RetryAfter <= 0 {
+		return time.Minute
+	}
+	return s.RetryAfter
+}
+
+// Refund executes, resumes or replays the refund of orderID that req
+// identifies. in is the decoded body and inputErrs what decoding found
+// wrong with it, reported only after the stored-key rules.
+//
+// It returns the final response, stored under the key (201 with the
+// refund, 409 order_not_refundable, 409 refund_exceeds_payment), and
+// whether it is a replay. Errors are problems that are not stored: 422
+// idempotency_key_reused, 409 idempotency_key_in_use, 400
+// validation_error, 404 not_found, 502 payment_provider_unavailable and
+// 503 unavailable (the key keeps its recovery point; a retry resumes it).
+func (s *Service) Refund(ctx context.Context, req *idempotency.Request, orderID string, in *Request, inputErrs []FieldError) (*idempotency.Response, bool, error) {
+	var (
+		claim *idempotency.Claim
+		rf    *refundRow
+		final *idempotency.Response
+	)
+	err := postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
+		c, err := s.Keys.Claim(ctx, tx, req.Scope, req.Fingerprint, req.Owner)
+		if err != nil {
+			return err
+		}
+		claim = c
+		switch {
+		case c.Response != nil:
+			return nil
+		case c.TakenOver:
+			rf, err = refundOfKey(ctx, tx, c.ID)
+			return err
+		}
+		rf, final, err = s.create(ctx, tx, c, orderID, in, inputErrs)
+		return err
+	})
+	if err != nil {
+		return nil, false, translate(err)
+	}
+	if final != nil {
+		return final, false, nil
+	}
+	if claim.Response != nil {
+		return claim.Response, true, nil
+	}
+	if claim.TakenOver {
+		s.Logger.InfoContext(ctx, "resuming refund after an expired lease", "refund_id", rf.ID, "order_id", rf.OrderID)
+	}
+	resp, err := s.run(ctx, claim, rf)
+	return resp, false, err
+}
+
+// Complete finishes the unfinished refund of key id whose lease expired,
+// through the same steps a retry would take. It reports false when there
+// was nothing to do. The completer calls it (for keys of Route only).
+func (s *Service) Complete(ctx context.Context, keyID int64) (bool, error) {
+	var (
+		claim *idempotency.Claim
+		rf    *refundRow
+	)
+	err := postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
+		c, err := s.Keys.TakeOver(ctx, tx, keyID, idempotency.NewOwnerToken(), Route)
+		if err != nil || c == nil {
+			return err
+		}
+		claim = c
+		rf, err = refundOfKey(ctx, tx, c.ID)
+		return err
+	})
+	if err != nil || claim == nil {
+		return false, err
+	}
+	stop := s.Keys.KeepLease(ctx, s.DB, claim.Scope, claim.Owner, s.Logger)
+	defer stop()
+	s.Logger.InfoContext(ctx, "completing refund after an expired lease", "refund_id", rf.ID, "order_id", rf.OrderID)
+	if _, err := s.run(ctx, claim, rf); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// create is transaction 1 after a new claim: validate, lock the order,
+// check what is left to refund, insert the pending refund with its
+// reservation and its first attempt, advance the key. An order that cannot
+// be refunded, or an amount beyond what is left, finishes the key with the
+// stored 409 instead.
+func (s *Service) create(ctx context.Context, tx *gorm.DB, c *idempotency.Claim, orderID string, in *Request, inputErrs []FieldError) (*refundRow, *idempotency.Response, error) {
+	if errs := in.validate(inputErrs); len(errs) > 0 {
+		return nil, nil, ValidationError(errs) // rolls the claim back: not stored
+	}
+	if !validOrderID(orderID) {
+		return nil, nil, ErrOrderNotFound
+	}
+	o, err := lockOrder(ctx, tx, c.Scope.Tenant, orderID)
+	if err != nil {
+		return nil, nil, err
+	}
+	finish := func(p *problem.Problem) (*refundRow, *idempotency.Response, error) {
+		resp := idempotency.ProblemResponse(p.With("order_id", o.ID))
+		if err := s.Keys.Finish(ctx, tx, c, resp); err != nil {
+			return nil, nil, err
+		}
+		return nil, resp, nil
+	}
+	if (o.Status != "paid" && o.Status != "partially_refunded") || o.PaymentIntentID == nil {
+		return finish(ErrOrderNotRefundable)
+	}
+	left := o.AmountTotal - o.RefundReserved
+	amount := left
+	if in.Amount != nil {
+		amount = *in.Amount
+	}
+	if amount <= 0 || amount > left {
+		return finish(ErrRefundExceedsPayment.With("amount_refundable", left))
+	}
+
+	now := s.now()
+	r := &refundRow{
+		ID: ids.New("rf"), OrderID: o.ID, TenantID: o.TenantID, IdempotencyKeyID: &c.ID,
+		Amount: amount, Currency: o.Currency, Status: StatusPending, PaymentIntentID: *o.PaymentIntentID,
+		CreatedAt: now, UpdatedAt: now,
+	}
+	if in.Reason != "" {
+		r.Reason = &in.Reason
+	}
+	if err := tx.WithContext(ctx).Create(r).Error; err != nil {
+		return nil, nil, fmt.Errorf("insert refund: %w", err)
+	}
+	// The order row is locked, so no other refund reserves in between; the
+	// CHECK (refund_reserved <= amount_total) backs this in the schema.
+	if err := tx.WithContext(ctx).Exec(`UPDATE orders SET refund_reserved = refund_reserved + ?, updated_at = ? WHERE id = ?`,
+		amount, now, o.ID).Error; err != nil {
+		return nil, nil, fmt.Errorf("reserve refund of %s: %w", o.ID, err)
+	}
+	if _, err := insertAttempt(ctx, tx, r, 1, now); err != nil {
+		return nil, nil, err
+	}
+	if err := s.Keys.Advance(ctx, tx, c, RecoveryPointRefundCreated, o.ID); err != nil {
+		return nil, nil, err
+	}
+	return r, nil, nil
+}
+
+// run is the Stripe step and transaction 2, from wherever the refund's
+// step log stands: an attempt not yet answered is sent (again) under its
+// own key; an indeterminate one is reconciled by listing the
+// PaymentIntent's refunds, and only after RetryAfter without a match is a
+// new attempt made under the next key; a rejected one fails the refund.
+// Transaction 2 applies Stripe's refund and finishes the key with 201.
+func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (*idempotency.Response, error) {
+	for range 3 { // at most: reconcile, new attempt, its answer
+		a, err := latestAttempt(ctx, s.DB, r)
+		if err != nil {
+			return nil, s.fail(c, err)
+		}
+		switch {
+		case a == nil:
+			return nil, s.fail(c, fmt.Errorf("refund %s has no attempt", r.ID))
+		case a.Outcome == nil && s.now().Sub(a.CreatedAt) > resendWithin:
+			// Stripe may have pruned the key (it keeps keys at least 24
+			// hours): resending it could run the refund a second time.
+			if rerr := recordAttempt(ctx, s.DB, a, outcomeIndeterminate, nil,
+				fmt.Errorf("unanswered for %s: reconcile instead of resending the key", resendWithin), s.now()); rerr != nil {
+				return nil, s.fail(c, rerr)
+			}
+		case a.Outcome == nil:
+			st, err := s.Stripe.CreateRefund(ctx, CreateParams{
+				IdempotencyKey: a.IdempotencyKey, PaymentIntentID: r.PaymentIntentID, Amount: r.Amount,
+				Reason: deref(r.Reason), RefundID: r.ID, OrderID: r.OrderID, TenantID: r.TenantID,
+			})
+			switch {
+			case err == nil:
+				if rerr := recordAttempt(ctx, s.DB, a, outcomeSucceeded, &st, nil, s.now()); rerr != nil {
+					s.Logger.WarnContext(ctx, "record refund attempt", "err", rerr)
+				}
+				return s.settle(ctx, c, r, &st, "")
+			case errors.Is(err, ErrRejected):
+				if rerr := recordAttempt(ctx, s.DB, a, outcomeRejected, nil, err, s.now()); rerr != nil {
+					return nil, s.fail(c, rerr)
+				}
+				return s.settle(ctx, c, r, nil, "stripe_rejected")
+			case errors.Is(err, ErrIndeterminate):
+				s.Logger.WarnContext(ctx, "refund attempt indeterminate; reconciling before any new attempt",
+					"refund_id", r.ID, "attempt", a.Attempt, "err", err)
+				if rerr := recordAttempt(ctx, s.DB, a, outcomeIndeterminate, nil, err, s.now()); rerr != nil {
+					return nil, s.fail(c, rerr)
+				}
+				// The next round reconciles at once: with a roll-forward
+				// of "0s" the refund is already there.
+			default:
+				// No answer: Stripe stored nothing we know of under the
+				// key, so the attempt stays open and the retry (or the
+				// completer) resends the same key, which runs the request
+				// or replays what it did.
+				if rerr := noteAttemptError(ctx, s.DB, a, err, s.now()); rerr != nil {
+					s.Logger.WarnContext(ctx, "record refund attempt", "err", rerr)
+				}
+				return nil, s.fail(c, problem.Wrap(ErrPaymentUnavailable, err))
+			}
+		case *a.Outcome == outcomeSucceeded && a.StripeObjectID != nil:
+			// Stripe answered but transaction 2 did not commit.
+			st, err := s.Stripe.GetRefund(ctx, *a.StripeObjectID)
+			if err != nil {
+				return nil, s.fail(c, problem.Wrap(ErrPaymentUnavailable, err))
+			}
+			return s.settle(ctx, c, r, &st, "")
+		case *a.Outcome == outcomeRejected:
+			return s.settle(ctx, c, r, nil, "stripe_rejected")
+		default: // indeterminate
+			found, err := s.reconcile(ctx, r)
+			if err != nil {
+				return nil, s.fail(c, problem.Wrap(ErrPaymentUnavailable, err))
+			}
+			if found != nil {
+				s.Metrics.reconciled(ReconcileFound)
+				s.Logger.InfoContext(ctx, "refund reconciled: Stripe has it", "refund_id", r.ID, "stripe_refund_id", found.ID)
+				if rerr := recordAttempt(ctx, s.DB, a, outcomeSucceeded, found, nil, s.now()); rerr != nil {
+					s.Logger.WarnContext(ctx, "record refund attempt", "err", rerr)
+				}
+				return s.settle(ctx, c, r, found, "")
+			}
+			if age := s.now().Sub(a.UpdatedAt); age < s.retryAfter() {
+				s.Metrics.reconciled(ReconcileNotYet)
+				return nil, s.fail(c, problem.Wrap(ErrPaymentUnavailable,
+					fmt.Errorf("refund %s attempt %d indeterminate %s ago and not at Stripe yet; a new attempt waits %s",
+						r.ID, a.Attempt, age.Round(time.Millisecond), s.retryAfter())))
+			}
+			err = postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
+				// Advance is the fence: only the key's owner adds an attempt.
+				if err := s.Keys.Advance(ctx, tx, c, RecoveryPointRefundCreated, r.OrderID); err != nil {
+					return err
+				}
+				_, err := insertAttempt(ctx, tx, r, a.Attempt+1, s.now())
+				return err
+			})
+			if err != nil {
+				return nil, s.fail(c, err)
+			}
+			s.Metrics.reconciled(ReconcileNewAttempt)
+			s.Logger.InfoContext(ctx, "refund not at Stripe after the reconciliation window; new attempt",
+				"refund_id", r.ID, "attempt", a.Attempt+1)
+		}
+	}
+	return nil, s.fail(c, problem.Wrap(ErrPaymentUnavailable, fmt.Errorf("refund %s: no final answer yet", r.ID)))
+}
+
+// reconcile lists the PaymentIntent's refunds and returns the one carrying
+// metadata[refund_id] = r.ID, or nil. More than one is a duplicate made by
+// a roll-forward: logged; the first non-failed one is adopted.
+func (s *Service) reconcile(ctx context.Context, r *refundRow) (*StripeRefund, error) {
+	all, err := s.Stripe.ListRefunds(ctx, r.PaymentIntentID)
+	if err != nil {
+		return nil, err
+	}
+	var ours []StripeRefund
+	for _, st := range all {
+		if st.Metadata["refund_id"] == r.ID {
+			ours = append(ours, st)
+		}
+	}
+	if len(ours) == 0 {
+		return nil, nil
+	}
+	if len(ours) > 1 {
+		s.Metrics.duplicate(len(ours) - 1)
+		s.Logger.ErrorContext(ctx, "Stripe holds more than one refund for one of ours", "refund_id", r.ID, "count", len(ours))
+	}
+	slices.SortStableFunc(ours, func(a, b StripeRefund) int {
+		return boolInt(ourStatus(a.Status) == StatusFailed) - boolInt(ourStatus(b.Status) == StatusFailed)
+	})
+	return &ours[0], nil
+}
+
+// settle is transaction 2: fenced by the key, it applies Stripe's refund
+// st (or, with st nil, fails the refund for failureReason), and finishes
+// the key with 201 and the refund as it now stands.
+func (s *Service) settle(ctx context.Context, c *idempotency.Claim, r *refundRow, st *StripeRefund, failureReason string) (*idempotency.Response, error) {
+	var resp *idempotency.Response
+	now := s.now()
+	err := postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
+		// The fence first: it locks the key row, so a takeover meanwhile
+		// stops us before any other write.
+		if err := s.Keys.Advance(ctx, tx, c, RecoveryPointRefundCreated, r.OrderID); err != nil {
+			return err
+		}
+		if st != nil {
+			// Bind Stripe's id first, so Apply finds the refund by it
+			// whatever metadata Stripe echoes; the order row first, as
+			// every writer of refunds locks them (order, then refund).
+			if _, err := lockOrder(ctx, tx, "", r.OrderID); err != nil {
+				return err
+			}
+			if err := tx.WithContext(ctx).Exec(`UPDATE refunds SET stripe_refund_id = ? WHERE id = ? AND stripe_refund_id IS NULL`,
+				st.ID, r.ID).Error; err != nil {
+				return fmt.Errorf("bind refund %s to %s: %w", r.ID, st.ID, err)
+			}
+			// A second Stripe refund for this one (a 500 rolled forward
+			// after another attempt was adopted) changes nothing here:
+			// logged and counted, and the key is finished with the refund
+			// as it stands.
+			if _, err := s.ApplyRefund(ctx, tx, *st); err != nil && !errors.Is(err, ErrDuplicateAtStripe) {
+				return err
+			}
+		} else if err := failUnsent(ctx, tx, r, failureReason, now); err != nil {
+			return err
+		}
+		cur, err := loadRefund(ctx, tx, r.ID, false)
+		if err != nil {
+			return err
+		}
+		body, err := json.Marshal(cur.view())
+		if err != nil {
+			return err
+		}
+		resp = idempotency.JSONResponse(http.StatusCreated, body, "")
+		return s.Keys.Finish(ctx, tx, c, resp)
+	})
+	if err != nil {
+		if !errors.Is(err, idempotency.ErrLeaseLost) {
+			s.release(c)
+		}
+		return nil, translate(err)
+	}
+	return resp, nil
+}
+
+// failUnsent fails a refund Stripe refused to create: no Stripe id, its
+// reservation released.
+func failUnsent(ctx context.Context, tx *gorm.DB, r *refundRow, reason string, now time.Time) error {
+	if _, err := lockOrder(ctx, tx, "", r.OrderID); err != nil {
+		return err
+	}
+	cur, err := loadRefund(ctx, tx, r.ID, true)
+	if err != nil || cur.Status != StatusPending {
+		return err
+	}
+	if err := tx.WithContext(ctx).Model(&refundRow{}).Where("id = ?", r.ID).Updates(map[string]any{
+		"status": StatusFailed, "failure_reason": reason, "settled_at": now, "updated_at": now,
+	}).Error; err != nil {
+		return fmt.Errorf("fail refund %s: %w", r.ID, err)
+	}
+	return tx.WithContext(ctx).Exec(`UPDATE orders SET refund_reserved = refund_reserved - ?, updated_at = ? WHERE id = ?`,
+		r.Amount, now, r.OrderID).Error
+}
+
+// fail releases the key's lease after a transient failure, so the retry
+// resumes at once, and returns err as a problem.
+func (s *Service) fail(c *idempotency.Claim, err error) error {
+	if !errors.Is(err, idempotency.ErrLeaseLost) {
+		s.release(c)
+	}
+	return translate(err)
+}
+
+func (s *Service) release(c *idempotency.Claim) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := s.Keys.Release(ctx, s.DB, c); err != nil {
+		s.Logger.Warn("release key lease", "err", err, "key_hash", c.Scope.Hash()[:16])
+	}
+}
+
+// translate keeps problems, and turns anything else (the database failing,
+// a deadline) into 503 unavailable, wrapping the cause for the log.
+func translate(err error) error {
+	var p *problem.Problem
+	if errors.As(err, &p) {
+		return err
+	}
+	return problem.Wrap(ErrUnavailable, err)
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// validOrderID reports whether id has the form of an order id: "ord_" and
+// 32 lowercase hex digits.
+func validOrderID(id string) bool {
+	if len(id) != 36 || id[:4] != "ord_" {
+		return false
+	}
+	for i := 4; i < len(id); i++ {
+		if c := id[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}

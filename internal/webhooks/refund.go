@@ -1,0 +1,107 @@
+package webhooks
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"gorm.io/gorm"
+)
+
+// Refund is Stripe's state of one refund (https://docs.stripe.com/api/refunds/object),
+// as a refund.* event's data.object or a charge.refunded event's charge
+// gives it.
+type Refund struct {
+	ID              string // "re_…"
+	Status          string // pending, requires_action, succeeded, failed, canceled
+	Amount          int64
+	Currency        string
+	PaymentIntentID string
+	FailureReason   string
+	// OrderID and TenantID come from the refund's metadata, which the
+	// service sets when it creates a refund. The refund's own id in the
+	// service is in metadata[refund_id] when present.
+	OrderID  string
+	TenantID string
+	RefundID string
+	// Metadata is the refund's metadata (string values only).
+	Metadata map[string]string
+}
+
+// Ours reports whether the refund carries the metadata the service sets on
+// the refunds it creates: its own refund id, or the order and tenant.
+func (r Refund) Ours() bool { return r.RefundID != "" || (r.OrderID != "" && r.TenantID != "") }
+
+// Refunds is what the handler needs of the refunds feature: apply Stripe's
+// state of a refund to the service's rows inside the caller's transaction,
+// only forward (a pending refund may succeed or fail; a succeeded or failed
+// one never changes again). It reports changed=false when the state was
+// already known or older than ours, and returns an error wrapping
+// ErrNotOurs for a refund the service does not know. Any other error rolls
+// the caller's transaction back, the inbox record included.
+type Refunds interface {
+	ApplyRefund(ctx context.Context, tx *gorm.DB, r Refund) (changed bool, err error)
+}
+
+type refundJSON struct {
+	ID             string         `json:"id"`
+	Object         string         `json:"object"`
+	Status         string         `json:"status"`
+	Amount         int64          `json:"amount"`
+	Currency       string         `json:"currency"`
+	PaymentIntent  any            `json:"payment_intent"` // an id, or the object when expanded
+	FailureReason  string         `json:"failure_reason"`
+	Metadata       map[string]any `json:"metadata"`
+	ChargeRefunded *struct {
+		Data []json.RawMessage `json:"data"`
+	} `json:"refunds"` // on a charge: its refunds, when the API version embeds them
+}
+
+func (j refundJSON) refund() Refund {
+	r := Refund{ID: j.ID, Status: j.Status, Amount: j.Amount, Currency: j.Currency, FailureReason: j.FailureReason}
+	switch pi := j.PaymentIntent.(type) {
+	case string:
+		r.PaymentIntentID = pi
+	case map[string]any:
+		r.PaymentIntentID, _ = pi["id"].(string)
+	}
+	r.Metadata = map[string]string{}
+	for k, v := range j.Metadata {
+		if s, ok := v.(string); ok {
+			r.Metadata[k] = s
+		}
+	}
+	r.OrderID, r.TenantID, r.RefundID = r.Metadata["order_id"], r.Metadata["tenant_id"], r.Metadata["refund_id"]
+	return r
+}
+
+// DecodeRefunds returns the refunds an event's data.object holds: the
+// refund itself (refund.* events), or the refunds a charge embeds
+// (charge.refunded; API versions since 2022-11-15 no longer embed them, and
+// then the refund.* events carry each refund).
+func DecodeRefunds(raw []byte) ([]Refund, error) {
+	var j refundJSON
+	if err := json.Unmarshal(raw, &j); err != nil {
+		return nil, fmt.Errorf("%w: refund: %w", ErrMalformedEvent, err)
+	}
+	switch j.Object {
+	case "refund":
+		return []Refund{j.refund()}, nil
+	case "charge":
+		if j.ChargeRefunded == nil {
+			return nil, nil
+		}
+		var out []Refund
+		for _, d := range j.ChargeRefunded.Data {
+			var rj refundJSON
+			if err := json.Unmarshal(d, &rj); err != nil {
+				return nil, fmt.Errorf("%w: charge refund: %w", ErrMalformedEvent, err)
+			}
+			if rj.ID != "" {
+				out = append(out, rj.refund())
+			}
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("%w: not a refund or a charge (object %q)", ErrMalformedEvent, j.Object)
+}

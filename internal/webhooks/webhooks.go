@@ -1,0 +1,381 @@
+// Package webhooks receives Stripe's webhooks (POST /v1/webhooks/stripe,
+// CONTRACT.md "Stripe webhooks"; https://docs.stripe.com/webhooks).
+//
+// Stripe delivers each event at least once, resends an event that did not
+// get a 2xx for up to 3 days, and keeps no order: "Stripe doesn't guarantee
+// the delivery of events in the order in which they're generated"
+// (https://docs.stripe.com/webhooks#event-ordering). So the handler:
+//
+//   - verifies the Stripe-Signature over the raw body, read once before
+//     anything decodes it (https://docs.stripe.com/webhooks#verify-events);
+//     a body re-encoded by a framework never verifies;
+//   - records the event id in the inbox (consumer stripe_webhook) in the
+//     same transaction as the state change: a redelivery, sequential or
+//     concurrent, changes nothing; a failure rolls both back and answers 5xx,
+//     so Stripe resends it;
+//   - applies state only forward, and when the event's state is one that a
+//     later change may have overtaken (anything but succeeded or canceled)
+//     while our order still waits for its payment, retrieves the
+//     PaymentIntent from Stripe (GET by id is strongly consistent) and
+//     applies that instead. The reconciler ends in the same function, so the
+//     push and the poll paths converge on Stripe's state.
+package webhooks
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/onceonly/checkout/internal/inbox"
+	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/problem"
+)
+
+// Route is the endpoint's method and path.
+const Route = "POST /v1/webhooks/stripe"
+
+// Path is the endpoint's path.
+const Path = "/v1/webhooks/stripe"
+
+// Consumer is the inbox consumer name under which event ids are recorded.
+const Consumer = "stripe_webhook"
+
+// DefaultMaxBodyBytes bounds a delivery's body (256 KiB). Stripe's events
+// are a few KiB; a PaymentIntent with every field expanded stays far below.
+const DefaultMaxBodyBytes = 256 << 10
+
+// Event types the handler acts on (https://docs.stripe.com/api/events/types).
+const (
+	TypePaymentIntentSucceeded      = "payment_intent.succeeded"
+	TypePaymentIntentPaymentFailed  = "payment_intent.payment_failed"
+	TypePaymentIntentCanceled       = "payment_intent.canceled"
+	TypePaymentIntentRequiresAction = "payment_intent.requires_action"
+	TypeChargeRefunded              = "charge.refunded"
+	TypeRefundUpdated               = "refund.updated"
+	TypeRefundFailed                = "refund.failed"
+)
+
+var handledTypes = []string{
+	TypePaymentIntentSucceeded, TypePaymentIntentPaymentFailed, TypePaymentIntentCanceled,
+	TypePaymentIntentRequiresAction, TypeChargeRefunded, TypeRefundUpdated, TypeRefundFailed,
+}
+
+func handled(typ string) bool { return slices.Contains(handledTypes, typ) }
+
+// ErrNotOurs is wrapped by Orders and Refunds errors for an object the
+// service does not know (no such order for the tenant, no such refund): the
+// event is answered 200 and ignored.
+var ErrNotOurs = errors.New("not an object of this service")
+
+// Orders is what the handler needs of the checkout saga.
+type Orders interface {
+	// OrderStatus returns the status of tenant's order id (CONTRACT.md's
+	// order statuses), or an error wrapping ErrNotOurs when there is none.
+	OrderStatus(ctx context.Context, tenantID, orderID string) (string, error)
+	// ApplyPaymentIntent applies Stripe's state of a PaymentIntent to the
+	// order its metadata names, inside tx, only forward: it reports
+	// changed=false when the order is already where pi would take it or
+	// further. An error wrapping ErrNotOurs means the order is unknown; any
+	// other error rolls tx back, the inbox record with it.
+	ApplyPaymentIntent(ctx context.Context, tx *gorm.DB, pi PaymentIntent) (changed bool, err error)
+}
+
+// PaymentIntents retrieves a PaymentIntent from Stripe (GET
+// /v1/payment_intents/{id}, strongly consistent). An error means Stripe did
+// not answer with the object; the handler answers 5xx and Stripe resends.
+type PaymentIntents interface {
+	RetrievePaymentIntent(ctx context.Context, id string) (PaymentIntent, error)
+}
+
+// waitingStatuses are the order statuses in which the order still waits for
+// its payment's outcome (CONTRACT.md): an event that is not final for the
+// PaymentIntent is then checked against Stripe's current state.
+var waitingStatuses = []string{"pending_payment", "requires_action", "payment_unknown"}
+
+// Problems the endpoint answers with.
+var (
+	ErrSignatureProblem = problem.New(http.StatusBadRequest, "invalid_signature", "Invalid signature",
+		"The Stripe-Signature header is missing, malformed, does not sign this exact body with the endpoint's secret, or is older than 300 seconds.")
+	ErrTooLargeProblem = problem.New(http.StatusRequestEntityTooLarge, "payload_too_large", "Payload too large",
+		"A webhook body is at most 256 KiB.")
+	ErrMalformedProblem = problem.New(http.StatusBadRequest, "malformed_event", "Malformed event",
+		"The body is signed but is not a Stripe event with an id, a type and a data.object.")
+	ErrUnavailableProblem = &problem.Problem{Status: http.StatusServiceUnavailable, Code: "unavailable",
+		Title: "Service unavailable", RetryAfter: 1,
+		Detail: "The event could not be recorded; nothing was changed. Stripe resends it."}
+	ErrStripeProblem = &problem.Problem{Status: http.StatusBadGateway, Code: "payment_provider_unavailable",
+		Title: "Payment provider unavailable", RetryAfter: 1,
+		Detail: "The PaymentIntent could not be retrieved from Stripe to settle the event; nothing was changed. Stripe resends it."}
+)
+
+// Handler serves POST /v1/webhooks/stripe. It needs no bearer key: the
+// signature is the authentication. DB, Verifier, Orders and Stripe are
+// required; Refunds may be nil (refund events are then ignored).
+type Handler struct {
+	DB       *gorm.DB
+	Verifier Verifier
+	Orders   Orders
+	Stripe   PaymentIntents
+	Refunds  Refunds
+	Logger   *slog.Logger
+	Metrics  *Metrics
+	// MaxBodyBytes bounds the body (zero: DefaultMaxBodyBytes).
+	MaxBodyBytes int64
+	// WorkTimeout bounds one event's work, which runs detached from the
+	// client's connection (zero: 20s).
+	WorkTimeout time.Duration
+}
+
+// received is the body of a 200 answer.
+type received struct {
+	Received bool   `json:"received"`
+	Outcome  string `json:"outcome"`
+}
+
+// ServeHTTP answers 200 {"received":true,"outcome":…} for an event applied,
+// duplicate, stale or ignored; 400 invalid_signature (nothing read or
+// changed); 413 payload_too_large; 400 malformed_event; 503 unavailable when
+// the database fails and 502 payment_provider_unavailable when Stripe does
+// (nothing changed; Stripe resends).
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	max := h.MaxBodyBytes
+	if max <= 0 {
+		max = DefaultMaxBodyBytes
+	}
+	if r.ContentLength > max {
+		h.Metrics.count(typeUnverified, OutcomeError)
+		problem.Write(w, ErrTooLargeProblem)
+		return
+	}
+	// The raw bytes, read once: the signature covers exactly these.
+	payload, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
+	if err != nil {
+		h.Metrics.count(typeUnverified, OutcomeError)
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			problem.Write(w, ErrTooLargeProblem)
+			return
+		}
+		problem.Write(w, problem.New(http.StatusBadRequest, "malformed_event", "Unreadable body", "The request body could not be read."))
+		return
+	}
+	if err := h.Verifier.Verify(payload, r.Header.Get("Stripe-Signature")); err != nil {
+		h.Metrics.count(typeUnverified, OutcomeInvalidSignature)
+		h.logger().WarnContext(r.Context(), "stripe webhook refused", "err", err)
+		problem.Write(w, ErrSignatureProblem)
+		return
+	}
+	ev, err := DecodeEvent(payload)
+	if err != nil {
+		h.Metrics.count(typeUnverified, OutcomeError)
+		h.logger().ErrorContext(r.Context(), "stripe webhook signed but malformed", "err", err)
+		problem.Write(w, ErrMalformedProblem)
+		return
+	}
+
+	// Once verified, the work must not depend on Stripe keeping the
+	// connection open: a rollback would only make it resend.
+	timeout := h.WorkTimeout
+	if timeout <= 0 {
+		timeout = 20 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), timeout)
+	defer cancel()
+	log := h.logger().With("event_id", ev.ID, "event_type", ev.Type)
+
+	outcome, err := h.handle(ctx, ev)
+	if err != nil {
+		h.Metrics.count(ev.Type, OutcomeError)
+		log.WarnContext(ctx, "stripe webhook not processed; Stripe resends it", "err", err)
+		problem.Write(w, err)
+		return
+	}
+	h.Metrics.count(ev.Type, outcome)
+	level := slog.LevelDebug
+	if outcome == OutcomeApplied {
+		level = slog.LevelInfo
+	}
+	log.Log(ctx, level, "stripe webhook", "outcome", outcome, "api_version", ev.APIVersion)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	json.NewEncoder(w).Encode(received{Received: true, Outcome: outcome})
+}
+
+func (h *Handler) logger() *slog.Logger {
+	if h.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return h.Logger
+}
+
+// handle dispatches a verified event by type. Errors are problems.
+func (h *Handler) handle(ctx context.Context, ev Event) (string, error) {
+	switch ev.Type {
+	case TypePaymentIntentSucceeded, TypePaymentIntentPaymentFailed, TypePaymentIntentCanceled:
+		pi, err := DecodePaymentIntent(ev.Data.Object)
+		if err != nil {
+			return "", problem.Wrap(ErrMalformedProblem, err)
+		}
+		if !pi.Ours() {
+			return OutcomeIgnored, nil
+		}
+		return h.paymentIntent(ctx, ev, pi)
+	case TypePaymentIntentRequiresAction:
+		// Informational: the checkout answered 202 with the next action
+		// already, and the outcome arrives as succeeded or payment_failed.
+		return OutcomeIgnored, nil
+	case TypeChargeRefunded, TypeRefundUpdated, TypeRefundFailed:
+		if h.Refunds == nil {
+			// No refunds feature is wired (internal/api leaves Refunds nil
+			// when its Stripe client has no Refund API): the service has no
+			// refund a refund event could be about, so the event is
+			// acknowledged and ignored rather than resent for 3 days.
+			return OutcomeIgnored, nil
+		}
+		rs, err := DecodeRefunds(ev.Data.Object)
+		if err != nil {
+			return "", problem.Wrap(ErrMalformedProblem, err)
+		}
+		return h.refunds(ctx, ev, rs)
+	}
+	return OutcomeIgnored, nil
+}
+
+// errIgnore rolls back a transaction whose object turned out not to be ours.
+var errIgnore = errors.New("ignore")
+
+// paymentIntent applies a payment_intent.* event: the event's state when it
+// is final at Stripe or our order no longer waits for it, otherwise the
+// PaymentIntent as Stripe has it now.
+func (h *Handler) paymentIntent(ctx context.Context, ev Event, pi PaymentIntent) (string, error) {
+	// A redelivery of an event already recorded needs no call to Stripe.
+	// This read is only a shortcut: inbox.Record below decides.
+	if dup, err := h.seen(ctx, ev.ID); err != nil {
+		return "", problem.Wrap(ErrUnavailableProblem, err)
+	} else if dup {
+		return OutcomeDuplicate, nil
+	}
+
+	status, err := h.Orders.OrderStatus(ctx, pi.TenantID, pi.OrderID)
+	switch {
+	case errors.Is(err, ErrNotOurs):
+		return OutcomeIgnored, nil
+	case err != nil:
+		return "", problem.Wrap(ErrUnavailableProblem, err)
+	}
+	state := pi
+	if !pi.Final() {
+		if slices.Contains(waitingStatuses, status) {
+			// The event says e.g. requires_payment_method while the order
+			// still waits: the PaymentIntent may have moved on since (a later
+			// confirmation succeeded), and delivery order cannot tell. Stripe
+			// can: GET by id is strongly consistent.
+			cur, err := h.Stripe.RetrievePaymentIntent(ctx, pi.ID)
+			if err != nil {
+				return "", problem.Wrap(ErrStripeProblem, fmt.Errorf("retrieve %s: %w", pi.ID, err))
+			}
+			if cur.OrderID != pi.OrderID || cur.TenantID != pi.TenantID {
+				return "", problem.Wrap(ErrStripeProblem, fmt.Errorf("retrieve %s: metadata names order %s/%s, the event %s/%s",
+					pi.ID, cur.TenantID, cur.OrderID, pi.TenantID, pi.OrderID))
+			}
+			state = cur
+		}
+	}
+
+	var outcome string
+	err = postgres.WithTx(ctx, h.DB, func(tx *gorm.DB) error {
+		first, err := inbox.Record(ctx, tx, Consumer, ev.ID)
+		if err != nil {
+			return err
+		}
+		if !first {
+			outcome = OutcomeDuplicate
+			return nil
+		}
+		changed, err := h.Orders.ApplyPaymentIntent(ctx, tx, state)
+		if err != nil {
+			return err
+		}
+		outcome = OutcomeStale
+		if changed {
+			outcome = OutcomeApplied
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, ErrNotOurs):
+		return OutcomeIgnored, nil
+	case err != nil:
+		return "", problem.Wrap(ErrUnavailableProblem, err)
+	}
+	return outcome, nil
+}
+
+// refunds applies the refunds an event carries, all in one transaction with
+// the inbox record.
+func (h *Handler) refunds(ctx context.Context, ev Event, rs []Refund) (string, error) {
+	ours := rs[:0:0]
+	for _, r := range rs {
+		if r.Ours() {
+			ours = append(ours, r)
+		}
+	}
+	if len(ours) == 0 {
+		return OutcomeIgnored, nil
+	}
+	var outcome string
+	err := postgres.WithTx(ctx, h.DB, func(tx *gorm.DB) error {
+		first, err := inbox.Record(ctx, tx, Consumer, ev.ID)
+		if err != nil {
+			return err
+		}
+		if !first {
+			outcome = OutcomeDuplicate
+			return nil
+		}
+		outcome = OutcomeStale
+		known := false
+		for _, r := range ours {
+			changed, err := h.Refunds.ApplyRefund(ctx, tx, r)
+			switch {
+			case errors.Is(err, ErrNotOurs):
+				continue
+			case err != nil:
+				return err
+			}
+			known = true
+			if changed {
+				outcome = OutcomeApplied
+			}
+		}
+		if !known {
+			return errIgnore
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errIgnore):
+		return OutcomeIgnored, nil
+	case err != nil:
+		return "", problem.Wrap(ErrUnavailableProblem, err)
+	}
+	return outcome, nil
+}
+
+// seen reports whether the event id is in the inbox already.
+func (h *Handler) seen(ctx context.Context, eventID string) (bool, error) {
+	var n int64
+	err := h.DB.WithContext(ctx).Raw(`SELECT count(*) FROM inbox WHERE consumer = ? AND message_id = ?`, Consumer, eventID).Scan(&n).Error
+	if err != nil {
+		return false, fmt.Errorf("inbox lookup %s: %w", eventID, err)
+	}
+	return n > 0, nil
+}
