@@ -170,18 +170,10 @@ func NewCompleter(db *gorm.DB, keys *idempotency.Store, svc KeyCompleter, cfg Co
 // KeyTimeout). Errors are logged and retried in the next round; they never
 // end Run.
 func (c *Completer) Run(ctx context.Context) error {
-	ticker := time.NewTicker(c.cfg.Interval)
-	defer ticker.Stop()
-	for {
-		if _, err := c.RunOnce(ctx); err != nil && ctx.Err() == nil {
-			c.logger.Warn("completer round", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-ticker.C:
-		}
-	}
+	return every(ctx, c.cfg.Interval, c.logger, "completer", func(ctx context.Context) error {
+		_, err := c.RunOnce(ctx)
+		return err
+	})
 }
 
 // Round counts what one round did with the keys it handed to the

@@ -112,23 +112,14 @@ func NewReaper(db *gorm.DB, cfg ReaperConfig) (*Reaper, error) {
 // returns nil after the statement in flight. Errors are logged and retried
 // in the next round; they never end Run.
 func (r *Reaper) Run(ctx context.Context) error {
-	ticker := time.NewTicker(r.cfg.Interval)
-	defer ticker.Stop()
-	for {
+	return every(ctx, r.cfg.Interval, r.logger, "reaper", func(ctx context.Context) error {
 		res, err := r.RunOnce(ctx)
-		if err != nil && ctx.Err() == nil {
-			r.logger.Warn("reaper round", "err", err)
-		}
 		if n := res.Keys.Deleted + res.Inbox.Deleted + res.Outbox.Deleted; n > 0 {
 			r.logger.Info("reaped expired rows", "idempotency_keys", res.Keys.Deleted,
 				"inbox", res.Inbox.Deleted, "outbox", res.Outbox.Deleted)
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-ticker.C:
-		}
-	}
+		return err
+	})
 }
 
 // TableReap is what one round did to one table.

@@ -157,18 +157,10 @@ func NewReconciler(db *gorm.DB, svc OrderReconciler, cfg ReconcilerConfig) (*Rec
 // Run runs a round at once and then every Interval until ctx ends, and
 // returns nil after the round in flight. Errors are logged, never returned.
 func (r *Reconciler) Run(ctx context.Context) error {
-	ticker := time.NewTicker(r.cfg.Interval)
-	defer ticker.Stop()
-	for {
-		if _, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
-			r.logger.Warn("reconciler round", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-ticker.C:
-		}
-	}
+	return every(ctx, r.cfg.Interval, r.logger, "reconciler", func(ctx context.Context) error {
+		_, err := r.RunOnce(ctx)
+		return err
+	})
 }
 
 // ReconcileRound counts what one round did: orders settled or resumed
