@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/onceonly/checkout/internal/postgres"
 )
 
 // orderRow and itemRow are the GORM models of orders and order_items.
@@ -115,7 +117,7 @@ func loadProducts(ctx context.Context, tx *gorm.DB, skus []string) (map[string]P
 	// Rows, not Scan: GORM's Scan renders every statement with its values
 	// inlined for a logger, on the checkout's hot path.
 	rows, err := tx.WithContext(ctx).Raw(`SELECT sku, name, unit_amount, currency FROM product_catalog WHERE sku = ANY(?::text[])`,
-		textArray(skus)).Rows()
+		postgres.TextArray(skus)).Rows()
 	if err != nil {
 		return nil, fmt.Errorf("load products: %w", err)
 	}
@@ -161,7 +163,7 @@ func sortedSKUs(want map[string]int64) ([]string, []int64) {
 func adjustStock(ctx context.Context, tx *gorm.DB, delta map[string]int64) error {
 	skus, qtys := sortedSKUs(delta)
 	if err := tx.WithContext(ctx).Exec(`SELECT release_stock(?::text[], ?::bigint[])`,
-		textArray(skus), intArray(qtys)).Error; err != nil {
+		postgres.TextArray(skus), intArray(qtys)).Error; err != nil {
 		return fmt.Errorf("release stock: %w", err)
 	}
 	return nil
@@ -182,9 +184,9 @@ func createOrderReserving(ctx context.Context, tx *gorm.DB, o *Order, want map[s
 	for i, it := range o.Items {
 		lines[i], itemSKUs[i], quantities[i], unitAmounts[i], amounts[i] = int64(i+1), it.SKU, int64(it.Quantity), it.UnitAmount, it.Amount
 	}
-	args := []any{textArray(skus), intArray(qtys),
+	args := []any{postgres.TextArray(skus), intArray(qtys),
 		o.ID, o.tenantID, o.Status, o.Email, o.Currency, o.AmountTotal, o.paymentMethod, o.CreatedAt, o.CreatedAt,
-		intArray(lines), textArray(itemSKUs), intArray(quantities), intArray(unitAmounts), intArray(amounts)}
+		intArray(lines), postgres.TextArray(itemSKUs), intArray(quantities), intArray(unitAmounts), intArray(amounts)}
 	args = append(append(args, eventArgs...), advanceArgs...)
 	var advancedRows int64
 	err = tx.WithContext(ctx).Raw(`
@@ -206,27 +208,9 @@ func createOrderReserving(ctx context.Context, tx *gorm.DB, o *Order, want map[s
 	return reserved, advancedRows == 1, nil
 }
 
-// textArray and intArray write PostgreSQL array literals: GORM would expand
-// a Go slice into a list of parameters.
-func textArray(ss []string) string {
-	var b strings.Builder
-	b.WriteByte('{')
-	for i, s := range ss {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('"')
-		for _, r := range s {
-			if r == '"' || r == '\\' {
-				b.WriteByte('\\')
-			}
-			b.WriteRune(r)
-		}
-		b.WriteByte('"')
-	}
-	b.WriteByte('}')
-	return b.String()
-}
+// intArray writes a PostgreSQL array literal of integers: GORM would expand
+// a Go slice into a list of parameters (postgres.TextArray does the same
+// for text).
 
 func intArray(ns []int64) string {
 	var b strings.Builder

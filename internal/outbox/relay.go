@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
 
+	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/rabbitmq"
 )
 
@@ -371,7 +371,7 @@ func (r *Relay) finish(b *batch) (err error) {
 	if len(confirmed) > 0 {
 		// One array parameter rather than one parameter per row.
 		if err := b.tx.Exec(`UPDATE outbox SET published_at = now(), last_error = NULL
-			WHERE id = ANY(?::text[]) AND published_at IS NULL`, textArray(confirmed)).Error; err != nil {
+			WHERE id = ANY(?::text[]) AND published_at IS NULL`, postgres.TextArray(confirmed)).Error; err != nil {
 			return fmt.Errorf("mark published: %w", err)
 		}
 	}
@@ -458,28 +458,6 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
 			return err
 		}
 	}
-}
-
-// textArray writes a PostgreSQL text[] literal (GORM would expand a Go
-// slice into one parameter per element).
-func textArray(ss []string) string {
-	var b strings.Builder
-	b.WriteByte('{')
-	for i, s := range ss {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('"')
-		for _, r := range s {
-			if r == '"' || r == '\\' {
-				b.WriteByte('\\')
-			}
-			b.WriteRune(r)
-		}
-		b.WriteByte('"')
-	}
-	b.WriteByte('}')
-	return b.String()
 }
 
 func truncate(s string, n int) string {

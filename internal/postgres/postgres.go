@@ -174,3 +174,27 @@ func IsTransient(err error) bool {
 	// connection's trouble, not the statement's.
 	return true
 }
+
+// TextArray returns ss as a PostgreSQL text[] literal, e.g. {"a","b\"c"}
+// for []string{"a", `b"c`}, to bind as one parameter (`= ANY(?::text[])`):
+// GORM would expand a Go slice into one parameter per element. Every element
+// is quoted, with '"' and '\\' escaped (PostgreSQL, "Array Value Input").
+func TextArray(ss []string) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, s := range ss {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		for _, r := range s {
+			if r == '"' || r == '\\' {
+				b.WriteByte('\\')
+			}
+			b.WriteRune(r)
+		}
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String()
+}

@@ -78,3 +78,22 @@ func TestWithTx(t *testing.T) {
 	require.Error(t, err)
 	require.Equal(t, 1, count())
 }
+
+// TestTextArray: the literal round-trips through PostgreSQL element for
+// element, quotes, backslashes, commas, braces and empty strings included.
+func TestTextArray(t *testing.T) {
+	t.Parallel()
+	db, _ := pgtest.NewDB(t)
+	in := []string{"ord_1", `a"b`, `c\d`, "e,f", "{g}", "", "NULL"}
+	var out []string
+	rows, err := db.Raw(`SELECT unnest(?::text[])`, postgres.TextArray(in)).Rows()
+	require.NoError(t, err)
+	defer rows.Close()
+	for rows.Next() {
+		var s string
+		require.NoError(t, rows.Scan(&s))
+		out = append(out, s)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, in, out)
+}
