@@ -74,6 +74,10 @@ type run struct {
 	// route decides the response the key is finished with.
 	route string
 	o     *Order
+	// created and confirmed count the create and confirm attempts this
+	// run wrote before it took the general path (a first execution's):
+	// they count toward MaxAttempts like the general path's own.
+	created, confirmed int
 }
 
 // verdict is what the saga learned and must apply to the order: a
@@ -135,7 +139,7 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 	if id := r.o.Payment.PaymentIntentID; id != "" {
 		return PaymentIntentState{ID: id, Status: r.o.Payment.Status}, nil, nil
 	}
-	newAttempts := 0
+	newAttempts := r.created
 	for {
 		as, err := loadAttempts(ctx, r.s.DB, r.o.ID, StepCreate)
 		if err != nil {
@@ -366,7 +370,7 @@ func refusalOf(a *attempt) *PaymentRefusal {
 // pruned) it reads the PaymentIntent by id and confirms again, under the
 // next attempt's key, only if Stripe says it is still unconfirmed.
 func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, error) {
-	newAttempts := 0
+	newAttempts := r.confirmed
 	for {
 		all, err := loadAttempts(ctx, r.s.DB, r.o.ID, StepConfirm)
 		if err != nil {
@@ -433,6 +437,12 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 func (r *run) confirmAttempt(ctx context.Context, piID string, a *attempt) (*verdict, error) {
 	got, err := r.s.Payments.ConfirmPaymentIntent(ctx, ConfirmIntentRequest{
 		IdempotencyKey: a.IdempotencyKey, PaymentIntentID: piID})
+	return r.confirmAnswered(ctx, piID, a, got, err)
+}
+
+// confirmAnswered records the answer (got, err) to confirm attempt a of
+// PaymentIntent piID and returns what confirmAttempt does.
+func (r *run) confirmAnswered(ctx context.Context, piID string, a *attempt, got PaymentIntentState, err error) (*verdict, error) {
 	res := r.answer(ctx, a, got, err)
 	switch {
 	case res.err != nil:

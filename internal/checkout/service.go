@@ -31,6 +31,8 @@ type Service struct {
 	Saga SagaConfig
 	// Metrics counts payment outcomes; nil counts nothing.
 	Metrics *Metrics
+
+	catalog catalog // prices and currencies of first executions
 }
 
 // CheckoutCommand is one POST /v1/checkouts as the gateway admitted it: the
@@ -59,6 +61,18 @@ type CheckoutCommand struct {
 // payment_provider_unavailable (502: the key keeps its recovery point and
 // a retry resumes it) or unavailable (503).
 func (s *Service) Checkout(ctx context.Context, cmd CheckoutCommand) (resp *idempotency.Response, replayed bool, err error) {
+	switch first, err := s.beginFirst(ctx, cmd); {
+	case err != nil:
+		return nil, false, s.translate(err)
+	case first != nil && first.final != nil:
+		return first.final, false, nil // out of stock
+	case first != nil:
+		resp, err = s.newRun(first.claim, Route, first.order).payFirst(ctx, first.create)
+		return resp, false, err
+	}
+	// Not a first execution (the key exists, or the body is wrong): the
+	// general path, which reads what is stored and applies the contract's
+	// rules in its order.
 	scope := idempotency.Scope{Tenant: cmd.Tenant, Route: Route, Key: cmd.IdempotencyKey}
 	var (
 		claim *idempotency.Claim
@@ -150,57 +164,19 @@ func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.C
 	// Any error returned from here rolls the claim back: nothing is stored,
 	// and the same key can be sent again with a corrected body.
 	errs := in.validate(inputErrs)
-
-	want := map[string]int64{}
-	for _, it := range in.Items {
-		if checkToken(it.SKU, 64) == "" { // only well-formed skus reach the database
-			want[it.SKU] += int64(it.Quantity)
-		}
-	}
-	skus := make([]string, 0, len(want))
-	for sku := range want {
-		skus = append(skus, sku)
-	}
-	sort.Strings(skus)
+	want, skus := in.wanted()
 	products, err := loadProducts(ctx, tx, skus)
 	if err != nil {
 		return nil, nil, err
 	}
-	for i, it := range in.Items {
-		if _, ok := products[it.SKU]; !ok && checkToken(it.SKU, 64) == "" {
-			errs = append(errs, FieldError{fmt.Sprintf("items[%d].sku", i), fmt.Sprintf("unknown sku %q", it.SKU)})
-		}
-	}
-	if len(errs) > 0 {
+	if errs = append(errs, in.unknownSKUs(products)...); len(errs) > 0 {
 		return nil, nil, ValidationError(errs)
 	}
-	currency := products[in.Items[0].SKU].Currency
-	for i, it := range in.Items {
-		if products[it.SKU].Currency != currency {
-			errs = append(errs, FieldError{fmt.Sprintf("items[%d].sku", i), "all items must have the same currency"})
-		}
-	}
-	if len(errs) > 0 {
+	if errs = in.mixedCurrencies(products); len(errs) > 0 {
 		return nil, nil, ValidationError(errs)
 	}
-
-	now := s.Now().UTC().Truncate(time.Microsecond)
-	o := &Order{
-		ID:            ids.New("ord"),
-		Status:        StatusPendingPayment,
-		Email:         in.Email,
-		Currency:      currency,
-		Payment:       Payment{Provider: "stripe"},
-		CreatedAt:     now,
-		tenantID:      c.Scope.Tenant,
-		paymentMethod: in.PaymentMethod,
-	}
-	for _, it := range in.Items {
-		p := products[it.SKU]
-		amount := p.UnitAmount * int64(it.Quantity)
-		o.Items = append(o.Items, OrderItem{SKU: it.SKU, Quantity: it.Quantity, UnitAmount: p.UnitAmount, Amount: amount})
-		o.AmountTotal += amount
-	}
+	o := s.newOrder(c.Scope.Tenant, in, products)
+	now := o.CreatedAt
 	// One statement reserves the stock and, only if it could, writes the
 	// order, its items, its order.created event and the key's recovery
 	// point: out of stock leaves nothing to roll back.
@@ -225,6 +201,71 @@ func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.C
 	}
 	c.Advanced(RecoveryPointOrderCreated, o.ID)
 	return o, nil, nil
+}
+
+// wanted returns the units wanted of each well-formed sku (the same sku
+// may be on several lines), and those skus in order: only they reach the
+// database.
+func (in *Request) wanted() (map[string]int64, []string) {
+	want := map[string]int64{}
+	for _, it := range in.Items {
+		if checkToken(it.SKU, 64) == "" {
+			want[it.SKU] += int64(it.Quantity)
+		}
+	}
+	skus := make([]string, 0, len(want))
+	for sku := range want {
+		skus = append(skus, sku)
+	}
+	sort.Strings(skus)
+	return want, skus
+}
+
+// unknownSKUs reports the items whose well-formed sku is not among products
+// (the catalog rows of the skus wanted returned).
+func (in *Request) unknownSKUs(products map[string]Product) []FieldError {
+	var errs []FieldError
+	for i, it := range in.Items {
+		if _, ok := products[it.SKU]; !ok && checkToken(it.SKU, 64) == "" {
+			errs = append(errs, FieldError{fmt.Sprintf("items[%d].sku", i), fmt.Sprintf("unknown sku %q", it.SKU)})
+		}
+	}
+	return errs
+}
+
+// mixedCurrencies reports the items whose currency is not the first item's;
+// every sku must be in products (no unknownSKUs).
+func (in *Request) mixedCurrencies(products map[string]Product) []FieldError {
+	var errs []FieldError
+	currency := products[in.Items[0].SKU].Currency
+	for i, it := range in.Items {
+		if products[it.SKU].Currency != currency {
+			errs = append(errs, FieldError{fmt.Sprintf("items[%d].sku", i), "all items must have the same currency"})
+		}
+	}
+	return errs
+}
+
+// newOrder returns tenant's new order for in (valid, every sku in
+// products), pending payment, created now, with a new id.
+func (s *Service) newOrder(tenant string, in *Request, products map[string]Product) *Order {
+	o := &Order{
+		ID:            ids.New("ord"),
+		Status:        StatusPendingPayment,
+		Email:         in.Email,
+		Currency:      products[in.Items[0].SKU].Currency,
+		Payment:       Payment{Provider: "stripe"},
+		CreatedAt:     s.Now().UTC().Truncate(time.Microsecond),
+		tenantID:      tenant,
+		paymentMethod: in.PaymentMethod,
+	}
+	for _, it := range in.Items {
+		p := products[it.SKU]
+		amount := p.UnitAmount * int64(it.Quantity)
+		o.Items = append(o.Items, OrderItem{SKU: it.SKU, Quantity: it.Quantity, UnitAmount: p.UnitAmount, Amount: amount})
+		o.AmountTotal += amount
+	}
+	return o
 }
 
 // resumedOrder loads the order of a key taken over at its recovery point.

@@ -179,26 +179,13 @@ func adjustStock(ctx context.Context, tx *gorm.DB, delta map[string]int64) error
 func createOrderReserving(ctx context.Context, tx *gorm.DB, o *Order, want map[string]int64,
 	event string, eventArgs []any, advance string, advanceArgs []any) (reserved, advanced bool, err error) {
 	skus, qtys := sortedSKUs(want)
-	n := len(o.Items)
-	lines, itemSKUs, quantities, unitAmounts, amounts := make([]int64, n), make([]string, n), make([]int64, n), make([]int64, n), make([]int64, n)
-	for i, it := range o.Items {
-		lines[i], itemSKUs[i], quantities[i], unitAmounts[i], amounts[i] = int64(i+1), it.SKU, int64(it.Quantity), it.UnitAmount, it.Amount
-	}
-	args := []any{postgres.TextArray(skus), intArray(qtys),
-		o.ID, o.tenantID, o.Status, o.Email, o.Currency, o.AmountTotal, o.paymentMethod, o.CreatedAt, o.CreatedAt,
-		intArray(lines), postgres.TextArray(itemSKUs), intArray(quantities), intArray(unitAmounts), intArray(amounts)}
+	args := append([]any{postgres.TextArray(skus), intArray(qtys)}, orderArgs(o)...)
 	args = append(append(args, eventArgs...), advanceArgs...)
 	var advancedRows int64
 	err = tx.WithContext(ctx).Raw(`
 		WITH r AS MATERIALIZED (SELECT reserve_stock(?::text[], ?::bigint[]) AS ok),
-		o AS (
-			INSERT INTO orders (id, tenant_id, status, email, currency, amount_total, payment_method, created_at, updated_at)
-			SELECT ?, ?, ?, ?, ?, ?, ?, ?::timestamptz, ?::timestamptz FROM r WHERE r.ok
-			RETURNING id),
-		i AS (
-			INSERT INTO order_items (order_id, line, sku, quantity, unit_amount, amount)
-			SELECT o.id, t.line, t.sku, t.quantity, t.unit_amount, t.amount
-			FROM o, unnest(?::int[], ?::text[], ?::int[], ?::bigint[], ?::bigint[]) AS t (line, sku, quantity, unit_amount, amount)),
+		o AS (`+insertOrderSQL+` FROM r WHERE r.ok RETURNING id),
+		i AS (`+insertItemsSQL+`),
 		e AS (`+event+` WHERE EXISTS (SELECT 1 FROM o)),
 		k AS (`+advance+` AND EXISTS (SELECT 1 FROM o) RETURNING id)
 		SELECT r.ok AS reserved, (SELECT count(*) FROM k) AS advanced FROM r`, args...).Row().Scan(&reserved, &advancedRows)
@@ -206,6 +193,31 @@ func createOrderReserving(ctx context.Context, tx *gorm.DB, o *Order, want map[s
 		return false, false, fmt.Errorf("insert order: %w", err)
 	}
 	return reserved, advancedRows == 1, nil
+}
+
+// insertOrderSQL and insertItemsSQL insert an order and its items
+// (orderArgs, in this order) inside a statement of data-modifying CTEs: the
+// order's INSERT ... SELECT takes the caller's FROM (and condition), and the
+// items' is over the order's CTE, o, so they exist only if it does.
+const (
+	insertOrderSQL = `
+			INSERT INTO orders (id, tenant_id, status, email, currency, amount_total, payment_method, created_at, updated_at)
+			SELECT ?, ?, ?, ?, ?, ?, ?, ?::timestamptz, ?::timestamptz`
+	insertItemsSQL = `
+			INSERT INTO order_items (order_id, line, sku, quantity, unit_amount, amount)
+			SELECT o.id, t.line, t.sku, t.quantity, t.unit_amount, t.amount
+			FROM o, unnest(?::int[], ?::text[], ?::int[], ?::bigint[], ?::bigint[]) AS t (line, sku, quantity, unit_amount, amount)`
+)
+
+// orderArgs are the arguments of insertOrderSQL then insertItemsSQL for o.
+func orderArgs(o *Order) []any {
+	n := len(o.Items)
+	lines, itemSKUs, quantities, unitAmounts, amounts := make([]int64, n), make([]string, n), make([]int64, n), make([]int64, n), make([]int64, n)
+	for i, it := range o.Items {
+		lines[i], itemSKUs[i], quantities[i], unitAmounts[i], amounts[i] = int64(i+1), it.SKU, int64(it.Quantity), it.UnitAmount, it.Amount
+	}
+	return []any{o.ID, o.tenantID, o.Status, o.Email, o.Currency, o.AmountTotal, o.paymentMethod, o.CreatedAt, o.CreatedAt,
+		intArray(lines), postgres.TextArray(itemSKUs), intArray(quantities), intArray(unitAmounts), intArray(amounts)}
 }
 
 // intArray writes a PostgreSQL array literal of integers: GORM would expand
@@ -268,15 +280,30 @@ type change struct {
 // may move to ch.to, and reports whether it did. A false is not an error: the
 // order is already there or past it.
 func transition(ctx context.Context, tx *gorm.DB, id string, ch change, now time.Time) (bool, error) {
+	query, args, err := transitionStatement(id, ch, now)
+	if err != nil {
+		return false, err
+	}
+	res := tx.WithContext(ctx).Exec(query, args...)
+	if res.Error != nil {
+		return false, fmt.Errorf("order %s to %s: %w", id, ch.to, res.Error)
+	}
+	return res.RowsAffected == 1, nil
+}
+
+// transitionStatement returns transition's UPDATE and its arguments, for a
+// caller that runs it inside a larger statement. It ends with its WHERE
+// clause, so the caller may add conditions and a RETURNING.
+func transitionStatement(id string, ch change, now time.Time) (string, []any, error) {
 	from, ok := transitionFrom[ch.to]
 	if !ok {
-		return false, fmt.Errorf("transition order %s: no transition to %q", id, ch.to)
+		return "", nil, fmt.Errorf("transition order %s: no transition to %q", id, ch.to)
 	}
 	var next any
 	if len(ch.nextAction) > 0 {
 		next = string(ch.nextAction)
 	}
-	res := tx.WithContext(ctx).Exec(`
+	return `
 		UPDATE orders SET status = ?,
 		    payment_intent_id = COALESCE(NULLIF(?, ''), payment_intent_id),
 		    payment_status = COALESCE(NULLIF(?, ''), payment_status),
@@ -288,14 +315,10 @@ func transition(ctx context.Context, tx *gorm.DB, id string, ch change, now time
 		    payment_unknown_since = CASE WHEN ? = 'payment_unknown' THEN payment_unknown_since ELSE NULL END,
 		    updated_at = ?
 		WHERE id = ? AND status IN ?`,
-		ch.to, ch.paymentIntentID, ch.paymentStatus,
-		ch.to, next, ch.to, ch.clientSecret,
-		ch.failureCode, ch.declineCode,
-		ch.to, now, ch.to, now, id, from)
-	if res.Error != nil {
-		return false, fmt.Errorf("order %s to %s: %w", id, ch.to, res.Error)
-	}
-	return res.RowsAffected == 1, nil
+		[]any{ch.to, ch.paymentIntentID, ch.paymentStatus,
+			ch.to, next, ch.to, ch.clientSecret,
+			ch.failureCode, ch.declineCode,
+			ch.to, now, ch.to, now, id, from}, nil
 }
 
 // recordIntent records the order's PaymentIntent (created, or adopted after
@@ -303,15 +326,23 @@ func transition(ctx context.Context, tx *gorm.DB, id string, ch change, now time
 // one recorded: the first wins, so concurrent runs agree.
 func recordIntent(ctx context.Context, db *gorm.DB, orderID string, pi PaymentIntentState, now time.Time) (string, error) {
 	var id string
-	err := db.WithContext(ctx).Raw(`
-		UPDATE orders SET payment_intent_id = COALESCE(payment_intent_id, ?),
-		    payment_status = CASE WHEN payment_intent_id IS NULL OR payment_intent_id = ? THEN ? ELSE payment_status END,
-		    payment_unknown_since = NULL, updated_at = ?
-		WHERE id = ? RETURNING payment_intent_id`, pi.ID, pi.ID, pi.Status, now, orderID).Scan(&id).Error
+	err := db.WithContext(ctx).Raw(recordIntentSQL+` RETURNING payment_intent_id`, recordIntentArgs(orderID, pi, now)...).Scan(&id).Error
 	if err != nil {
 		return "", fmt.Errorf("record payment intent of %s: %w", orderID, err)
 	}
 	return id, nil
+}
+
+// recordIntentSQL is recordIntent's UPDATE without its RETURNING, also run
+// inside recordCreated's statement.
+const recordIntentSQL = `
+		UPDATE orders SET payment_intent_id = COALESCE(payment_intent_id, ?),
+		    payment_status = CASE WHEN payment_intent_id IS NULL OR payment_intent_id = ? THEN ? ELSE payment_status END,
+		    payment_unknown_since = NULL, updated_at = ?
+		WHERE id = ?`
+
+func recordIntentArgs(orderID string, pi PaymentIntentState, now time.Time) []any {
+	return []any{pi.ID, pi.ID, pi.Status, now, orderID}
 }
 
 // markUnknownSince records when the order's payment first became unknown
@@ -402,17 +433,13 @@ var errAttemptTaken = errors.New("payment attempt taken by another run")
 // as its lease owner.
 func insertAttempt(ctx context.Context, db *gorm.DB, a *attempt, fenceKeyID int64, owner string) error {
 	var res *gorm.DB
-	cols := `(order_id, tenant_id, step, attempt, idempotency_key, payment_intent_id, request_params, created_at, updated_at)`
-	args := []any{a.OrderID, a.TenantID, a.Step, a.Attempt, a.IdempotencyKey, a.PaymentIntentID, string(a.RequestParams), a.CreatedAt, a.CreatedAt}
 	if fenceKeyID != 0 {
-		res = db.WithContext(ctx).Raw(`INSERT INTO payment_attempts `+cols+`
-			SELECT ?, ?, ?, ?, ?, ?, ?::jsonb, ?, ?
+		res = db.WithContext(ctx).Raw(insertAttemptSQL+`
 			WHERE EXISTS (SELECT 1 FROM idempotency_keys WHERE id = ? AND lease_owner = ?)
-			ON CONFLICT DO NOTHING RETURNING id`, append(args, fenceKeyID, owner)...).Scan(&a.ID)
+			ON CONFLICT DO NOTHING RETURNING id`, append(a.insertArgs(), fenceKeyID, owner)...).Scan(&a.ID)
 	} else {
-		res = db.WithContext(ctx).Raw(`INSERT INTO payment_attempts `+cols+`
-			VALUES (?, ?, ?, ?, ?, ?, ?::jsonb, ?, ?)
-			ON CONFLICT DO NOTHING RETURNING id`, args...).Scan(&a.ID)
+		res = db.WithContext(ctx).Raw(insertAttemptSQL+`
+			ON CONFLICT DO NOTHING RETURNING id`, a.insertArgs()...).Scan(&a.ID)
 	}
 	if res.Error != nil {
 		return fmt.Errorf("insert payment attempt %s: %w", a.IdempotencyKey, res.Error)
@@ -423,22 +450,41 @@ func insertAttempt(ctx context.Context, db *gorm.DB, a *attempt, fenceKeyID int6
 	return nil
 }
 
+// insertAttemptSQL is the INSERT of an attempt (a.insertArgs), without its
+// conditions: insertAttempt's and the first execution's statements add
+// theirs.
+const insertAttemptSQL = `INSERT INTO payment_attempts
+			(order_id, tenant_id, step, attempt, idempotency_key, payment_intent_id, request_params, created_at, updated_at)
+			SELECT ?, ?, ?, ?, ?, ?, ?::jsonb, ?, ?`
+
+func (a *attempt) insertArgs() []any {
+	return []any{a.OrderID, a.TenantID, a.Step, a.Attempt, a.IdempotencyKey, a.PaymentIntentID, string(a.RequestParams), a.CreatedAt, a.CreatedAt}
+}
+
 // finishAttempt records the answer to attempt id. outcome "" keeps the
 // outcome open (no final answer yet) and records only the error.
 func finishAttempt(ctx context.Context, db *gorm.DB, id int64, outcome string, pi *PaymentIntentState, errText string, now time.Time) error {
-	var objID, status any
-	if pi != nil && pi.ID != "" {
-		objID, status = pi.ID, pi.Status
-	}
-	err := db.WithContext(ctx).Exec(`
-		UPDATE payment_attempts SET outcome = COALESCE(NULLIF(?, ''), outcome),
-		    stripe_object_id = COALESCE(?, stripe_object_id), stripe_status = COALESCE(?, stripe_status),
-		    error = NULLIF(?, ''), updated_at = ?
-		WHERE id = ?`, outcome, objID, status, errText, now, id).Error
+	err := db.WithContext(ctx).Exec(finishAttemptSQL, finishAttemptArgs(id, outcome, pi, errText, now)...).Error
 	if err != nil {
 		return fmt.Errorf("record payment attempt %d: %w", id, err)
 	}
 	return nil
+}
+
+// finishAttemptSQL is finishAttempt's UPDATE, also run inside the first
+// execution's statements.
+const finishAttemptSQL = `
+		UPDATE payment_attempts SET outcome = COALESCE(NULLIF(?, ''), outcome),
+		    stripe_object_id = COALESCE(?, stripe_object_id), stripe_status = COALESCE(?, stripe_status),
+		    error = NULLIF(?, ''), updated_at = ?
+		WHERE id = ?`
+
+func finishAttemptArgs(id int64, outcome string, pi *PaymentIntentState, errText string, now time.Time) []any {
+	var objID, status any
+	if pi != nil && pi.ID != "" {
+		objID, status = pi.ID, pi.Status
+	}
+	return []any{outcome, objID, status, errText, now, id}
 }
 
 func notificationsFor(ctx context.Context, db *gorm.DB, orderID string) ([]Notification, error) {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
@@ -276,37 +277,111 @@ func (s *Store) AdvanceStatement(c *Claim, point, orderID string) (string, []any
 		[]any{point, orderID, s.Now(), c.ID, c.Owner, RecoveryPointFinished}
 }
 
+// ClaimNewStatement returns an INSERT that claims scope as a new key for
+// owner, and its arguments, for a route whose first phase claims the key
+// inside one larger statement (data-modifying CTEs): the claim, the
+// route's writes and its recovery point then commit together in one round
+// trip instead of a transaction of several.
+//
+// The statement is "INSERT ... SELECT ... FROM from", to which the caller
+// may append a RETURNING (id and expires_at are what ClaimedNew needs).
+// cond is a boolean SQL expression over from, the caller's own CTE, that
+// decides which row is inserted: true, the key at recovery point point with
+// orderID and a lease of s.Lease for owner; false, the key finished with
+// otherwise (the route's first phase ended the request, e.g. out of stock).
+//
+// It has no ON CONFLICT: when the key exists, the whole statement fails with
+// a unique violation (IsKeyTaken) and leaves nothing behind, and the caller
+// claims the key with Claim, which applies the rules for an existing key.
+// Errors are those of encoding otherwise's headers.
+func (s *Store) ClaimNewStatement(scope Scope, fingerprint, owner, point, orderID string, otherwise *Response, from, cond string) (string, []any, error) {
+	headers, err := json.Marshal(otherwise.Header)
+	if err != nil {
+		return "", nil, err
+	}
+	now := s.Now()
+	c := "CASE WHEN " + cond + " THEN "
+	return `INSERT INTO idempotency_keys
+		  (tenant_id, route, key, fingerprint, recovery_point, order_id, lease_owner, lease_expires_at,
+		   response_status, response_headers, response_body, finished_at, created_at, updated_at, expires_at)
+		SELECT ?, ?, ?, ?, ` + c + `?::text ELSE ? END, ` + c + `?::text END, ` + c + `?::text END, ` + c + `?::timestamptz END,
+		  ` + c + `NULL ELSE ?::int END, ` + c + `NULL ELSE ?::jsonb END, ` + c + `NULL ELSE ?::bytea END, ` + c + `NULL ELSE ?::timestamptz END,
+		  ?, ?, ?
+		FROM ` + from,
+		[]any{scope.Tenant, scope.Route, scope.Key, fingerprint, point, RecoveryPointFinished, orderID, owner, now.Add(s.Lease),
+			otherwise.Status, string(headers), otherwise.Body, now,
+			now, now, now.Add(s.TTL)}, nil
+}
+
+// IsKeyTaken reports whether err is the unique violation of a key that
+// already exists, as ClaimNewStatement's INSERT fails with.
+func IsKeyTaken(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" /* unique_violation */ && pgErr.TableName == "idempotency_keys"
+}
+
+// ClaimedNew returns the claim a route's ClaimNewStatement made: key id at
+// recovery point point with orderID, held by owner. finished (the key
+// finished with ClaimNewStatement's otherwise, expiring at expiresAt) sets
+// its Response.
+func ClaimedNew(id int64, scope Scope, fingerprint, owner, point, orderID string, finished *Response, expiresAt time.Time) *Claim {
+	c := &Claim{ID: id, Scope: scope, Fingerprint: fingerprint, RecoveryPoint: point, OrderID: orderID, Owner: owner, New: true}
+	if finished != nil {
+		finished.ExpiresAt = expiresAt
+		c.RecoveryPoint, c.OrderID, c.Response = RecoveryPointFinished, "", finished
+	}
+	return c
+}
+
 // Advanced records on c that its key was advanced to point with orderID.
 func (c *Claim) Advanced(point, orderID string) {
 	c.RecoveryPoint, c.OrderID = point, orderID
+}
+
+// FinishStatement returns Finish's fenced UPDATE and its arguments, for a
+// route that finishes the key inside a larger statement (a data-modifying
+// CTE) to save a round trip. The statement ends with its WHERE clause, so
+// the route may add conditions; it must add "RETURNING expires_at", treat
+// "no row" as ErrLeaseLost (or as its own condition failing) and call
+// c.Finished with the expires_at it returned.
+func (s *Store) FinishStatement(c *Claim, resp *Response) (string, []any, error) {
+	headers, err := json.Marshal(resp.Header)
+	if err != nil {
+		return "", nil, err
+	}
+	now := s.Now()
+	return `UPDATE idempotency_keys
+		SET recovery_point = ?, response_status = ?, response_headers = ?, response_body = ?,
+		    lease_owner = NULL, lease_expires_at = NULL, finished_at = ?, updated_at = ?
+		WHERE id = ? AND lease_owner = ? AND recovery_point <> ?`,
+		[]any{RecoveryPointFinished, resp.Status, string(headers), resp.Body, now, now,
+			c.ID, c.Owner, RecoveryPointFinished}, nil
+}
+
+// Finished records on c that its key was finished with resp, kept until
+// expiresAt (what FinishStatement's RETURNING gave).
+func (c *Claim) Finished(resp *Response, expiresAt time.Time) {
+	resp.ExpiresAt = expiresAt
+	c.RecoveryPoint, c.Response = RecoveryPointFinished, resp
 }
 
 // Finish stores resp as the key's final response and ends its lease, inside
 // tx. It is fenced like Advance. On return resp.ExpiresAt is the end of the
 // key's retention. Commit makes every later request with the key a replay.
 func (s *Store) Finish(ctx context.Context, tx *gorm.DB, c *Claim, resp *Response) error {
-	headers, err := json.Marshal(resp.Header)
+	query, args, err := s.FinishStatement(c, resp)
 	if err != nil {
 		return err
 	}
-	now := s.Now()
 	var expiresAt time.Time
-	err = tx.WithContext(ctx).Raw(`
-		UPDATE idempotency_keys
-		SET recovery_point = ?, response_status = ?, response_headers = ?, response_body = ?,
-		    lease_owner = NULL, lease_expires_at = NULL, finished_at = ?, updated_at = ?
-		WHERE id = ? AND lease_owner = ? AND recovery_point <> ?
-		RETURNING expires_at`,
-		RecoveryPointFinished, resp.Status, string(headers), resp.Body, now, now,
-		c.ID, c.Owner, RecoveryPointFinished).Row().Scan(&expiresAt) // Row: see Claim
+	err = tx.WithContext(ctx).Raw(query+` RETURNING expires_at`, args...).Row().Scan(&expiresAt) // Row: see Claim
 	if errors.Is(err, sql.ErrNoRows) {
 		return ErrLeaseLost
 	}
 	if err != nil {
 		return fmt.Errorf("finish key: %w", err)
 	}
-	resp.ExpiresAt = expiresAt
-	c.RecoveryPoint, c.Response = RecoveryPointFinished, resp
+	c.Finished(resp, expiresAt)
 	return nil
 }
 

@@ -475,13 +475,46 @@ func pgbenches(c *config, f map[string]float64, pgURL string, which ...string) e
 	}
 	vars := pgbenchVars()
 	for _, name := range which {
-		tps, lat, err := pgbench(pgURL, filepath.Join(c.root, scripts[name]), clients, c.dur, vars)
+		tps, lat, txs, err := pgbench(pgURL, filepath.Join(c.root, scripts[name]), clients, c.dur, vars)
 		if err != nil {
 			return err
+		}
+		if name == "pgbench_checkout" {
+			if err := checkoutsDone(pgURL, txs); err != nil {
+				return err
+			}
 		}
 		f[name+"_tps"], f[name+"_latency_ms"] = tps, lat
 		logf("  %s, %d clients: %.0f tps (latency %.1f ms)", scripts[name], clients, tps, lat)
 	}
+	return nil
+}
+
+// checkoutsDone checks that each of the txs checkouts pgbench ran of the
+// checkout's script did the whole work, so that a statement that quietly
+// changes nothing (a condition the constants fail) cannot make the SQL look
+// fast: one paid order, two events, two attempts and one finished key
+// each. The database is pgbench's own, and emptied for the next script.
+func checkoutsDone(pgURL string, txs int64) error {
+	ctx := context.Background()
+	pool, err := pgx.Connect(ctx, pgURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close(ctx)
+	var paid, events, attempts, finished int64
+	err = pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders WHERE status = 'paid' AND payment_intent_id IS NOT NULL AND id ~ '^[0-9]+$' AND id::numeric > $1),
+		(SELECT count(*) FROM outbox), (SELECT count(*) FROM payment_attempts WHERE outcome = 'succeeded'),
+		(SELECT count(*) FROM idempotency_keys WHERE recovery_point = 'finished' AND response_status = 201)`, workerOrders).
+		Scan(&paid, &events, &attempts, &finished)
+	if err != nil {
+		return fmt.Errorf("check the checkout script's work: %w", err)
+	}
+	if paid != txs || events != 2*txs || attempts != 2*txs || finished != txs {
+		return fmt.Errorf("pgbench of the checkout's SQL ran %d checkouts but left %d paid orders, %d events, %d succeeded attempts, %d finished keys",
+			txs, paid, events, attempts, finished)
+	}
+	logf("  (checked: %d paid orders, each with its 2 events, 2 attempts and finished key)", paid)
 	return nil
 }
 

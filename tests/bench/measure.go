@@ -57,11 +57,12 @@ func wrk(url string, clients int, d time.Duration, args ...string) (load, error)
 }
 
 var tpsLine = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
+var txLine = regexp.MustCompile(`number of transactions actually processed: ([0-9]+)`)
 var latLine = regexp.MustCompile(`latency average = ([0-9.]+) ms`)
 
 // pgbench runs script with clients connections for d on url and returns
 // its transactions per second (and the average latency in ms).
-func pgbench(url, script string, clients int, d time.Duration, vars map[string]string) (float64, float64, error) {
+func pgbench(url, script string, clients int, d time.Duration, vars map[string]string) (tps, latency float64, txs int64, err error) {
 	args := []string{"-n", "-M", "prepared", "-c", strconv.Itoa(clients), "-j", strconv.Itoa(min(clients, 2)),
 		"-T", strconv.Itoa(int(d.Seconds())), "-f", script}
 	keys := make([]string, 0, len(vars))
@@ -73,7 +74,6 @@ func pgbench(url, script string, clients int, d time.Duration, vars map[string]s
 		args = append(args, "-D", k+"="+vars[k])
 	}
 	var out []byte
-	var err error
 	for try := 0; ; try++ {
 		out, err = exec.Command("pgbench", append(args, url)...).CombinedOutput()
 		// The server is shared: other sessions' tests can hold every
@@ -84,18 +84,19 @@ func pgbench(url, script string, clients int, d time.Duration, vars map[string]s
 		time.Sleep(2 * time.Second)
 	}
 	if err != nil {
-		return 0, 0, fmt.Errorf("pgbench %s: %w\n%s", script, err, out)
+		return 0, 0, 0, fmt.Errorf("pgbench %s: %w\n%s", script, err, out)
 	}
 	m := tpsLine.FindSubmatch(out)
-	if m == nil {
-		return 0, 0, fmt.Errorf("pgbench: no tps in:\n%s", out)
+	n := txLine.FindSubmatch(out)
+	if m == nil || n == nil {
+		return 0, 0, 0, fmt.Errorf("pgbench: no tps in:\n%s", out)
 	}
-	tps, _ := strconv.ParseFloat(string(m[1]), 64)
-	lat := 0.0
+	tps, _ = strconv.ParseFloat(string(m[1]), 64)
+	txs, _ = strconv.ParseInt(string(n[1]), 10, 64)
 	if l := latLine.FindSubmatch(out); l != nil {
-		lat, _ = strconv.ParseFloat(string(l[1]), 64)
+		latency, _ = strconv.ParseFloat(string(l[1]), 64)
 	}
-	return tps, lat, nil
+	return tps, latency, txs, nil
 }
 
 // pgbenchVars are the constants the scripts use (-D).
@@ -107,7 +108,7 @@ func pgbenchVars() map[string]string {
 		"tenant": "acme", "route": "POST /v1/checkouts", "fingerprint": strings.Repeat("ab", 32),
 		"rp_started": "started", "rp_order_created": "order_created", "rp_finished": "finished",
 		"owner": strings.Repeat("0f", 16), "now": ts(now), "lease_until": ts(now.Add(30 * time.Second)),
-		"expires": ts(now.Add(24 * time.Hour)), "sku": "sku_tee", "skus": "{sku_tee}", "qtys": "{1}", "lines": "{1}", "amounts": "{2500}", "qty": "1", "amount": "2500", "line": "1",
+		"expires": ts(now.Add(24 * time.Hour)), "sku": "sku_tee", "skus": "{sku_tee}", "qtys": "{1}", "nskus": "1", "prices": "{2500}", "currencies": "{usd}", "lines": "{1}", "amounts": "{2500}", "qty": "1", "amount": "2500", "line": "1",
 		"pending": "pending_payment", "email": "buyer@example.com", "currency": "usd", "pm": "pm_card_visa",
 		"created": "order.created", "payload": payload, "status": "201",
 		"headers": `{"Content-Type":["application/json"],"Location":["/v1/orders/ord_bench"]}`,
