@@ -19,6 +19,11 @@
 //     to the outbox; the key is finished with the response, which is then
 //     replayed to every retry.
 //
+// A new key's checkout whose payment goes through is a first execution
+// (first.go): the same phases, each written as one statement, three
+// commits in all. Everything else takes the general path, which reads the
+// persisted state and carries on from it.
+//
 // The API request, the worker's completer (expired leases) and its
 // reconciler (orders waiting for Stripe or the customer) all run the same
 // saga, and every change of an order's status is monotonic.
