@@ -240,6 +240,45 @@ func TestClaimTakeover(t *testing.T) {
 	require.True(t, third.New)
 }
 
+// TestLeasesSettle: the end of a request in one round trip caches the
+// response and releases the lease, but only the caller's lease: a lease
+// another owner took meanwhile stays, and an already expired response is
+// not cached.
+func TestLeasesSettle(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	l := idempotency.NewLeases(rdb, prefix)
+	ctx := context.Background()
+	leaseKey := prefix + "idem:{" + scope.Hash() + "}:lease"
+
+	a, err := l.Acquire(ctx, scope, "fp", "owner-1", time.Minute)
+	require.NoError(t, err)
+	require.True(t, a.Acquired)
+	expired := idempotency.JSONResponse(201, []byte(`{"old":true}`), "/x")
+	expired.ExpiresAt = time.Now().Add(-time.Second)
+	released, err := l.Settle(ctx, scope, "fp", "owner-2", expired, time.Now())
+	require.NoError(t, err)
+	require.False(t, released, "owner-2 cannot release owner-1's lease")
+	require.Equal(t, int64(1), rdb.Exists(ctx, leaseKey).Val())
+	b, err := l.Acquire(ctx, scope, "fp", "owner-3", time.Minute)
+	require.NoError(t, err)
+	require.Nil(t, b.Cached, "an expired response is not cached")
+	require.False(t, b.Acquired)
+
+	resp := idempotency.JSONResponse(201, []byte(`{"ok":true}`), "/x")
+	resp.ExpiresAt = time.Now().Add(time.Hour)
+	released, err = l.Settle(ctx, scope, "fp", "owner-1", resp, time.Now())
+	require.NoError(t, err)
+	require.True(t, released)
+	require.Zero(t, rdb.Exists(ctx, leaseKey).Val(), "the lease is gone")
+	c, err := l.Acquire(ctx, scope, "fp", "owner-4", time.Minute)
+	require.NoError(t, err)
+	require.False(t, c.Acquired)
+	require.Equal(t, resp.Body, c.Cached.Body, "the response is replayed from the cache")
+	ttl := rdb.PTTL(ctx, prefix+"idem:{"+scope.Hash()+"}:resp").Val()
+	require.Greater(t, ttl, 59*time.Minute, "kept until the key's expiry")
+}
+
 // TestLeases: SET NX PX with an owner token; extend and release only by
 // compare-and-set, so one owner never touches another's lease.
 func TestLeases(t *testing.T) {

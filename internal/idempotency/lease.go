@@ -70,6 +70,18 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 `)
+	// settleScript is Cache then Release in one round trip: the response
+	// stored for replay (when its TTL, ARGV[3] ms, is positive), then the
+	// lease deleted if it is still the caller's.
+	settleScript = redis.NewScript(`
+if tonumber(ARGV[3]) > 0 then
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+`)
 )
 
 // Acquisition is the result of Leases.Acquire.
@@ -236,6 +248,25 @@ func (l *Leases) Cache(ctx context.Context, s Scope, fingerprint string, resp *R
 		return fmt.Errorf("redis cache: %w", err)
 	}
 	return nil
+}
+
+// Settle is Cache and then Release, in one round trip: it stores resp for
+// replay until resp.ExpiresAt (not when already expired) and deletes the
+// lease if owner still holds it, reporting whether it did. An error means
+// Redis did not answer, and neither may have happened: the cached response
+// is an optimisation (Postgres replays it too) and the lease expires.
+func (l *Leases) Settle(ctx context.Context, s Scope, fingerprint, owner string, resp *Response, now time.Time) (bool, error) {
+	leaseKey, respKey := l.keys(s)
+	ttl := resp.ExpiresAt.Sub(now).Milliseconds()
+	var value []byte
+	if ttl > 0 {
+		value = encodeCached(fingerprint, resp)
+	}
+	n, err := settleScript.Run(ctx, l.rdb, []string{leaseKey, respKey}, leaseValue(owner, fingerprint), value, ttl).Int64()
+	if err != nil {
+		return false, fmt.Errorf("redis settle: %w", err)
+	}
+	return n == 1, nil
 }
 
 // Cached reports whether a finished response of s is in the replay cache

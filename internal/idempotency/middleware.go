@@ -216,13 +216,19 @@ func (g *Gateway) Middleware(route string, opts ...MiddlewareOption) gin.Handler
 			if req.outcome == OutcomeReplayed {
 				g.Metrics.duplicate("postgres")
 			}
-			if err := g.Leases.Cache(bg, req.Scope, req.Fingerprint, req.final, g.Store.Now()); err != nil {
-				g.Logger.WarnContext(bg, "cache response in redis", "err", err)
-			}
 		} else if req.outcome == OutcomeInUse || req.outcome == OutcomeReused {
 			g.Metrics.duplicate("postgres")
 		}
-		if redisHeld {
+		switch {
+		case req.final != nil && redisHeld: // the usual end: one round trip
+			if _, err := g.Leases.Settle(bg, req.Scope, req.Fingerprint, req.Owner, req.final, g.Store.Now()); err != nil {
+				g.Logger.WarnContext(bg, "cache response and release lease in redis", "err", err)
+			}
+		case req.final != nil:
+			if err := g.Leases.Cache(bg, req.Scope, req.Fingerprint, req.final, g.Store.Now()); err != nil {
+				g.Logger.WarnContext(bg, "cache response in redis", "err", err)
+			}
+		case redisHeld:
 			if _, err := g.Leases.Release(bg, req.Scope, req.Fingerprint, req.Owner); err != nil {
 				g.Logger.WarnContext(bg, "release redis lease", "err", err)
 			}
