@@ -8,7 +8,9 @@ import (
 
 // Handle runs one delivery through the consumer's handler and its
 // acknowledgement, without a broker.
-func (c *Consumer) Handle(ctx context.Context, d amqp.Delivery) { c.HandleBatch(ctx, []amqp.Delivery{d}) }
+func (c *Consumer) Handle(ctx context.Context, d amqp.Delivery) {
+	c.HandleBatch(ctx, []amqp.Delivery{d})
+}
 
 // HandleBatch runs ds, as if just received in this order on a fresh
 // channel, through the consumer's handler and their acknowledgements,
