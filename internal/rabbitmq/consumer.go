@@ -168,9 +168,28 @@ func (c *Consumer) session(ctx context.Context) error {
 		return fmt.Errorf("consume %s: %w", c.cfg.Queue, err)
 	}
 
+	// The library hands deliveries over one at a time through an unbuffered
+	// channel, from a goroutine that must run again before the next is
+	// ready; a buffer of the prefetch window lets a worker take at once
+	// every delivery already received, so a backlog comes in full batches.
+	received := make(chan amqp.Delivery, c.cfg.Prefetch)
+	done := make(chan struct{})
+	forwarded := make(chan struct{})
+	go func() {
+		defer close(forwarded)
+		defer close(received)
+		for d := range deliveries {
+			select {
+			case received <- d:
+			case <-done:
+				return
+			}
+		}
+	}()
+
 	// stop ends the workers' intake; they finish the messages in hand.
 	stop := make(chan struct{})
-	in := &intake{deliveries: deliveries, stop: stop, max: c.cfg.BatchSize, acks: &acker{}}
+	in := &intake{deliveries: received, stop: stop, max: c.cfg.BatchSize, acks: &acker{}}
 	var wg sync.WaitGroup
 	for range c.cfg.Concurrency {
 		wg.Add(1)
@@ -197,6 +216,11 @@ func (c *Consumer) session(ctx context.Context) error {
 	}
 	close(stop)
 	wg.Wait()
+	// What was received and not taken goes back to the queue with the
+	// channel, which also ends the forwarder's range.
+	close(done)
+	ch.Close()
+	<-forwarded
 	return result
 }
 
