@@ -56,11 +56,16 @@ const (
 type Config struct {
 	// Queue is the queue of order.paid events ("notify.order_paid").
 	Queue string
-	// Prefetch is the consumer's unacknowledged window (32).
+	// Prefetch is the consumer's unacknowledged window (128): enough for
+	// every handler's batch and the next ones.
 	Prefetch int
-	// Concurrency is how many messages are handled at once (16): each
-	// waits on its own transaction, so more of them keep the database busy.
+	// Concurrency is how many batches are handled at once (4): each waits
+	// on its own transaction, so more than one keeps the database busy.
 	Concurrency int
+	// BatchSize is the most deliveries one transaction handles (BatchSize,
+	// 16): the deliveries the broker has already sent, so a batch is full
+	// only when messages wait.
+	BatchSize int
 	// SequenceWait is how long an event that came before its order's
 	// previous event waits for it, parked, before it is applied anyway
 	// (NOTIFY_SEQUENCE_WAIT, 30s).
@@ -91,10 +96,13 @@ func NewService(db *gorm.DB, conn *rabbitmq.Conn, mailer Mailer, cfg Config) (*S
 		cfg.Queue = rabbitmq.DefaultNames().NotifyQueue
 	}
 	if cfg.Prefetch <= 0 {
-		cfg.Prefetch = 32
+		cfg.Prefetch = 128
 	}
 	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 16
+		cfg.Concurrency = 4
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = BatchSize
 	}
 	if cfg.SequenceWait <= 0 {
 		cfg.SequenceWait = 30 * time.Second
@@ -114,14 +122,15 @@ func NewService(db *gorm.DB, conn *rabbitmq.Conn, mailer Mailer, cfg Config) (*S
 		return nil, err
 	}
 	return &Service{
-		consumer: rabbitmq.NewConsumer(conn, rabbitmq.ConsumerConfig{
+		consumer: rabbitmq.NewBatchConsumer(conn, rabbitmq.ConsumerConfig{
 			Queue:          cfg.Queue,
 			Tag:            "",
 			Prefetch:       cfg.Prefetch,
 			Concurrency:    cfg.Concurrency,
+			BatchSize:      cfg.BatchSize,
 			HandlerTimeout: 15 * time.Second,
 			Logger:         logger,
-		}, handler.Handle),
+		}, handler.HandleBatch),
 		handler: handler,
 		sender:  sender,
 		cfg:     cfg,
