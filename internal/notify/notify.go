@@ -21,6 +21,7 @@ package notify
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"time"
 
@@ -84,6 +85,7 @@ type Service struct {
 	consumer *rabbitmq.Consumer
 	handler  *Consumer
 	sender   *Sender
+	mailer   Mailer
 	cfg      Config
 	logger   *slog.Logger
 }
@@ -133,13 +135,15 @@ func NewService(db *gorm.DB, conn *rabbitmq.Conn, mailer Mailer, cfg Config) (*S
 		}, handler.HandleBatch),
 		handler: handler,
 		sender:  sender,
+		mailer:  mailer,
 		cfg:     cfg,
 		logger:  logger,
 	}, nil
 }
 
 // Run consumes and sends until ctx ends, then lets the messages and emails
-// in flight finish and returns nil once both loops have ended. It returns
+// in flight finish, closes the mailer's idle sessions (an io.Closer mailer)
+// and returns nil once every loop has ended. It returns
 // an error only if a loop fails for good (the broker Conn was closed).
 func (s *Service) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
@@ -151,7 +155,11 @@ func (s *Service) Run(ctx context.Context) error {
 	})
 	g.Go(func() error { return s.sender.Run(ctx) })
 	g.Go(func() error { return s.releaseOverdue(ctx) })
-	return g.Wait()
+	err := g.Wait()
+	if c, ok := s.mailer.(io.Closer); ok {
+		c.Close() // the idle SMTP sessions
+	}
+	return err
 }
 
 // releaseOverdue applies parked events whose wait is over, checking every

@@ -21,7 +21,7 @@ type SenderConfig struct {
 	From string
 	// BatchSize is how many due notifications one claim takes (20).
 	BatchSize int
-	// Concurrency is how many emails of a batch are sent at once (4).
+	// Concurrency is how many emails of a batch are sent at once (8).
 	Concurrency int
 	// SweepInterval is how often the sender looks for due notifications
 	// when nothing woke it: retries, expired claims, rows a crashed worker
@@ -79,7 +79,7 @@ func NewSender(db *gorm.DB, mailer Mailer, cfg SenderConfig) (*Sender, error) {
 		cfg.BatchSize = 20
 	}
 	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 4
+		cfg.Concurrency = 8
 	}
 	if cfg.SweepInterval <= 0 {
 		cfg.SweepInterval = time.Second
