@@ -42,7 +42,7 @@ type SMTPMailer struct {
 	Addr string
 	// HeloName is sent in EHLO ("checkout.local").
 	HeloName string
-	// MaxIdle is how many sessions stay open between sends (8; negative:
+	// MaxIdle is how many sessions stay open between sends (40; negative:
 	// none, a connection per email).
 	MaxIdle int
 	// IdleTimeout closes a session unused for longer instead of reusing it
@@ -167,7 +167,7 @@ func (m *SMTPMailer) session(ctx context.Context) (s *smtpSession, reused bool, 
 func (m *SMTPMailer) release(s *smtpSession) {
 	maxIdle := m.MaxIdle
 	if maxIdle == 0 {
-		maxIdle = 8
+		maxIdle = 40
 	}
 	s.used = time.Now()
 	m.mu.Lock()
