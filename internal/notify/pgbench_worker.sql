@@ -8,8 +8,8 @@
 -- as tests/bench publishes them: one statement records the 16 inbox rows
 -- and inserts the 16 notifications, and commits by itself (a batch with
 -- sequenced events also takes inbox.Admit's cursor statements, in a
--- transaction). Then the sender's share (sender.go): one claim of up to 20
--- due notifications per 20 events (16 chances in 20 per batch), and the
+-- transaction). Then the sender's share (sender.go): one claim of up to 40
+-- due notifications per 40 events (16 chances in 40 per batch), and the
 -- update that marks each event's email sent (by id alone: here nothing set
 -- it sending), one statement per email as the sender does. The emails
 -- themselves are not SQL. The constants (-D) are set by tests/bench, which
@@ -64,7 +64,7 @@
 \set ord16 random(1, :orders)
 \set msg16 random(1, 9000000000000000000)
 \set ntf16 random(1, 9000000000000000000)
-\set claim random(1, 20)
+\set claim random(1, 40)
 WITH ev (message_id, notification_id, order_id, tenant_id, recipient) AS (VALUES
     (:msg1, :ntf1, :ord1, :tenant, :email),
     (:msg2, :ntf2, :ord2, :tenant, :email),
@@ -96,7 +96,7 @@ FROM (
     SELECT id FROM notifications
     WHERE status IN ('pending', 'sending') AND next_attempt_at <= now()
     ORDER BY next_attempt_at
-    LIMIT 20
+    LIMIT 40
     FOR UPDATE SKIP LOCKED
 ) d, orders o
 WHERE n.id = d.id AND o.id = n.order_id

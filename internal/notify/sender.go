@@ -19,9 +19,9 @@ import (
 type SenderConfig struct {
 	// From is the envelope and header sender ("orders@checkout.local").
 	From string
-	// BatchSize is how many due notifications one claim takes (20).
+	// BatchSize is how many due notifications one claim takes (40).
 	BatchSize int
-	// Concurrency is how many emails are sent at once (40); the next batch
+	// Concurrency is how many emails are sent at once (80); the next batch
 	// is claimed while earlier ones are being sent.
 	Concurrency int
 	// SweepInterval is how often the sender looks for due notifications
@@ -77,10 +77,10 @@ func NewSender(db *gorm.DB, mailer Mailer, cfg SenderConfig) (*Sender, error) {
 		cfg.From = "orders@checkout.local"
 	}
 	if cfg.BatchSize <= 0 {
-		cfg.BatchSize = 20
+		cfg.BatchSize = 40
 	}
 	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 40
+		cfg.Concurrency = 80
 	}
 	if cfg.SweepInterval <= 0 {
 		cfg.SweepInterval = time.Second

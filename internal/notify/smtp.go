@@ -42,7 +42,8 @@ type SMTPMailer struct {
 	Addr string
 	// HeloName is sent in EHLO ("checkout.local").
 	HeloName string
-	// MaxIdle is how many sessions stay open between sends (40; negative:
+	// MaxIdle is how many sessions stay open between sends (80, the
+	// sender's sends at once; negative:
 	// none, a connection per email).
 	MaxIdle int
 	// IdleTimeout closes a session unused for longer instead of reusing it
@@ -167,7 +168,7 @@ func (m *SMTPMailer) session(ctx context.Context) (s *smtpSession, reused bool, 
 func (m *SMTPMailer) release(s *smtpSession) {
 	maxIdle := m.MaxIdle
 	if maxIdle == 0 {
-		maxIdle = 40
+		maxIdle = 80
 	}
 	s.used = time.Now()
 	m.mu.Lock()
