@@ -47,7 +47,7 @@ type settings struct {
 	SMTPAddr      string        `env:"SMTP_ADDR" envDefault:"127.0.0.1:1025"`
 	SMTPFrom      string        `env:"SMTP_FROM" envDefault:"orders@checkout.local"`
 	MetricsAddr   string        `env:"METRICS_ADDR" envDefault:":9092"`
-	Prefetch      int           `env:"NOTIFY_PREFETCH" envDefault:"32"`
+	Prefetch      int           `env:"NOTIFY_PREFETCH" envDefault:"128"`
 	SweepInterval time.Duration `env:"NOTIFY_SWEEP_INTERVAL" envDefault:"1s"`
 	SequenceWait  time.Duration `env:"NOTIFY_SEQUENCE_WAIT" envDefault:"30s"`
 

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,13 +34,15 @@ type ConsumerConfig struct {
 
 // Consumer turns order events into pending email notifications, applying
 // each order's events in their sequence. Its Handle method is the
-// rabbitmq.Handler of the notify.order_paid queue.
+// rabbitmq.Handler of the notify.order_paid queue, and its HandleBatch
+// the rabbitmq.BatchHandler.
 type Consumer struct {
 	db     *gorm.DB
 	cfg    ConsumerConfig
 	logger *slog.Logger
 
 	processed  prometheus.Counter
+	batches    prometheus.Counter
 	duplicates *prometheus.CounterVec
 	sequence   *prometheus.CounterVec
 	skipped    prometheus.Counter
@@ -61,6 +65,10 @@ func NewConsumer(db *gorm.DB, cfg ConsumerConfig) (*Consumer, error) {
 			Name: "checkout_notify_events_processed_total",
 			Help: "Order events recorded in the inbox for the first time (applied, or parked until their predecessor comes).",
 		}),
+		batches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "checkout_notify_batches_total",
+			Help: "Batches of deliveries committed by the consumer (events processed over batches is the mean batch).",
+		}),
 		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "checkout_inbox_duplicates_total",
 			Help: "Deliveries already in the inbox (redeliveries and re-publishes), acked without effect, by consumer.",
@@ -81,7 +89,7 @@ func NewConsumer(db *gorm.DB, cfg ConsumerConfig) (*Consumer, error) {
 	})
 	c.duplicates.WithLabelValues(ConsumerName) // exported at 0 from the start
 	if cfg.Registerer != nil {
-		for _, col := range []prometheus.Collector{c.processed, c.duplicates, c.sequence, c.skipped} {
+		for _, col := range []prometheus.Collector{c.processed, c.batches, c.duplicates, c.sequence, c.skipped} {
 			if err := cfg.Registerer.Register(col); err != nil {
 				return nil, fmt.Errorf("notify: register metrics: %w", err)
 			}
@@ -152,38 +160,177 @@ func parse(body []byte, messageID, typ string) (envelope, error) {
 	return ev, nil
 }
 
-// Handle processes one delivery of an order event. In one transaction it
-// records (ConsumerName, message_id) in the inbox and, when the event is
-// its order's next (see inbox.Admit), applies it and the parked events it
-// unblocks: order.paid and order.refunded insert a pending email
-// notification (kind order_paid, or order_refunded per refund; ON CONFLICT
-// DO NOTHING), other events only move the order's sequence on. An event
-// whose predecessor has not been applied yet is parked in the database
-// instead, and the delivery acked: it is applied when its predecessor comes,
-// or by ReleaseOverdue after the wait. Events without a sequence (published
-// before there were sequences) are applied at once.
-//
-// It returns nil, so the delivery is acked, after that commit or when the
-// message is a duplicate (nothing is written). It returns an error, so the
-// delivery is requeued, when the body is not a valid event or the database
-// fails; a rollback forgets the inbox record too, so the redelivery is
-// processed as new.
+// BatchSize is the most deliveries HandleBatch records in one statement
+// (the service's rabbitmq batch size); internal/notify/pgbench_worker.sql
+// runs a batch of this many order.paid events.
+const BatchSize = 16
+
+// Handle processes one delivery of an order event: HandleBatch of one.
 func (c *Consumer) Handle(ctx context.Context, d amqp.Delivery) error {
-	ev, err := parse(d.Body, d.MessageId, d.RoutingKey)
-	if err != nil {
-		return err
+	return c.HandleBatch(ctx, []amqp.Delivery{d})[0]
+}
+
+// item is one event of a batch as HandleBatch works on it.
+type item struct {
+	messageID string
+	ev        envelope
+	body      []byte
+	// notificationID is set for an unsequenced order.paid event: its
+	// notification is inserted by the recording statement itself.
+	notificationID string
+	first          bool
+	adm            inbox.Admission
+}
+
+// sequenced reports whether it is applied in its order's sequence
+// (inbox.Admit); events published before there were sequences are not.
+func (it *item) sequenced() bool { return it.ev.AggregateID != "" && it.ev.Sequence > 0 }
+
+// HandleBatch processes deliveries of order events, returning one error per
+// delivery (rabbitmq.BatchHandler). In one transaction it records
+// (ConsumerName, message_id) of every event in the inbox and, for each
+// event recorded for the first time that is its order's next (see
+// inbox.Admit), applies it and the parked events it unblocks: order.paid
+// and order.refunded insert a pending email notification (kind order_paid,
+// or order_refunded per refund; ON CONFLICT DO NOTHING), other events only
+// move the order's sequence on. An event whose predecessor has not been
+// applied yet is parked in the database instead, and the delivery acked: it
+// is applied when its predecessor comes, or by ReleaseOverdue after the
+// wait. Events without a sequence (published before there were sequences)
+// are applied at once. The inbox records and the order.paid notifications of
+// unsequenced events are one statement; a batch with nothing else to do is
+// that statement alone, which commits by itself.
+//
+// Sequenced events are admitted in (order, sequence) order whatever their
+// order in the batch, which keeps an order's events in sequence and makes
+// concurrent batches lock the orders' cursors in one order. A message that
+// comes twice in a batch is processed once, and its copy is a duplicate.
+//
+// A delivery's result is nil, so it is acked, after that commit or when the
+// message is a duplicate (nothing is written). It is an error, so the
+// delivery is requeued, when its body is not a valid event (the others go
+// on), or when the transaction fails: a rollback forgets the inbox records
+// too, so the redelivery is processed as new. A failure of the database
+// itself is returned, marked rabbitmq.Transient, for every delivery of the
+// batch; any other failure (an event the database refuses, such as one of
+// an unknown order) is the fault of some message of the batch, so each
+// delivery is then processed again on its own, and only the messages at
+// fault fail and spend their deliveries toward the dead-letter queue.
+func (c *Consumer) HandleBatch(ctx context.Context, ds []amqp.Delivery) []error {
+	errs := make([]error, len(ds))
+	items := make([]*item, 0, len(ds))
+	byID := map[string]*item{}
+	of := make([]*item, len(ds)) // the item each delivery is, or a copy of
+	copies := 0
+	for i, d := range ds {
+		ev, err := parse(d.Body, d.MessageId, d.RoutingKey)
+		if err != nil {
+			errs[i] = fmt.Errorf("notify: handle %s: %w", d.MessageId, err)
+			continue
+		}
+		messageID := d.MessageId
+		if messageID == "" {
+			messageID = ev.ID // the body's event id is the same stable id
+		}
+		if it, ok := byID[messageID]; ok {
+			of[i] = it
+			copies++
+			continue
+		}
+		it := &item{messageID: messageID, ev: ev, body: d.Body}
+		if !it.sequenced() && ev.Type == outbox.TypeOrderPaid {
+			it.notificationID = ids.New("ntf")
+		}
+		byID[messageID] = it
+		of[i] = it
+		items = append(items, it)
 	}
-	messageID := d.MessageId
-	if messageID == "" {
-		messageID = ev.ID // the body's event id is the same stable id
+	if len(items) == 0 {
+		return errs
 	}
 
-	first, created := false, 0
-	var adm inbox.Admission
-	err = postgres.WithTx(ctx, c.db, func(tx *gorm.DB) error {
+	created, err := c.record(ctx, items)
+	if err != nil && len(ds) > 1 && !transient(err) {
+		// Some message of the batch is at fault: find it.
+		for i, d := range ds {
+			if of[i] != nil {
+				errs[i] = c.HandleBatch(ctx, []amqp.Delivery{d})[0]
+			}
+		}
+		return errs
+	}
+	if err != nil {
+		err = fmt.Errorf("notify: handle %s: %w", items[0].messageID, err)
+		if len(items) > 1 {
+			err = fmt.Errorf("notify: handle %s and %d more: %w", items[0].messageID, len(items)-1, err)
+		}
+		if transient(err) {
+			// The database is away, not the message: hold the deliveries
+			// and retry rather than spend them toward the DLQ.
+			err = rabbitmq.Transient(err)
+		}
+		for i := range ds {
+			if of[i] != nil {
+				errs[i] = err
+			}
+		}
+		return errs
+	}
+
+	c.batches.Inc()
+	duplicates := copies
+	for _, it := range items {
+		if !it.first {
+			duplicates++
+			continue
+		}
+		c.processed.Inc()
+		switch {
+		case it.adm.Parked:
+			c.sequence.WithLabelValues(SequenceParked).Inc()
+		case it.adm.Late:
+			c.sequence.WithLabelValues(SequenceLate).Inc()
+		case len(it.adm.Apply) > 0:
+			c.sequence.WithLabelValues(SequenceInOrder).Inc()
+			c.sequence.WithLabelValues(SequenceUnparked).Add(float64(len(it.adm.Apply) - 1))
+		}
+	}
+	c.duplicates.WithLabelValues(ConsumerName).Add(float64(duplicates))
+	if created > 0 && c.cfg.OnNew != nil {
+		c.cfg.OnNew()
+	}
+	return errs
+}
+
+// transient reports whether err, from a batch's transaction, is the
+// database's trouble rather than a message's: postgres.IsTransient, except
+// for an event found malformed inside the transaction (a refund of an
+// unknown order), which no retry can apply.
+func transient(err error) bool {
+	return !errors.Is(err, errMalformed) && postgres.IsTransient(err)
+}
+
+// record makes the batch's effects durable, setting each item's first and
+// adm, and returns how many notifications it created.
+func (c *Consumer) record(ctx context.Context, items []*item) (int, error) {
+	// One order for the statement's rows, so that two batches holding the
+	// same messages (re-publishes) take the inbox's index entries in the
+	// same order.
+	sort.Slice(items, func(i, j int) bool { return items[i].messageID < items[j].messageID })
+	alone := c.afterInbox == nil
+	for _, it := range items {
+		if it.sequenced() || it.ev.Type == outbox.TypeOrderRefunded {
+			alone = false // more statements after the recording one
+		}
+	}
+	if alone {
+		return recordBatch(ctx, c.db, items)
+	}
+
+	created := 0
+	err := postgres.WithTx(ctx, c.db, func(tx *gorm.DB) error {
 		var err error
-		first, err = inbox.Record(ctx, tx, ConsumerName, messageID)
-		if err != nil || !first {
+		if created, err = recordBatch(ctx, tx, items); err != nil {
 			return err
 		}
 		if c.afterInbox != nil {
@@ -191,23 +338,26 @@ func (c *Consumer) Handle(ctx context.Context, d amqp.Delivery) error {
 				return err
 			}
 		}
-		if ev.AggregateID == "" || ev.Sequence < 1 {
-			created, err = c.apply(ctx, tx, ev)
-			return err
-		}
-		adm, err = inbox.Admit(ctx, tx, ConsumerName, inbox.Sequenced{
-			MessageID: messageID, AggregateID: ev.AggregateID, Seq: ev.Sequence, Body: d.Body})
-		if err != nil {
-			return err
-		}
-		for i, s := range adm.Apply {
-			e := ev
-			if i > 0 { // a parked successor, checked when it arrived
-				if e, err = parse(s.Body, s.MessageID, ""); err != nil {
+		var seq []*item
+		for _, it := range items {
+			switch {
+			case !it.first:
+			case it.sequenced():
+				seq = append(seq, it)
+			case it.ev.Type == outbox.TypeOrderRefunded:
+				n, err := c.apply(ctx, tx, it.ev)
+				if err != nil {
 					return err
 				}
+				created += n
 			}
-			n, err := c.apply(ctx, tx, e)
+		}
+		sort.Slice(seq, func(i, j int) bool {
+			a, b := seq[i].ev, seq[j].ev
+			return a.AggregateID < b.AggregateID || a.AggregateID == b.AggregateID && a.Sequence < b.Sequence
+		})
+		for _, it := range seq {
+			n, err := c.admit(ctx, tx, it)
 			if err != nil {
 				return err
 			}
@@ -216,32 +366,97 @@ func (c *Consumer) Handle(ctx context.Context, d amqp.Delivery) error {
 		return nil
 	})
 	if err != nil {
-		err = fmt.Errorf("notify: handle %s: %w", messageID, err)
-		if postgres.IsTransient(err) {
-			// The database is away, not the message: hold the delivery and
-			// retry rather than spend its deliveries toward the DLQ.
-			return rabbitmq.Transient(err)
+		for _, it := range items {
+			it.first, it.adm = false, inbox.Admission{}
 		}
-		return err
+		return 0, err
 	}
-	if !first {
-		c.duplicates.WithLabelValues(ConsumerName).Inc()
-		return nil
+	return created, nil
+}
+
+// admit applies a sequenced event recorded for the first time, and the
+// parked events it unblocks, in their order's sequence (inbox.Admit); it
+// returns how many notifications that created.
+func (c *Consumer) admit(ctx context.Context, tx *gorm.DB, it *item) (int, error) {
+	var err error
+	it.adm, err = inbox.Admit(ctx, tx, ConsumerName, inbox.Sequenced{
+		MessageID: it.messageID, AggregateID: it.ev.AggregateID, Seq: it.ev.Sequence, Body: it.body})
+	if err != nil {
+		return 0, err
 	}
-	c.processed.Inc()
-	switch {
-	case adm.Parked:
-		c.sequence.WithLabelValues(SequenceParked).Inc()
-	case adm.Late:
-		c.sequence.WithLabelValues(SequenceLate).Inc()
-	case len(adm.Apply) > 0:
-		c.sequence.WithLabelValues(SequenceInOrder).Inc()
-		c.sequence.WithLabelValues(SequenceUnparked).Add(float64(len(adm.Apply) - 1))
+	created := 0
+	for i, s := range it.adm.Apply {
+		e := it.ev
+		if i > 0 { // a parked successor, checked when it arrived
+			if e, err = parse(s.Body, s.MessageID, ""); err != nil {
+				return 0, err
+			}
+		}
+		n, err := c.apply(ctx, tx, e)
+		if err != nil {
+			return 0, err
+		}
+		created += n
 	}
-	if created > 0 && c.cfg.OnNew != nil {
-		c.cfg.OnNew()
+	return created, nil
+}
+
+// recordBatch records every item in the inbox (inbox.Statement's INSERT,
+// for many messages) and, in the same statement, inserts the notification
+// of each unsequenced order.paid event recorded for the first time. It sets
+// each item's first and returns how many notifications it inserted.
+func recordBatch(ctx context.Context, db *gorm.DB, items []*item) (int, error) {
+	query, args := recordStatement(items)
+	var rows []struct {
+		MessageID string
+		Notified  int
 	}
-	return nil
+	if err := db.WithContext(ctx).Raw(query, args...).Scan(&rows).Error; err != nil {
+		return 0, fmt.Errorf("record %d events in the inbox: %w", len(items), err)
+	}
+	first := make(map[string]bool, len(rows))
+	created := 0
+	for _, r := range rows {
+		first[r.MessageID] = true
+		created = r.Notified
+	}
+	for _, it := range items {
+		it.first = first[it.messageID]
+	}
+	return created, nil
+}
+
+// recordStatement is recordBatch's statement: a row of ev per item (message
+// id, then the notification's id, order, tenant and recipient, NULL for an
+// event without a notification in it), the inbox records, the
+// notifications of the messages recorded, and the message ids recorded with
+// the count of notifications inserted.
+func recordStatement(items []*item) (string, []any) {
+	var b strings.Builder
+	b.WriteString(`WITH ev (message_id, notification_id, order_id, tenant_id, recipient) AS (VALUES `)
+	args := make([]any, 0, 5*len(items)+3)
+	for i, it := range items {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("(?, ?, ?, ?, ?)")
+		if it.notificationID == "" {
+			args = append(args, it.messageID, nil, nil, nil, nil)
+			continue
+		}
+		var o orderData
+		_ = json.Unmarshal(it.ev.Data, &o) // checked by parse
+		args = append(args, it.messageID, it.notificationID, o.ID, it.ev.TenantID, o.Email)
+	}
+	b.WriteString(`),
+recorded AS (INSERT INTO inbox (consumer, message_id) SELECT ?, message_id FROM ev ON CONFLICT DO NOTHING RETURNING message_id),
+notified AS (INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, event_seq)
+	SELECT ev.notification_id, ev.order_id, ev.tenant_id, ?, ev.recipient, 'pending', ?, NULL
+	FROM ev JOIN recorded USING (message_id) WHERE ev.notification_id IS NOT NULL
+	ON CONFLICT DO NOTHING RETURNING id)
+SELECT message_id, (SELECT count(*) FROM notified) AS notified FROM recorded`)
+	args = append(args, ConsumerName, ChannelEmail, KindOrderPaid)
+	return b.String(), args
 }
 
 // ReleaseOverdue applies the events parked for longer than wait, each

@@ -21,6 +21,7 @@ package notify
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"time"
 
@@ -56,11 +57,16 @@ const (
 type Config struct {
 	// Queue is the queue of order.paid events ("notify.order_paid").
 	Queue string
-	// Prefetch is the consumer's unacknowledged window (32).
+	// Prefetch is the consumer's unacknowledged window (128): enough for
+	// every handler's batch and the next ones.
 	Prefetch int
-	// Concurrency is how many messages are handled at once (16): each
-	// waits on its own transaction, so more of them keep the database busy.
+	// Concurrency is how many batches are handled at once (4): each waits
+	// on its own transaction, so more than one keeps the database busy.
 	Concurrency int
+	// BatchSize is the most deliveries one transaction handles (BatchSize,
+	// 16): the deliveries the broker has already sent, so a batch is full
+	// only when messages wait.
+	BatchSize int
 	// SequenceWait is how long an event that came before its order's
 	// previous event waits for it, parked, before it is applied anyway
 	// (NOTIFY_SEQUENCE_WAIT, 30s).
@@ -79,6 +85,7 @@ type Service struct {
 	consumer *rabbitmq.Consumer
 	handler  *Consumer
 	sender   *Sender
+	mailer   Mailer
 	cfg      Config
 	logger   *slog.Logger
 }
@@ -91,10 +98,13 @@ func NewService(db *gorm.DB, conn *rabbitmq.Conn, mailer Mailer, cfg Config) (*S
 		cfg.Queue = rabbitmq.DefaultNames().NotifyQueue
 	}
 	if cfg.Prefetch <= 0 {
-		cfg.Prefetch = 32
+		cfg.Prefetch = 128
 	}
 	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 16
+		cfg.Concurrency = 4
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = BatchSize
 	}
 	if cfg.SequenceWait <= 0 {
 		cfg.SequenceWait = 30 * time.Second
@@ -114,23 +124,26 @@ func NewService(db *gorm.DB, conn *rabbitmq.Conn, mailer Mailer, cfg Config) (*S
 		return nil, err
 	}
 	return &Service{
-		consumer: rabbitmq.NewConsumer(conn, rabbitmq.ConsumerConfig{
+		consumer: rabbitmq.NewBatchConsumer(conn, rabbitmq.ConsumerConfig{
 			Queue:          cfg.Queue,
 			Tag:            "",
 			Prefetch:       cfg.Prefetch,
 			Concurrency:    cfg.Concurrency,
+			BatchSize:      cfg.BatchSize,
 			HandlerTimeout: 15 * time.Second,
 			Logger:         logger,
-		}, handler.Handle),
+		}, handler.HandleBatch),
 		handler: handler,
 		sender:  sender,
+		mailer:  mailer,
 		cfg:     cfg,
 		logger:  logger,
 	}, nil
 }
 
 // Run consumes and sends until ctx ends, then lets the messages and emails
-// in flight finish and returns nil once both loops have ended. It returns
+// in flight finish, closes the mailer's idle sessions (an io.Closer mailer)
+// and returns nil once every loop has ended. It returns
 // an error only if a loop fails for good (the broker Conn was closed).
 func (s *Service) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
@@ -142,7 +155,11 @@ func (s *Service) Run(ctx context.Context) error {
 	})
 	g.Go(func() error { return s.sender.Run(ctx) })
 	g.Go(func() error { return s.releaseOverdue(ctx) })
-	return g.Wait()
+	err := g.Wait()
+	if c, ok := s.mailer.(io.Closer); ok {
+		c.Close() // the idle SMTP sessions
+	}
+	return err
 }
 
 // releaseOverdue applies parked events whose wait is over, checking every

@@ -19,9 +19,10 @@ import (
 type SenderConfig struct {
 	// From is the envelope and header sender ("orders@checkout.local").
 	From string
-	// BatchSize is how many due notifications one claim takes (20).
+	// BatchSize is how many due notifications one claim takes (40).
 	BatchSize int
-	// Concurrency is how many emails of a batch are sent at once (4).
+	// Concurrency is how many emails are sent at once (80); the next batch
+	// is claimed while earlier ones are being sent.
 	Concurrency int
 	// SweepInterval is how often the sender looks for due notifications
 	// when nothing woke it: retries, expired claims, rows a crashed worker
@@ -76,10 +77,10 @@ func NewSender(db *gorm.DB, mailer Mailer, cfg SenderConfig) (*Sender, error) {
 		cfg.From = "orders@checkout.local"
 	}
 	if cfg.BatchSize <= 0 {
-		cfg.BatchSize = 20
+		cfg.BatchSize = 40
 	}
 	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 4
+		cfg.Concurrency = 80
 	}
 	if cfg.SweepInterval <= 0 {
 		cfg.SweepInterval = time.Second
@@ -141,19 +142,44 @@ func (s *Sender) Wake() {
 }
 
 // Run sends due notifications until ctx ends, waking on Wake or every
-// SweepInterval, then finishes the batch in flight and returns nil.
+// SweepInterval, then finishes the sends in flight and returns nil.
 // Database errors are logged and retried at the next sweep.
+//
+// Claims overlap the sends of earlier ones: the next batch is claimed as
+// soon as BatchSize of the Concurrency send slots are free, so every
+// claimed notification starts sending at once (its claim cannot age toward
+// ClaimTTL waiting for a slot) and the claim's round trip no longer stalls
+// the sends.
 func (s *Sender) Run(ctx context.Context) error {
 	ticker := time.NewTicker(s.cfg.SweepInterval)
 	defer ticker.Stop()
+	slots := make(chan struct{}, s.cfg.Concurrency)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	sendCtx := context.WithoutCancel(ctx)
 	for {
 		for ctx.Err() == nil {
-			n, err := s.SendDue(ctx)
+			// Wait for BatchSize free slots, then claim.
+			for range min(s.cfg.BatchSize, s.cfg.Concurrency) {
+				slots <- struct{}{}
+			}
+			batch, err := s.claim(sendCtx)
+			for range min(s.cfg.BatchSize, s.cfg.Concurrency) - len(batch) {
+				<-slots
+			}
 			if err != nil {
 				s.logger.Warn("notify: send batch failed", "err", err)
 				break
 			}
-			if n < s.cfg.BatchSize {
+			for _, n := range batch {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					defer func() { <-slots }()
+					s.send(sendCtx, n)
+				}()
+			}
+			if len(batch) < s.cfg.BatchSize {
 				break
 			}
 		}
@@ -185,6 +211,28 @@ type due struct {
 // shutdown finishes the batch instead of leaving claims to expire.
 func (s *Sender) SendDue(ctx context.Context) (int, error) {
 	ctx = context.WithoutCancel(ctx)
+	batch, err := s.claim(ctx)
+	if err != nil {
+		return 0, err
+	}
+	sem := make(chan struct{}, s.cfg.Concurrency)
+	var wg sync.WaitGroup
+	for _, n := range batch {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			s.send(ctx, n)
+		}()
+	}
+	wg.Wait()
+	return len(batch), nil
+}
+
+// claim claims up to BatchSize due notifications (status sending, for
+// ClaimTTL) and returns them.
+func (s *Sender) claim(ctx context.Context) ([]due, error) {
 	var batch []due
 	// One statement, so it commits on its own: the claim is visible to other
 	// senders before any email leaves.
@@ -213,22 +261,9 @@ func (s *Sender) SendDue(ctx context.Context) (int, error) {
 		          (SELECT r.amount FROM refunds r WHERE r.id = n.refund_id) AS refund_amount`,
 		s.cfg.ClaimTTL.String(), s.cfg.ClaimTTL.String(), s.cfg.BatchSize).Scan(&batch).Error
 	if err != nil {
-		return 0, fmt.Errorf("notify: claim: %w", err)
+		return nil, fmt.Errorf("notify: claim: %w", err)
 	}
-
-	sem := make(chan struct{}, s.cfg.Concurrency)
-	var wg sync.WaitGroup
-	for _, n := range batch {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			s.send(ctx, n)
-		}()
-	}
-	wg.Wait()
-	return len(batch), nil
+	return batch, nil
 }
 
 // send sends one claimed notification and records the outcome.

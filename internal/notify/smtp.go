@@ -1,11 +1,11 @@
 package notify
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/emersion/go-smtp"
@@ -32,22 +32,119 @@ type Mailer interface {
 }
 
 // SMTPMailer sends through one SMTP server without authentication or TLS
-// (a local relay, Mailpit, or the test sink), one connection per email.
+// (a local relay, Mailpit, or the test sink). It keeps the sessions of
+// finished sends open and sends the next emails through them, one SMTP
+// transaction after another (RFC 5321, 3.3), instead of a connection, a
+// greeting and an EHLO per email. Safe for concurrent use; Close ends the
+// idle sessions.
 type SMTPMailer struct {
 	// Addr is the server, host:port.
 	Addr string
 	// HeloName is sent in EHLO ("checkout.local").
 	HeloName string
+	// MaxIdle is how many sessions stay open between sends (80, the
+	// sender's sends at once; negative:
+	// none, a connection per email).
+	MaxIdle int
+	// IdleTimeout closes a session unused for longer instead of reusing it
+	// (10s): servers drop idle clients after a while (RFC 5321 suggests at
+	// least 5 minutes).
+	IdleTimeout time.Duration
+
+	mu   sync.Mutex
+	idle []*smtpSession // most recently used last
+}
+
+// smtpSession is one open SMTP connection between transactions.
+type smtpSession struct {
+	conn net.Conn
+	c    *smtp.Client
+	used time.Time
 }
 
 var _ Mailer = (*SMTPMailer)(nil)
 
-// Send delivers e in one SMTP transaction bounded by ctx's deadline.
+// Send delivers e in one SMTP transaction bounded by ctx's deadline, on an
+// idle session when there is one. A reused session the server closed
+// meanwhile fails at MAIL, before any message could have been accepted: the
+// transaction is then tried once more on a new connection.
 func (m *SMTPMailer) Send(ctx context.Context, e Email) error {
+	for attempt := 0; ; attempt++ {
+		s, reused, err := m.session(ctx)
+		if err != nil {
+			return err
+		}
+		if deadline, ok := ctx.Deadline(); ok {
+			s.conn.SetDeadline(deadline)
+		} else {
+			s.conn.SetDeadline(time.Now().Add(time.Minute))
+		}
+		atMail, err := transact(s.c, e)
+		if err == nil {
+			// The message is accepted (250 after DATA). Return now: until
+			// the sender records "sent", a crash resends the message, so no
+			// round trip belongs in between.
+			m.release(s)
+			return nil
+		}
+		s.c.Close()
+		if reused && atMail && attempt == 0 && ctx.Err() == nil {
+			continue
+		}
+		return err
+	}
+}
+
+// transact sends e as one transaction (MAIL, RCPT, DATA) on c; atMail
+// reports that it failed at MAIL, the first command.
+func transact(c *smtp.Client, e Email) (atMail bool, err error) {
+	to := asciiDomain(e.To)
+	var opts *smtp.MailOptions
+	if !isASCII(e.From) || !isASCII(to) {
+		opts = &smtp.MailOptions{UTF8: true} // RFC 6531
+	}
+	if err := c.Mail(e.From, opts); err != nil {
+		return true, fmt.Errorf("smtp: send %s: mail: %w", e.MessageID, err)
+	}
+	if err := c.Rcpt(to, nil); err != nil {
+		return false, fmt.Errorf("smtp: send %s: rcpt: %w", e.MessageID, err)
+	}
+	w, err := c.Data()
+	if err != nil {
+		return false, fmt.Errorf("smtp: send %s: data: %w", e.MessageID, err)
+	}
+	if _, err := w.Write(Format(e, time.Now())); err != nil {
+		return false, fmt.Errorf("smtp: send %s: %w", e.MessageID, err)
+	}
+	if err := w.Close(); err != nil {
+		return false, fmt.Errorf("smtp: send %s: %w", e.MessageID, err)
+	}
+	return false, nil
+}
+
+// session returns an idle session not past IdleTimeout, or a new one after
+// the greeting and EHLO; reused tells which.
+func (m *SMTPMailer) session(ctx context.Context) (s *smtpSession, reused bool, err error) {
+	idleTimeout := m.IdleTimeout
+	if idleTimeout <= 0 {
+		idleTimeout = 10 * time.Second
+	}
+	m.mu.Lock()
+	for len(m.idle) > 0 {
+		s = m.idle[len(m.idle)-1]
+		m.idle = m.idle[:len(m.idle)-1]
+		if time.Since(s.used) < idleTimeout {
+			m.mu.Unlock()
+			return s, true, nil
+		}
+		s.c.Close()
+	}
+	m.mu.Unlock()
+
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", m.Addr)
 	if err != nil {
-		return fmt.Errorf("smtp: dial %s: %w", m.Addr, err)
+		return nil, false, fmt.Errorf("smtp: dial %s: %w", m.Addr, err)
 	}
 	if deadline, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(deadline)
@@ -55,22 +152,57 @@ func (m *SMTPMailer) Send(ctx context.Context, e Email) error {
 		conn.SetDeadline(time.Now().Add(time.Minute))
 	}
 	c := smtp.NewClient(conn)
-	defer c.Close()
 	helo := m.HeloName
 	if helo == "" {
 		helo = "checkout.local"
 	}
 	if err := c.Hello(helo); err != nil {
-		return fmt.Errorf("smtp: hello: %w", err)
+		c.Close()
+		return nil, false, fmt.Errorf("smtp: hello: %w", err)
 	}
-	if err := c.SendMail(e.From, []string{asciiDomain(e.To)}, bytes.NewReader(Format(e, time.Now()))); err != nil {
-		return fmt.Errorf("smtp: send %s: %w", e.MessageID, err)
+	return &smtpSession{conn: conn, c: c}, false, nil
+}
+
+// release keeps s for the next send, or closes it when MaxIdle sessions
+// are idle already.
+func (m *SMTPMailer) release(s *smtpSession) {
+	maxIdle := m.MaxIdle
+	if maxIdle == 0 {
+		maxIdle = 80
 	}
-	// The message is accepted (250 after DATA). Return now, without waiting
-	// for QUIT's reply: until the sender records "sent", a crash resends the
-	// message, so no round trip belongs in between. The deferred Close ends
-	// the connection; servers treat that like QUIT once DATA was accepted.
+	s.used = time.Now()
+	m.mu.Lock()
+	if len(m.idle) < maxIdle {
+		m.idle = append(m.idle, s)
+		s = nil
+	}
+	m.mu.Unlock()
+	if s != nil {
+		s.c.Close()
+	}
+}
+
+// Close closes the idle sessions (without QUIT: a server treats a closed
+// connection between transactions like one). Sends may still follow; they
+// open new sessions.
+func (m *SMTPMailer) Close() error {
+	m.mu.Lock()
+	idle := m.idle
+	m.idle = nil
+	m.mu.Unlock()
+	for _, s := range idle {
+		s.c.Close()
+	}
 	return nil
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
 }
 
 // asciiDomain returns addr with its domain in IDNA ASCII form (RFC 5891,

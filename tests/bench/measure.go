@@ -206,6 +206,46 @@ func drain(ops, counter string, before float64, n int, limit time.Duration) (flo
 	return 0, fmt.Errorf("%s: %v of %d after %s", counter, metric(ops, counter)-before, n, limit)
 }
 
+// drainAll is drain for several counters of ops at once (one scrape a
+// poll; each name must start with prefix): it waits until every counter
+// has grown by its n from zero and returns each one's rate between its
+// first and its last change.
+func drainAll(ops, prefix string, names []string, ns []int, limit time.Duration) ([]float64, error) {
+	deadline := time.Now().Add(limit)
+	first := make([]time.Time, len(names))
+	firstV := make([]float64, len(names))
+	rates := make([]float64, len(names))
+	left := len(names)
+	for time.Now().Before(deadline) {
+		m, err := metrics(ops, prefix)
+		if err != nil {
+			return nil, err
+		}
+		now := time.Now()
+		for i, name := range names {
+			v := m[name]
+			if rates[i] != 0 {
+				continue
+			}
+			if v > 0 && first[i].IsZero() {
+				first[i], firstV[i] = now, v
+			}
+			if v >= float64(ns[i]) {
+				rates[i] = math.Inf(1)
+				if d := now.Sub(first[i]); d > 0 {
+					rates[i] = (v - firstV[i]) / d.Seconds()
+				}
+				left--
+			}
+		}
+		if left == 0 {
+			return rates, nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil, fmt.Errorf("%v: not all of %v after %s", names, ns, limit)
+}
+
 // histQuantile is Prometheus's histogram_quantile over the difference of two
 // scrapes of a histogram's buckets.
 func histQuantile(q float64, before, after map[string]float64, name string) float64 {

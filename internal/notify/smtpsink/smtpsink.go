@@ -44,9 +44,10 @@ type Sink struct {
 	ln     net.Listener
 	done   chan struct{}
 
-	mu     sync.Mutex
-	msgs   []Message
-	reject int // how many of the next messages to refuse
+	mu       sync.Mutex
+	msgs     []Message
+	reject   int // how many of the next messages to refuse
+	sessions int // connections accepted
 }
 
 // Start listens on addr ("127.0.0.1:0" for a free port) and serves until
@@ -137,8 +138,18 @@ func (s *Sink) Handler() http.Handler {
 	return mux
 }
 
+// Sessions is how many SMTP connections the sink has accepted.
+func (s *Sink) Sessions() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sessions
+}
+
 // NewSession implements smtp.Backend.
 func (s *Sink) NewSession(*smtp.Conn) (smtp.Session, error) {
+	s.mu.Lock()
+	s.sessions++
+	s.mu.Unlock()
 	return &session{sink: s}, nil
 }
 
