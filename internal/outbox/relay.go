@@ -319,14 +319,13 @@ func (r *Relay) claim(ctx context.Context, probe bool) (*batch, error) {
 // hand: GORM's reflection over 500 rows a batch was a visible part of the
 // dispatcher's CPU.
 func (r *Relay) claimRows(tx *gorm.DB) ([]row, error) {
-	// The batch's commit need not wait for its WAL to reach disk: the events
-	// are already durable (their own transactions committed them), and a
-	// mark lost to a PostgreSQL crash only publishes the rows again, which
-	// at-least-once delivery allows. It saves a disk flush per batch.
-	if err := tx.Exec(`SET LOCAL synchronous_commit = off`).Error; err != nil {
-		return nil, err
-	}
+	// set_config makes the batch's commit asynchronous (it need not wait for
+	// its WAL to reach disk): the events are already durable, their own
+	// transactions committed them, and a mark lost to a PostgreSQL crash
+	// only publishes the rows again, which at-least-once delivery allows.
+	// It saves a disk flush per batch, in this statement, not a round trip.
 	rs, err := tx.Raw(`UPDATE outbox SET published_at = now(), last_error = NULL
+		FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
 		WHERE id = ANY(ARRAY(SELECT id FROM outbox
 			WHERE published_at IS NULL AND next_attempt_at <= now()
 			ORDER BY seq
