@@ -30,12 +30,15 @@ import (
 type Leases struct {
 	rdb    redis.UniversalClient
 	prefix string
+	// acquires batches the Acquire scripts of concurrent requests: every
+	// request, replay or first execution, runs one.
+	acquires *scriptBatcher
 }
 
 // NewLeases returns the Redis layer; every key it writes starts with prefix
 // (REDIS_KEY_PREFIX).
 func NewLeases(rdb redis.UniversalClient, prefix string) *Leases {
-	return &Leases{rdb: rdb, prefix: prefix}
+	return &Leases{rdb: rdb, prefix: prefix, acquires: &scriptBatcher{rdb: rdb, script: acquireScript}}
 }
 
 func (l *Leases) keys(s Scope) (lease, resp string) {
@@ -188,7 +191,7 @@ var errCorruptCache = errors.New("corrupt cached response")
 
 func (l *Leases) acquire(ctx context.Context, s Scope, fingerprint, owner string, ttl time.Duration) (Acquisition, error) {
 	leaseKey, respKey := l.keys(s)
-	res, err := acquireScript.Run(ctx, l.rdb, []string{leaseKey, respKey},
+	res, err := l.acquires.run(ctx, []string{leaseKey, respKey},
 		leaseValue(owner, fingerprint), ttl.Milliseconds()).Slice()
 	if err != nil {
 		return Acquisition{}, fmt.Errorf("redis acquire: %w", err)

@@ -1,10 +1,12 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -12,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
 
-	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/rabbitmq"
 )
 
@@ -75,8 +76,9 @@ type RelayConfig struct {
 }
 
 // Relay moves outbox rows to the broker: it claims a batch of unpublished
-// rows, publishes them with confirms, and marks the confirmed ones published
-// in the same transaction.
+// rows, publishes them with confirms, and commits the confirmed ones as
+// published in the same transaction (the mark is written with the claim and
+// committed only after the confirms; rows not confirmed are put back).
 //
 // Delivery is at least once. A crash after the confirm and before the commit
 // leaves the rows unpublished, so they are published again with the same
@@ -236,9 +238,10 @@ func (r *Relay) Run(ctx context.Context) error {
 
 // row is one claimed outbox row.
 type row struct {
+	Seq        int64
 	ID         string
 	Type       string
-	Payload    string
+	Payload    []byte
 	Attempts   int
 	OccurredAt time.Time
 }
@@ -253,8 +256,8 @@ type batch struct {
 }
 
 // RelayBatch claims up to BatchSize due rows, publishes them, waits for the
-// confirms and, in the same transaction, marks the confirmed rows published
-// and reschedules the others with backoff. It returns how many rows it
+// confirms and, in the same transaction, commits the confirmed rows as
+// published and reschedules the others with backoff. It returns how many rows it
 // claimed (published or not). It runs on a context detached from ctx's
 // cancellation, bounded by BatchTimeout, so a shutdown finishes the batch
 // instead of re-publishing it later. Run does the same with several batches
@@ -268,11 +271,16 @@ func (r *Relay) RelayBatch(ctx context.Context) (claimed int, err error) {
 	return len(b.rows), r.finish(b)
 }
 
-// claim opens a transaction and locks up to BatchSize due rows in it (FOR
-// UPDATE SKIP LOCKED, so batches in flight and other relays are skipped).
-// It returns nil, with the transaction ended, when none is due. With
-// probe, a cheap query outside any transaction answers an empty poll first
-// (the idle relay's polls), in one round trip instead of three.
+// claim opens a transaction and, in one statement, locks up to BatchSize
+// due rows (FOR UPDATE SKIP LOCKED, so batches in flight and other relays
+// are skipped) and writes their published mark. The mark is part of the
+// transaction, which finish commits only after the broker's confirms: until
+// then no one sees it, and a rollback (a crash, a failed confirm wait) leaves
+// the rows unpublished. One statement instead of a claim and a later UPDATE
+// of the same rows halves what PostgreSQL does per row. It returns nil,
+// with the transaction ended, when none is due. With probe, a cheap query
+// outside any transaction answers an empty poll first (the idle relay's
+// polls), in one round trip instead of three.
 func (r *Relay) claim(ctx context.Context, probe bool) (*batch, error) {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.BatchTimeout)
 	if probe {
@@ -292,13 +300,8 @@ func (r *Relay) claim(ctx context.Context, probe bool) (*batch, error) {
 		cancel()
 		return nil, fmt.Errorf("outbox: relay: begin: %w", tx.Error)
 	}
-	var rows []row
-	if err := tx.Raw(`SELECT id, type, payload::text AS payload, attempts, occurred_at
-		FROM outbox
-		WHERE published_at IS NULL AND next_attempt_at <= now()
-		ORDER BY seq
-		LIMIT ?
-		FOR UPDATE SKIP LOCKED`, r.cfg.BatchSize).Scan(&rows).Error; err != nil {
+	rows, err := r.claimRows(tx)
+	if err != nil {
 		tx.Rollback()
 		cancel()
 		return nil, fmt.Errorf("outbox: relay: claim: %w", err)
@@ -311,6 +314,44 @@ func (r *Relay) claim(ctx context.Context, probe bool) (*batch, error) {
 	return &batch{ctx: bctx, cancel: cancel, tx: tx, rows: rows}, nil
 }
 
+// claimRows locks and marks the batch's rows in tx and returns them in seq
+// order (RETURNING follows the primary key's order, not seq's). It scans by
+// hand: GORM's reflection over 500 rows a batch was a visible part of the
+// dispatcher's CPU.
+func (r *Relay) claimRows(tx *gorm.DB) ([]row, error) {
+	// set_config makes the batch's commit asynchronous (it need not wait for
+	// its WAL to reach disk): the events are already durable, their own
+	// transactions committed them, and a mark lost to a PostgreSQL crash
+	// only publishes the rows again, which at-least-once delivery allows.
+	// It saves a disk flush per batch, in this statement, not a round trip.
+	rs, err := tx.Raw(`UPDATE outbox SET published_at = now(), last_error = NULL
+		FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+		WHERE id = ANY(ARRAY(SELECT id FROM outbox
+			WHERE published_at IS NULL AND next_attempt_at <= now()
+			ORDER BY seq
+			LIMIT ?
+			FOR UPDATE SKIP LOCKED))
+		AND published_at IS NULL
+		RETURNING seq, id, type, payload::text, attempts, occurred_at`, r.cfg.BatchSize).Rows()
+	if err != nil {
+		return nil, err
+	}
+	defer rs.Close()
+	rows := make([]row, 0, r.cfg.BatchSize)
+	for rs.Next() {
+		var rw row
+		if err := rs.Scan(&rw.Seq, &rw.ID, &rw.Type, &rw.Payload, &rw.Attempts, &rw.OccurredAt); err != nil {
+			return nil, err
+		}
+		rows = append(rows, rw)
+	}
+	if err := rs.Err(); err != nil {
+		return nil, err
+	}
+	slices.SortFunc(rows, func(a, b row) int { return cmp.Compare(a.Seq, b.Seq) })
+	return rows, nil
+}
+
 // send publishes b's rows: at once when the publisher can send without
 // waiting, else in the wait.
 func (r *Relay) send(b *batch) {
@@ -320,7 +361,7 @@ func (r *Relay) send(b *batch) {
 			MessageID:   rw.ID,
 			RoutingKey:  rw.Type,
 			ContentType: "application/json",
-			Body:        []byte(rw.Payload),
+			Body:        rw.Payload,
 			Timestamp:   rw.OccurredAt,
 		}
 	}
@@ -331,9 +372,11 @@ func (r *Relay) send(b *batch) {
 	b.wait = func() []error { return r.pub.Publish(b.ctx, msgs) }
 }
 
-// finish waits for b's confirms, then marks the confirmed rows published
-// and reschedules the others with backoff, and commits; on any error it
-// rolls back, so every row of b is published again later.
+// finish waits for b's confirms, then puts the rows that were not
+// confirmed back (unpublished, rescheduled with backoff), and commits,
+// which is when the confirmed rows' published mark (written by claim)
+// becomes visible. On any error it rolls back, so every row of b is
+// published again later.
 func (r *Relay) finish(b *batch) (err error) {
 	defer b.cancel()
 	defer func() {
@@ -348,13 +391,11 @@ func (r *Relay) finish(b *batch) (err error) {
 			return err
 		}
 	}
-	var confirmed []string
 	confirmedAt := time.Now()
 	failed := 0
 	for i, perr := range errs {
 		rw := b.rows[i]
 		if perr == nil {
-			confirmed = append(confirmed, rw.ID)
 			r.lag.Observe(confirmedAt.Sub(rw.OccurredAt).Seconds())
 			continue
 		}
@@ -363,22 +404,15 @@ func (r *Relay) finish(b *batch) (err error) {
 		r.logger.Warn("outbox: publish failed", "id", rw.ID, "type", rw.Type,
 			"attempts", rw.Attempts+1, "retry_in", delay, "err", perr)
 		if err := b.tx.Exec(`UPDATE outbox
-			SET attempts = attempts + 1, last_error = ?, next_attempt_at = now() + ?::interval
+			SET published_at = NULL, attempts = attempts + 1, last_error = ?, next_attempt_at = now() + ?::interval
 			WHERE id = ?`, truncate(perr.Error(), 1000), delay.String(), rw.ID).Error; err != nil {
 			return fmt.Errorf("reschedule %s: %w", rw.ID, err)
-		}
-	}
-	if len(confirmed) > 0 {
-		// One array parameter rather than one parameter per row.
-		if err := b.tx.Exec(`UPDATE outbox SET published_at = now(), last_error = NULL
-			WHERE id = ANY(?::text[]) AND published_at IS NULL`, postgres.TextArray(confirmed)).Error; err != nil {
-			return fmt.Errorf("mark published: %w", err)
 		}
 	}
 	if err := b.tx.Commit().Error; err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
-	r.published.Add(float64(len(confirmed)))
+	r.published.Add(float64(len(errs) - failed))
 	r.failures.Add(float64(failed))
 	return nil
 }

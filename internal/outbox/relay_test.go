@@ -452,3 +452,59 @@ func TestRelayWithBatchesInFlightPublishesEachRowOnceInOrder(t *testing.T) {
 	defer mu.Unlock()
 	require.Equal(t, want, got, "each order event once, in seq order")
 }
+
+// recordingPublisher confirms every message after release is closed (nil:
+// at once) and records the order of the message ids it was given.
+type recordingPublisher struct {
+	release chan struct{}
+	called  chan struct{}
+	mu      sync.Mutex
+	ids     []string
+}
+
+func (p *recordingPublisher) Publish(_ context.Context, msgs []rabbitmq.Message) []error {
+	p.mu.Lock()
+	for _, m := range msgs {
+		p.ids = append(p.ids, m.MessageID)
+	}
+	p.mu.Unlock()
+	if p.called != nil {
+		close(p.called)
+	}
+	if p.release != nil {
+		<-p.release
+	}
+	return make([]error, len(msgs))
+}
+
+// The claim writes the published mark in the batch's transaction, before
+// the publish: it must stay invisible until the confirms are in, and the
+// batch must go out in seq order whatever order the rows come back in.
+func TestRowsAreMarkedPublishedOnlyAfterTheirConfirmsAndGoOutInSeqOrder(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	// Neither the ids nor the insertion (physical) order follow seq.
+	for _, r := range []struct {
+		id  string
+		seq int
+	}{{"evt_a", 3}, {"evt_b", 1}, {"evt_c", 5}, {"evt_d", 2}, {"evt_e", 4}} {
+		require.NoError(t, f.db.Exec(`INSERT INTO outbox (id, seq, tenant_id, aggregate_id, type, payload, occurred_at)
+			VALUES (?, ?, 'acme', 'ord_x', 'order.created', '{}', now())`, r.id, r.seq).Error)
+	}
+	want := []string{"evt_b", "evt_d", "evt_a", "evt_e", "evt_c"}
+	pub := &recordingPublisher{release: make(chan struct{}), called: make(chan struct{})}
+	relay, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{BatchSize: 10})
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := relay.RelayBatch(context.Background())
+		done <- err
+	}()
+	<-pub.called
+	require.Equal(t, 0, f.count(t, `SELECT count(*) FROM outbox WHERE published_at IS NOT NULL`), "marked before the confirms")
+	close(pub.release)
+	require.NoError(t, <-done)
+	require.Equal(t, 5, f.count(t, `SELECT count(*) FROM outbox WHERE published_at IS NOT NULL AND last_error IS NULL`))
+	require.Equal(t, want, pub.ids, "published in seq order")
+}

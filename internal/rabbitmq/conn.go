@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 	"time"
 
@@ -53,6 +54,7 @@ type Conn struct {
 	dialing chan struct{} // a one-slot lock that waits with a context
 	mu      sync.Mutex
 	conn    *amqp.Connection
+	sock    *corkConn // conn's socket
 	closed  bool
 	wg      sync.WaitGroup // NotifyClose watchers
 }
@@ -89,19 +91,33 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 // ends or the Conn is closed (ErrClosed). The caller owns the channel and
 // must close it.
 func (c *Conn) Channel(ctx context.Context) (*amqp.Channel, error) {
+	ch, _, err := c.channel(ctx)
+	return ch, err
+}
+
+// channel is Channel, also returning the socket of the connection the
+// channel was opened on (nil if that connection was replaced meanwhile),
+// for the Publisher to cork.
+func (c *Conn) channel(ctx context.Context) (*amqp.Channel, *corkConn, error) {
 	for {
 		conn, err := c.connection(ctx)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		ch, err := conn.Channel()
 		if err == nil {
-			return ch, nil
+			c.mu.Lock()
+			var sock *corkConn
+			if c.conn == conn {
+				sock = c.sock
+			}
+			c.mu.Unlock()
+			return ch, sock, nil
 		}
 		// The connection died between the check and the open: dial again.
 		c.logger.Warn("rabbitmq: open channel", "err", err)
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return nil, nil, ctx.Err()
 		}
 	}
 }
@@ -167,12 +183,14 @@ func (c *Conn) connection(ctx context.Context) (*amqp.Connection, error) {
 	b.MaxInterval = c.cfg.MaxBackoff
 	attempt := 0
 	var lastErr error
+	var sock *corkConn
 	conn, err := backoff.Retry(ctx, func() (*amqp.Connection, error) {
 		attempt++
 		if c.isClosed() {
 			return nil, backoff.Permanent(ErrClosed)
 		}
-		conn, err := c.dial()
+		conn, s, err := c.dial()
+		sock = s
 		if err != nil {
 			lastErr = err
 			if attempt == 1 || attempt%10 == 0 {
@@ -195,7 +213,7 @@ func (c *Conn) connection(ctx context.Context) (*amqp.Connection, error) {
 		conn.Close()
 		return nil, ErrClosed
 	}
-	c.conn = conn
+	c.conn, c.sock = conn, sock
 	c.mu.Unlock()
 	if attempt > 1 {
 		c.logger.Info("rabbitmq: connected", "attempts", attempt)
@@ -210,34 +228,44 @@ func (c *Conn) isClosed() bool {
 	return c.closed
 }
 
-// dial makes one connection and runs Setup on it.
-func (c *Conn) dial() (*amqp.Connection, error) {
+// dial makes one connection, on a socket that can be corked, and runs
+// Setup on it.
+func (c *Conn) dial() (*amqp.Connection, *corkConn, error) {
 	props := amqp.NewConnectionProperties()
 	if c.cfg.Name != "" {
 		props.SetClientConnectionName(c.cfg.Name)
 	}
+	var sock *corkConn
+	dial := amqp.DefaultDial(c.cfg.DialTimeout)
 	conn, err := amqp.DialConfig(c.cfg.URL, amqp.Config{
 		Heartbeat:  10 * time.Second,
 		Locale:     "en_US",
 		Properties: props,
-		Dial:       amqp.DefaultDial(c.cfg.DialTimeout),
+		Dial: func(network, addr string) (net.Conn, error) {
+			nc, err := dial(network, addr)
+			if err != nil {
+				return nil, err
+			}
+			sock = &corkConn{Conn: nc}
+			return sock, nil
+		},
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if c.cfg.Setup != nil {
 		ch, err := conn.Channel()
 		if err != nil {
 			conn.Close()
-			return nil, fmt.Errorf("setup channel: %w", err)
+			return nil, nil, fmt.Errorf("setup channel: %w", err)
 		}
 		if err := c.cfg.Setup(ch); err != nil {
 			conn.Close()
-			return nil, fmt.Errorf("setup: %w", err)
+			return nil, nil, fmt.Errorf("setup: %w", err)
 		}
 		ch.Close()
 	}
-	return conn, nil
+	return conn, sock, nil
 }
 
 // watch logs the connection's end. The NotifyClose channel is closed by

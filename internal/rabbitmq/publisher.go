@@ -76,6 +76,7 @@ type Publisher struct {
 // pubChannel is a confirm-mode channel and what tells its waiters it died.
 type pubChannel struct {
 	ch   *amqp.Channel
+	sock *corkConn     // the connection's socket, corked while a batch is sent; may be nil
 	dead chan struct{} // closed when the channel closes
 	err  *amqp.Error   // why, when the broker said; set before dead closes
 }
@@ -125,6 +126,10 @@ func (p *Publisher) Send(ctx context.Context, msgs []Message) (wait func() []err
 		return func() []error { return errs }
 	}
 	confirms := make([]*amqp.DeferredConfirmation, len(msgs))
+	// One write for the batch instead of one a message (see corkConn).
+	if pc.sock != nil {
+		pc.sock.cork()
+	}
 	for i, m := range msgs {
 		if err != nil { // a send failed: the channel is gone, fail the rest
 			errs[i] = err
@@ -145,6 +150,19 @@ func (p *Publisher) Send(ctx context.Context, msgs []Message) (wait func() []err
 		if err != nil {
 			err = fmt.Errorf("publish %s: %w", m.MessageID, err)
 			errs[i] = err
+		}
+	}
+	if pc.sock != nil {
+		if uerr := pc.sock.uncork(); uerr != nil {
+			// The gathered messages never left: fail them now rather than
+			// wait for confirms that cannot come.
+			uerr = fmt.Errorf("publish: %w", uerr)
+			for i := range msgs {
+				if errs[i] == nil {
+					errs[i], confirms[i] = uerr, nil
+				}
+			}
+			err = uerr
 		}
 	}
 	broken := err != nil
@@ -208,7 +226,7 @@ func (p *Publisher) channel(ctx context.Context) (*pubChannel, error) {
 	if p.ch != nil && !p.ch.ch.IsClosed() {
 		return p.ch, nil
 	}
-	ch, err := p.conn.Channel(ctx)
+	ch, sock, err := p.conn.channel(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -216,7 +234,7 @@ func (p *Publisher) channel(ctx context.Context) (*pubChannel, error) {
 		ch.Close()
 		return nil, fmt.Errorf("rabbitmq: confirm mode: %w", err)
 	}
-	pc := &pubChannel{ch: ch, dead: make(chan struct{})}
+	pc := &pubChannel{ch: ch, sock: sock, dead: make(chan struct{})}
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	go func() {
 		for e := range closed { // amqp091 closes it when the channel ends

@@ -379,16 +379,19 @@ func TestBrokerFaults(t *testing.T) {
 	})
 
 	t.Run("dispatcher killed between publish and mark", func(t *testing.T) {
-		// Every reply from Postgres to the dispatcher takes 1.5s, so the
-		// published batch stays unmarked for seconds.
-		require.NoError(t, s.PGDispatcher.Latency(1500))
+		// Every frame from the broker to the dispatcher takes 1.5s, so the
+		// published batch waits seconds for its confirms, unmarked (the
+		// relay's mark needs no Postgres round trip after the confirms any
+		// more, only its commit: a delay on Postgres's replies no longer
+		// holds the batch open).
+		require.NoError(t, s.AMQPDispatcher.Latency(1500))
 		o := paidOrder(t, c.Checkout(ctx, "k-dispatcher-kill", stack.TeeBody("k@example.com", 1)))
 		eventually(t, 20*time.Second, func() bool {
 			return s.Count(`SELECT count(*) FROM outbox o JOIN inbox i ON i.message_id = o.id
 				WHERE o.aggregate_id = $1 AND o.type = 'order.paid' AND o.published_at IS NULL`, o.ID) == 1
 		}, "order.paid consumed by the worker but not marked published")
 		s.Dispatcher.Kill()
-		s.PGDispatcher.Heal()
+		s.AMQPDispatcher.Heal()
 		require.NoError(t, s.Dispatcher.Start())
 		requireOnce(t, s, "k-dispatcher-kill", o)
 		eventually(t, 10*time.Second, func() bool {
