@@ -413,6 +413,10 @@ func TestBrokerFaults(t *testing.T) {
 		s.PGWorker.Heal()
 		require.Zero(t, s.Emails(o.ID), "killed before it could send")
 		require.NoError(t, s.Worker.Start())
+		// The dying worker's sender may have claimed the notification in
+		// that second (its claim is applied at once too): then it is sent
+		// once the claim expires (the sender's ClaimTTL, 60s), never twice.
+		eventually(t, 75*time.Second, func() bool { return s.Emails(o.ID) >= 1 }, "the email sent after the restart")
 		requireOnce(t, s, "k-worker-kill", o)
 	})
 	require.Len(t, s.Messages(), 3)
