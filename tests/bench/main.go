@@ -501,6 +501,14 @@ func pgbenches(c *config, f map[string]float64, pgURL string, which ...string) e
 	events := map[string]int{"pgbench_worker": notify.BatchSize}
 	vars := pgbenchVars()
 	for _, name := range which {
+		// Each script starts right after a checkpoint: the WAL the run has
+		// written so far (the large table, the relay's backlog) would
+		// otherwise start one in the middle of some scripts and not of
+		// others, and the first write of each page after it logs the
+		// whole page.
+		if err := execSQL(context.Background(), pgURL, "CHECKPOINT"); err != nil {
+			return err
+		}
 		tps, lat, txs, err := pgbench(pgURL, filepath.Join(c.root, scripts[name]), clients, c.dur, vars)
 		if err != nil {
 			return err
