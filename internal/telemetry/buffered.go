@@ -25,13 +25,14 @@ type BufferedWriter struct {
 	w        io.Writer
 	interval time.Duration
 
-	mu      sync.Mutex
-	buf     []byte
-	err     error // the first failed write, returned by the next Write and by Close
-	closed  bool
-	pending chan struct{} // signals the flusher that buf is no longer empty
-	done    chan struct{}
-	stopped chan struct{}
+	mu       sync.Mutex
+	buf      []byte
+	err      error // the first failed write, returned by the next Write and by Close
+	closed   bool
+	stopOnce sync.Once
+	pending  chan struct{} // signals the flusher that buf is no longer empty
+	done     chan struct{}
+	stopped  chan struct{}
 }
 
 // NewBufferedWriter returns a BufferedWriter to w that flushes interval
@@ -73,17 +74,18 @@ func (b *BufferedWriter) Write(p []byte) (int, error) {
 // Close writes out what is buffered, stops the flusher and returns the
 // first write error not yet returned.
 func (b *BufferedWriter) Close() error {
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
-		return nil
-	}
-	b.closed = true
-	b.mu.Unlock()
-	close(b.done)
+	// The flusher stops first and the writer is marked closed only in the
+	// same critical section as the last flush: a Write racing with Close is
+	// either buffered (and flushed here, in order) or written after it,
+	// never ahead of bytes still buffered.
+	b.stopOnce.Do(func() { close(b.done) })
 	<-b.stopped
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.closed {
+		return nil
+	}
+	b.closed = true
 	ferr := b.flushLocked()
 	err := b.err
 	b.err = nil
