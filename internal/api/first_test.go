@@ -159,3 +159,34 @@ func TestFirstExecutionSurvivesLosingPhaseTwo(t *testing.T) {
 	require.Equal(t, []string{orderID + "/create/1", orderID + "/create/1"}, keys[stripeemu.OpPICreate], "the create sent again under its key")
 	require.Equal(t, []string{orderID + "/confirm/1", orderID + "/confirm/1"}, keys[stripeemu.OpPIConfirm], "the confirm sent again under its key")
 }
+
+// TestFirstExecutionOfAnExistingKeyWritesNothing: a request whose key
+// exists in PostgreSQL but not in Redis (the replay cache lost) tries a
+// first execution, whose claim fails on the key's unique index: the whole
+// statement is undone, the stock it reserved included, and the stored
+// response is replayed. One order, one unit sold, one key, one charge.
+func TestFirstExecutionOfAnExistingKeyWritesNothing(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	before := h.stock("sku_tee")
+	first := h.checkout("existing-1", teeBody)
+	require.Equal(t, http.StatusCreated, first.status, "%s", first.body)
+	o := decodeOrder(t, first)
+	for range 3 {
+		keys, err := h.rdb.Keys(context.Background(), h.prefix+"*").Result()
+		require.NoError(t, err)
+		if len(keys) > 0 {
+			require.NoError(t, h.rdb.Del(context.Background(), keys...).Err())
+		}
+		again := h.checkout("existing-1", teeBody)
+		require.Equal(t, http.StatusCreated, again.status, "%s", again.body)
+		require.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+		require.Equal(t, string(first.body), string(again.body))
+	}
+	require.Equal(t, before-int64(o.Items[0].Quantity), h.stock("sku_tee"), "the stock is taken once")
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM orders`))
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM order_items`))
+	require.Equal(t, 2, h.count(`SELECT count(*) FROM outbox`), "order.created and order.paid, once each")
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM idempotency_keys`))
+	require.Len(t, h.requirePaymentInvariants(o.ID, checkout.StatusPaid), 1)
+}
