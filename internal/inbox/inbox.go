@@ -25,20 +25,21 @@ func Record(ctx context.Context, tx *gorm.DB, consumer, messageID string) (first
 	if consumer == "" || messageID == "" {
 		return false, fmt.Errorf("inbox: consumer and message id are required")
 	}
-	query, args := Statement(consumer, messageID)
-	res := tx.WithContext(ctx).Exec(query, args...)
+	res := tx.WithContext(ctx).Exec(`INSERT INTO inbox (consumer, message_id) VALUES (?, ?) ON CONFLICT DO NOTHING`, consumer, messageID)
 	if res.Error != nil {
 		return false, fmt.Errorf("inbox: record %s/%s: %w", consumer, messageID, res.Error)
 	}
 	return res.RowsAffected == 1, nil
 }
 
-// Statement returns Record's INSERT and its arguments, for a consumer that
-// records the message inside a larger statement of its transaction (a
-// data-modifying CTE) to save a round trip: it inserts one row when the
-// message is new and none for a duplicate, and ends with its ON CONFLICT
-// clause, so the caller may add a RETURNING.
-func Statement(consumer, messageID string) (string, []any) {
-	return `INSERT INTO inbox (consumer, message_id) VALUES (?, ?) ON CONFLICT DO NOTHING`,
-		[]any{consumer, messageID}
+// StatementFrom returns Record's INSERT for many messages at once, and its
+// argument, for a consumer that records a batch inside a larger statement of
+// its transaction (data-modifying CTEs) to save round trips: it inserts a
+// row for each message_id of the relation from (a CTE of the caller's with
+// a message_id column) that is new, none for a duplicate, and ends with its
+// ON CONFLICT clause, so the caller may add "RETURNING message_id" to learn
+// which were new. The same rules as Record's hold.
+func StatementFrom(consumer, from string) (string, []any) {
+	return `INSERT INTO inbox (consumer, message_id) SELECT ?, message_id FROM ` + from + ` ON CONFLICT DO NOTHING`,
+		[]any{consumer}
 }

@@ -401,9 +401,9 @@ func (c *Consumer) admit(ctx context.Context, tx *gorm.DB, it *item) (int, error
 	return created, nil
 }
 
-// recordBatch records every item in the inbox (inbox.Statement's INSERT,
-// for many messages) and, in the same statement, inserts the notification
-// of each unsequenced order.paid event recorded for the first time. It sets
+// recordBatch records every item in the inbox (inbox.StatementFrom) and,
+// in the same statement, inserts the notification of each unsequenced
+// order.paid event recorded for the first time. It sets
 // each item's first and returns how many notifications it inserted.
 func recordBatch(ctx context.Context, db *gorm.DB, items []*item) (int, error) {
 	query, args := recordStatement(items)
@@ -448,14 +448,16 @@ func recordStatement(items []*item) (string, []any) {
 		_ = json.Unmarshal(it.ev.Data, &o) // checked by parse
 		args = append(args, it.messageID, it.notificationID, o.ID, it.ev.TenantID, o.Email)
 	}
+	record, recordArgs := inbox.StatementFrom(ConsumerName, "ev")
+	args = append(args, recordArgs...)
 	b.WriteString(`),
-recorded AS (INSERT INTO inbox (consumer, message_id) SELECT ?, message_id FROM ev ON CONFLICT DO NOTHING RETURNING message_id),
+recorded AS (` + record + ` RETURNING message_id),
 notified AS (INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, event_seq)
 	SELECT ev.notification_id, ev.order_id, ev.tenant_id, ?, ev.recipient, 'pending', ?, NULL
 	FROM ev JOIN recorded USING (message_id) WHERE ev.notification_id IS NOT NULL
 	ON CONFLICT DO NOTHING RETURNING id)
 SELECT message_id, (SELECT count(*) FROM notified) AS notified FROM recorded`)
-	args = append(args, ConsumerName, ChannelEmail, KindOrderPaid)
+	args = append(args, ChannelEmail, KindOrderPaid)
 	return b.String(), args
 }
 
