@@ -491,8 +491,11 @@ func (c *Consumer) ReleaseOverdue(ctx context.Context, wait time.Duration) (int,
 				}
 				created += n
 			}
+			// transient, not postgres.IsTransient: a malformed event (its
+			// order gone) is not the server's answer, which IsTransient
+			// would call the connection's trouble, and retry for ever.
 			if err != nil {
-				if postgres.IsTransient(err) {
+				if transient(err) {
 					return err
 				}
 				c.logger.Error("notify: dropping a parked event that cannot be applied", "message_id", s.MessageID, "err", err)

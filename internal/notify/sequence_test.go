@@ -134,6 +134,29 @@ func TestEarlyEventIsReleasedAfterTheWait(t *testing.T) {
 	require.Equal(t, 2, f.sink.Len())
 }
 
+// TestOverdueEventOfAGoneOrderIsDropped: a parked refund event whose order
+// was deleted meanwhile cannot be applied once its wait is over. It is
+// dropped, and the other overdue events released with it are applied: one
+// refund email for the order that exists, none for the one that is gone,
+// nothing left parked.
+func TestOverdueEventOfAGoneOrderIsDropped(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	gone, _, _, _, goneRefunded := f.orderEvents(t)
+	kept, _, _, _, keptRefunded := f.orderEvents(t)
+	require.NoError(t, f.db.Exec(`DELETE FROM orders WHERE id = ?`, gone).Error)
+	reg := prometheus.NewRegistry()
+	f.startServiceWith(t, reg, 300*time.Millisecond)
+
+	f.publish(t, goneRefunded, keptRefunded) // both wait for order.paid (2), which never comes
+	waitFor(t, func() bool { return len(f.kinds(t, kept)) == 1 }, "the refund email of the order that exists")
+	require.Equal(t, []string{notify.KindOrderRefunded}, f.kinds(t, kept))
+	require.Equal(t, 1, f.sink.Len())
+	require.Equal(t, 0, f.count(t, `SELECT count(*) FROM notifications WHERE order_id = ?`, gone))
+	require.Equal(t, 0, f.count(t, `SELECT count(*) FROM inbox_parked`))
+	require.Equal(t, 2.0, testutil.ToFloat64(counterOf(t, reg, "checkout_notify_sequence_events_total", notify.SequenceReleased)))
+}
+
 // TestSenderKeepsAnOrdersEmailsInSequence: with both notifications pending
 // and the paid one refused by the SMTP server at first, the refund email
 // waits for the paid one instead of overtaking it.
