@@ -123,7 +123,8 @@ func TestStripeFaultsBySagaStep(t *testing.T) {
 
 // TestIndeterminateCreateWaitsForSearch: after a stored 500 at create, the
 // saga searches Stripe only once STRIPE_SEARCH_SETTLE has passed (the index
-// lags behind writes); until then it answers 502 and creates nothing new.
+// lags behind writes); until then it answers 502, with a Retry-After of the
+// time left before the search settles, and creates nothing new.
 // The PaymentIntent the 500 rolled forward (created, unconfirmed) is then
 // found and adopted, not duplicated.
 func TestIndeterminateCreateWaitsForSearch(t *testing.T) {
@@ -138,15 +139,18 @@ func TestIndeterminateCreateWaitsForSearch(t *testing.T) {
 
 	r := h.checkout("settle-1", teeBody)
 	require.Equal(t, http.StatusBadGateway, r.status, "%s", r.body)
+	require.Equal(t, "60", r.header.Get("Retry-After"), "nothing can get further before the search settles")
+	clk.Advance(45 * time.Second)
 	r = h.checkout("settle-1", teeBody)
 	require.Equal(t, http.StatusBadGateway, r.status, "still within the settle delay: %s", r.body)
+	require.Equal(t, "15", r.header.Get("Retry-After"), "the rest of the settle delay")
 	require.Equal(t, 1, h.emu.TotalCreated(), "no new attempt before the search")
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM payment_attempts WHERE step = 'create'`))
 	for _, rq := range h.emu.Requests() {
 		require.NotEqual(t, stripeemu.OpPISearch, rq.Op, "no search before it settles")
 	}
 
-	clk.Advance(time.Minute)
+	clk.Advance(15 * time.Second)
 	r = h.checkout("settle-1", teeBody)
 	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
 	o := decodeOrder(t, r)

@@ -30,6 +30,9 @@ type Error struct {
 	OrderID string
 	// DeclineCode is Stripe's decline_code of a card_declined.
 	DeclineCode string
+	// RetryAfter, when positive, replaces the code's Retry-After (seconds):
+	// when the saga knows that no retry can get further before then.
+	RetryAfter int
 	// Cause is the underlying error, for logs; never shown to clients.
 	Cause error
 }
@@ -74,6 +77,6 @@ func unavailable(cause error) error { return &Error{Code: CodeUnavailable, Cause
 // paymentUnavailable is a payment whose outcome is not known yet (Stripe
 // unanswered, indeterminate and not reconcilable yet, or money still
 // moving): 502, the key keeps its recovery point.
-func paymentUnavailable(orderID string, cause error) error {
+func paymentUnavailable(orderID string, cause error) *Error {
 	return &Error{Code: CodePaymentUnavailable, OrderID: orderID, Cause: cause}
 }

@@ -138,9 +138,14 @@ func problemFor(err error) error {
 	if !ok {
 		return err
 	}
-	if e.Detail != "" {
+	if e.Detail != "" || e.RetryAfter > 0 {
 		q := *p
-		q.Detail = e.Detail
+		if e.Detail != "" {
+			q.Detail = e.Detail
+		}
+		if e.RetryAfter > 0 {
+			q.RetryAfter = e.RetryAfter
+		}
 		p = &q
 	}
 	if e.Fields != nil {

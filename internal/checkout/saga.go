@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -89,7 +90,12 @@ type verdict struct {
 
 // waitError means the saga cannot go on now: Stripe gave no answer, an
 // indeterminate answer cannot be reconciled yet, or money is still moving.
-type waitError struct{ reason string }
+// until, when set, is the earliest time a new run can get further (Stripe's
+// search settling); the 502 tells the client so in its Retry-After.
+type waitError struct {
+	reason string
+	until  time.Time
+}
 
 func (e *waitError) Error() string { return e.reason }
 
@@ -175,8 +181,9 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 			// is trusted once the index has caught up with the attempt's
 			// last answer (anything it created existed by then).
 			if settled := last.UpdatedAt.Add(r.cfg.SearchSettle); r.s.Now().Before(settled) {
-				return PaymentIntentState{}, nil, &waitError{fmt.Sprintf(
-					"create attempt %d of order %s is indeterminate; Stripe's search settles at %s", last.Attempt, r.o.ID, settled.Format(time.RFC3339))}
+				return PaymentIntentState{}, nil, &waitError{reason: fmt.Sprintf(
+					"create attempt %d of order %s is indeterminate; Stripe's search settles at %s", last.Attempt, r.o.ID, settled.Format(time.RFC3339)),
+					until: settled}
 			}
 			found, err := r.s.Payments.SearchPaymentIntents(ctx, r.o.ID)
 			if err != nil {
@@ -194,7 +201,7 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 			next = last.Attempt + 1
 		}
 		if newAttempts == r.cfg.MaxAttempts {
-			return PaymentIntentState{}, nil, &waitError{fmt.Sprintf("create of order %s: %d new attempts in one run", r.o.ID, newAttempts)}
+			return PaymentIntentState{}, nil, &waitError{reason: fmt.Sprintf("create of order %s: %d new attempts in one run", r.o.ID, newAttempts)}
 		}
 		newAttempts++
 		a := r.newAttempt(StepCreate, next, "", r.createRequest(next))
@@ -338,7 +345,7 @@ func (r *run) answer(ctx context.Context, a *attempt, pi PaymentIntentState, cal
 	default:
 		dbErr = errors.Join(finishAttempt(ctx, r.s.DB, a.ID, "", nil, callErr.Error(), now),
 			markUnknownSince(ctx, r.s.DB, r.o.ID, now))
-		res.err = &waitError{fmt.Sprintf("%s attempt %d of order %s: %v", a.Step, a.Attempt, r.o.ID, callErr)}
+		res.err = &waitError{reason: fmt.Sprintf("%s attempt %d of order %s: %v", a.Step, a.Attempt, r.o.ID, callErr)}
 	}
 	if dbErr != nil {
 		res.err = dbErr
@@ -418,7 +425,7 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 			}
 		}
 		if newAttempts == r.cfg.MaxAttempts {
-			return nil, &waitError{fmt.Sprintf("confirm of order %s: %d new attempts in one run", r.o.ID, newAttempts)}
+			return nil, &waitError{reason: fmt.Sprintf("confirm of order %s: %d new attempts in one run", r.o.ID, newAttempts)}
 		}
 		newAttempts++
 		a := r.newAttempt(StepConfirm, maxN+1, pi.ID, ConfirmIntentRequest{PaymentIntentID: pi.ID})
@@ -474,7 +481,7 @@ func (r *run) confirmAnswered(ctx context.Context, piID string, a *attempt, got 
 // the state settles nothing yet (processing, requires_capture).
 func (r *run) verdictOf(pi PaymentIntentState) (*verdict, error) {
 	if _, ok := r.changeFor(pi, false); !ok {
-		return nil, &waitError{fmt.Sprintf("payment intent %s of order %s is %s", pi.ID, r.o.ID, pi.Status)}
+		return nil, &waitError{reason: fmt.Sprintf("payment intent %s of order %s is %s", pi.ID, r.o.ID, pi.Status)}
 	}
 	return &verdict{pi: &pi}, nil
 }
@@ -598,7 +605,7 @@ func (r *run) settle(ctx context.Context, v *verdict) (*idempotency.Response, er
 		return r.stop(ctx, err)
 	}
 	if r.claim != nil && resp == nil {
-		return r.stop(ctx, &waitError{fmt.Sprintf("order %s is %s", r.o.ID, r.o.Status)})
+		return r.stop(ctx, &waitError{reason: fmt.Sprintf("order %s is %s", r.o.ID, r.o.Status)})
 	}
 	return resp, nil
 }
@@ -655,7 +662,12 @@ func (r *run) stop(ctx context.Context, err error) (*idempotency.Response, error
 		errors.As(err, &refusal):
 		r.markUnknown(ctx)
 		r.release()
-		return nil, paymentUnavailable(r.o.ID, err)
+		e := paymentUnavailable(r.o.ID, err)
+		if w != nil && !w.until.IsZero() {
+			// Whole seconds, rounded up: a retry sooner only gets this 502.
+			e.RetryAfter = max(1, int(math.Ceil(w.until.Sub(r.s.Now()).Seconds())))
+		}
+		return nil, e
 	}
 	r.release()
 	return nil, r.s.translate(err)
@@ -744,7 +756,7 @@ func (r *run) cancel(ctx context.Context, piID, reason string) (PaymentIntentSta
 		}
 		if a == nil {
 			if newAttempts == r.cfg.MaxAttempts {
-				return PaymentIntentState{}, &waitError{fmt.Sprintf("cancel of %s: %d new attempts in one run", piID, newAttempts)}
+				return PaymentIntentState{}, &waitError{reason: fmt.Sprintf("cancel of %s: %d new attempts in one run", piID, newAttempts)}
 			}
 			newAttempts++
 			a = r.newAttempt(StepCancel, maxN+1, piID, CancelIntentRequest{PaymentIntentID: piID, Reason: reason})
@@ -793,7 +805,7 @@ func (r *run) answerCancel(ctx context.Context, a *attempt, pi PaymentIntentStat
 		res.indeterminate = true
 	default:
 		dbErr = finishAttempt(ctx, r.s.DB, a.ID, "", nil, callErr.Error(), now)
-		res.err = &waitError{fmt.Sprintf("cancel attempt %d of order %s: %v", a.Attempt, r.o.ID, callErr)}
+		res.err = &waitError{reason: fmt.Sprintf("cancel attempt %d of order %s: %v", a.Attempt, r.o.ID, callErr)}
 	}
 	if dbErr != nil {
 		res.err = dbErr
