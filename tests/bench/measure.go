@@ -146,9 +146,10 @@ func rawPublish(s *stack, d time.Duration, window int) (float64, error) {
 	}
 	ctx := context.Background()
 	body := []byte(`{"id":"evt_bench","type":"order.paid","occurred_at":"2026-12-01T08:00:00Z","tenant_id":"acme","data":` + orderJSON + `}`)
-	// The service's mix: half the messages reach a durable quorum queue
-	// (order.paid, the worker's), half no queue (order.created). A queue of
-	// its own stands in for the worker's, so that these never reach it.
+	// The relay's traffic: every event (order.created and order.paid alike,
+	// the worker binds order.*) reaches one durable quorum queue. A queue
+	// of its own stands in for the worker's, so that none of these reach
+	// the worker's backlog.
 	raw := s.names.NotifyQueue + ".raw"
 	if _, err := ch.QueueDeclare(raw, true, false, false, false, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}); err != nil {
 		return 0, err
@@ -157,7 +158,7 @@ func rawPublish(s *stack, d time.Duration, window int) (float64, error) {
 	if err := ch.QueueBind(raw, "bench.raw", s.names.Exchange, false, nil); err != nil {
 		return 0, err
 	}
-	keys := []string{"order.created", "bench.raw"}
+	types := []string{"order.created", "order.paid"}
 	var inflight []*amqp.DeferredConfirmation
 	confirmed := 0
 	start := time.Now()
@@ -169,8 +170,8 @@ func rawPublish(s *stack, d time.Duration, window int) (float64, error) {
 			inflight = inflight[1:]
 			confirmed++
 		}
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, s.names.Exchange, keys[i%2], false, false,
-			amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: "evt_bench", Type: keys[i%2], Body: body, Timestamp: time.Now()})
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, s.names.Exchange, "bench.raw", false, false,
+			amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: "evt_bench", Type: types[i%2], Body: body, Timestamp: time.Now()})
 		if err != nil {
 			return 0, err
 		}
