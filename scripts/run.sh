@@ -63,7 +63,9 @@ while true; do
   [ -z "${gone:-}" ] && break
   name=${names[$gone]}
   echo "[run] $name exited (status $code); the rest keeps running. Restart it, in another terminal, with:" >&2
-  echo "[run]   $root/bin/$name >> $root/tmp/$name.log 2>&1 &" >&2
+  # setsid -f: detached at once, so the process is no job of that shell
+  # (a later `wait` there would block on it) and outlives the terminal.
+  echo "[run]   setsid -f $root/bin/$name >> $root/tmp/$name.log 2>&1 < /dev/null" >&2
   echo "[run] (its log then goes to tmp/$name.log only; Ctrl-C here still stops it)" >&2
   left=()
   for pid in "${pids[@]}"; do [ "$pid" != "$gone" ] && left+=("$pid"); done
