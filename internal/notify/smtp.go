@@ -64,31 +64,47 @@ type smtpSession struct {
 
 var _ Mailer = (*SMTPMailer)(nil)
 
-// Send delivers e in one SMTP transaction bounded by ctx's deadline, on an
-// idle session when there is one. A reused session the server closed
-// meanwhile fails at MAIL, before any message could have been accepted: the
-// transaction is then tried once more on a new connection.
+// Send delivers e in one SMTP transaction bounded by ctx's deadline (a
+// minute without one), on an idle session when there is one. A reused
+// session the server closed meanwhile fails at MAIL, before any message
+// could have been accepted: the transaction is then tried once more on a
+// new connection.
+//
+// The deadline is kept by closing the connection when ctx ends, not by the
+// connection's own deadline: go-smtp's client sets that to its
+// CommandTimeout (5 minutes) at every command, so a server that stopped
+// answering would hold the send past the sender's claim (ClaimTTL), and
+// another sender would send the email again.
 func (m *SMTPMailer) Send(ctx context.Context, e Email) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+	}
 	for attempt := 0; ; attempt++ {
 		s, reused, err := m.session(ctx)
 		if err != nil {
 			return err
 		}
-		if deadline, ok := ctx.Deadline(); ok {
-			s.conn.SetDeadline(deadline)
-		} else {
-			s.conn.SetDeadline(time.Now().Add(time.Minute))
-		}
+		stop := context.AfterFunc(ctx, func() { s.conn.Close() })
 		atMail, err := transact(s.c, e)
+		open := stop() // false: ctx ended, and the connection is closed
 		if err == nil {
 			// The message is accepted (250 after DATA). Return now: until
 			// the sender records "sent", a crash resends the message, so no
 			// round trip belongs in between.
-			m.release(s)
+			if open {
+				m.release(s)
+			} else {
+				s.c.Close()
+			}
 			return nil
 		}
 		s.c.Close()
-		if reused && atMail && attempt == 0 && ctx.Err() == nil {
+		if !open {
+			return fmt.Errorf("smtp: send %s: %w (%v)", e.MessageID, ctx.Err(), err)
+		}
+		if reused && atMail && attempt == 0 {
 			continue
 		}
 		return err
@@ -146,17 +162,17 @@ func (m *SMTPMailer) session(ctx context.Context) (s *smtpSession, reused bool, 
 	if err != nil {
 		return nil, false, fmt.Errorf("smtp: dial %s: %w", m.Addr, err)
 	}
-	if deadline, ok := ctx.Deadline(); ok {
-		conn.SetDeadline(deadline)
-	} else {
-		conn.SetDeadline(time.Now().Add(time.Minute))
-	}
 	c := smtp.NewClient(conn)
 	helo := m.HeloName
 	if helo == "" {
 		helo = "checkout.local"
 	}
-	if err := c.Hello(helo); err != nil {
+	stop := context.AfterFunc(ctx, func() { conn.Close() }) // as in Send
+	err = c.Hello(helo)
+	if !stop() {
+		err = fmt.Errorf("%w (%v)", ctx.Err(), err)
+	}
+	if err != nil {
 		c.Close()
 		return nil, false, fmt.Errorf("smtp: hello: %w", err)
 	}

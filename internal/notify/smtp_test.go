@@ -1,9 +1,14 @@
 package notify_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -78,4 +83,87 @@ func TestMailerDoesNotResendARefusedMessage(t *testing.T) {
 	require.NoError(t, m.Send(context.Background(), email(3)))
 	require.Equal(t, 2, sink.Len())
 	require.Zero(t, sink.Count(notify.MessageID("ntf_2")))
+}
+
+// hangingServer is an SMTP server that answers like one (greeting, EHLO,
+// 250 to MAIL and RCPT, 354 to DATA, 250 to the message) until the line
+// that starts with hangAt ("" for the greeting), and then stops answering
+// without closing the connection, as a server stuck on its disk would.
+func hangingServer(t *testing.T, hangAt string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	done := make(chan struct{})
+	t.Cleanup(func() { ln.Close(); <-done })
+	go func() {
+		defer close(done)
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		go func() { <-t.Context().Done(); conn.Close() }()
+		r := bufio.NewReader(conn)
+		if hangAt == "" {
+			io.Copy(io.Discard, r)
+			return
+		}
+		fmt.Fprint(conn, "220 hanging\r\n")
+		inData := false
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			line = strings.TrimRight(line, "\r\n")
+			if inData && line != "." {
+				continue
+			}
+			if strings.HasPrefix(line, hangAt) {
+				io.Copy(io.Discard, r) // until the client hangs up
+				return
+			}
+			switch {
+			case inData:
+				inData = false
+				fmt.Fprint(conn, "250 queued\r\n")
+			case strings.HasPrefix(line, "EHLO"):
+				fmt.Fprint(conn, "250 hanging\r\n")
+			case line == "DATA":
+				inData = true
+				fmt.Fprint(conn, "354 go ahead\r\n")
+			default:
+				fmt.Fprint(conn, "250 ok\r\n")
+			}
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// TestMailerGivesUpAtItsDeadline: a server that stops answering, at the
+// greeting or in the middle of a transaction, fails the send when its
+// context's deadline passes. go-smtp's client resets the connection's
+// deadline to 5 minutes at every command; a send that outlived the sender's
+// claim (SendTimeout < ClaimTTL) would be sent again by another sender.
+func TestMailerGivesUpAtItsDeadline(t *testing.T) {
+	t.Parallel()
+	for _, hangAt := range []string{"", "EHLO", "MAIL", "RCPT", "DATA", "."} {
+		t.Run("at "+hangAt, func(t *testing.T) {
+			t.Parallel()
+			m := &notify.SMTPMailer{Addr: hangingServer(t, hangAt)}
+			t.Cleanup(func() { m.Close() })
+			done := make(chan error, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+				defer cancel()
+				done <- m.Send(ctx, email(1))
+			}()
+			select {
+			case err := <-done:
+				require.ErrorIs(t, err, context.DeadlineExceeded)
+			case <-time.After(30 * time.Second):
+				t.Fatal("the send outlived its deadline by far")
+			}
+		})
+	}
 }
