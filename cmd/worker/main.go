@@ -46,6 +46,7 @@ type settings struct {
 	ops.Settings
 	SMTPAddr      string        `env:"SMTP_ADDR" envDefault:"127.0.0.1:1025"`
 	SMTPFrom      string        `env:"SMTP_FROM" envDefault:"orders@checkout.local"`
+	SMTPConns     int           `env:"SMTP_CONCURRENCY" envDefault:"80"`
 	MetricsAddr   string        `env:"METRICS_ADDR" envDefault:":9092"`
 	Prefetch      int           `env:"NOTIFY_PREFETCH" envDefault:"128"`
 	SweepInterval time.Duration `env:"NOTIFY_SWEEP_INTERVAL" envDefault:"1s"`
@@ -88,6 +89,9 @@ func (s *settings) check() error {
 	}
 	if s.Prefetch < 1 || s.Prefetch > 1000 {
 		errs = append(errs, errors.New("NOTIFY_PREFETCH: must be between 1 and 1000"))
+	}
+	if s.SMTPConns < 1 || s.SMTPConns > 1000 {
+		errs = append(errs, errors.New("SMTP_CONCURRENCY: must be between 1 and 1000"))
 	}
 	if s.SweepInterval <= 0 {
 		errs = append(errs, errors.New("NOTIFY_SWEEP_INTERVAL: must be positive"))
@@ -154,12 +158,15 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	defer postgres.Close(db)
 	defer conn.Close()
 
-	notifier, err := notify.NewService(db, conn, &notify.SMTPMailer{Addr: s.SMTPAddr}, notify.Config{
+	// As many idle sessions as sends at once: each send reuses one.
+	mailer := &notify.SMTPMailer{Addr: s.SMTPAddr, MaxIdle: s.SMTPConns}
+	notifier, err := notify.NewService(db, conn, mailer, notify.Config{
 		Queue:        s.NotifyQueue,
 		Prefetch:     s.Prefetch,
 		SequenceWait: s.SequenceWait,
 		Sender: notify.SenderConfig{
 			From:          s.SMTPFrom,
+			Concurrency:   s.SMTPConns,
 			SweepInterval: s.SweepInterval,
 		},
 		Logger:     logger,

@@ -27,6 +27,7 @@ func TestBadValueStopsStartNamingTheVariable(t *testing.T) {
 		"AMQP_URL":               {"AMQP_URL": "http://rabbit"},
 		"SMTP_ADDR":              {"SMTP_ADDR": "mailpit"},
 		"SMTP_FROM":              {"SMTP_FROM": "not an address"},
+		"SMTP_CONCURRENCY":       {"SMTP_CONCURRENCY": "0"},
 		"METRICS_ADDR":           {"METRICS_ADDR": "9092"},
 		"STRIPE_TIMEOUT":         {"STRIPE_TIMEOUT": "30s", "STRIPE_MAX_ELAPSED": "1s"},
 		"STRIPE_MAX_ELAPSED":     {"STRIPE_MAX_ELAPSED": "soon"},

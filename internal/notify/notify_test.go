@@ -439,3 +439,48 @@ func TestInternationalAddress(t *testing.T) {
 	require.Equal(t, []string{"buyer@xn--exmple-cua.com"}, msgs[0].To)
 	require.Equal(t, []string{"josé@xn--exmple-cua.com"}, msgs[1].To)
 }
+
+// inFlight is a Mailer that counts the sends in progress and the most seen
+// at once.
+type inFlight struct {
+	notify.Mailer
+	now, most atomic.Int32
+}
+
+func (m *inFlight) Send(ctx context.Context, e notify.Email) error {
+	n := m.now.Add(1)
+	defer m.now.Add(-1)
+	for most := m.most.Load(); n > most && !m.most.CompareAndSwap(most, n); most = m.most.Load() {
+	}
+	time.Sleep(20 * time.Millisecond) // long enough for sends to overlap
+	return m.Mailer.Send(ctx, e)
+}
+
+// TestSenderConcurrencyBelowItsBatchSize: with fewer sends at once
+// (SMTP_CONCURRENCY) than a claim's default size, the sender claims no more
+// than it may send at once, sends every email once, never more than
+// Concurrency at a time, and stops when asked (it used to claim 40 with 3
+// slots, and its sends then waited for ever to give back slots never taken).
+func TestSenderConcurrencyBelowItsBatchSize(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	var orders []string
+	for range 12 {
+		orderID, _ := f.paidOrder(t)
+		require.NoError(t, f.db.Exec(`INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status)
+			VALUES (?, ?, 'acme', 'email', 'a@example.com', 'pending')`, ids.New("ntf"), orderID).Error)
+		orders = append(orders, orderID)
+	}
+	m := &inFlight{Mailer: &notify.SMTPMailer{Addr: f.sink.Addr()}}
+	cfg := f.senderConfig()
+	cfg.Concurrency = 3
+	s, err := notify.NewSender(f.db, m, cfg)
+	require.NoError(t, err)
+	stop := run(t, s.Run)
+	for _, orderID := range orders {
+		f.requireOneEmailSent(t, orderID)
+	}
+	require.Equal(t, 12, f.sink.Len())
+	require.LessOrEqual(t, m.most.Load(), int32(3))
+	stop() // returns: every send gave its slot back
+}

@@ -19,10 +19,13 @@ import (
 type SenderConfig struct {
 	// From is the envelope and header sender ("orders@checkout.local").
 	From string
-	// BatchSize is how many due notifications one claim takes (40).
+	// BatchSize is how many due notifications one claim takes (40, at most
+	// Concurrency).
 	BatchSize int
 	// Concurrency is how many emails are sent at once (80); the next batch
-	// is claimed while earlier ones are being sent.
+	// is claimed while earlier ones are being sent. Each send holds an SMTP
+	// connection, so keep it under the server's limit per client (Postfix:
+	// smtpd_client_connection_count_limit, 50 by default).
 	Concurrency int
 	// SweepInterval is how often the sender looks for due notifications
 	// when nothing woke it: retries, expired claims, rows a crashed worker
@@ -82,6 +85,10 @@ func NewSender(db *gorm.DB, mailer Mailer, cfg SenderConfig) (*Sender, error) {
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 80
 	}
+	// Run holds a slot per claimed notification: a claim larger than the
+	// slots would send more than Concurrency at once, and free slots it
+	// never took.
+	cfg.BatchSize = min(cfg.BatchSize, cfg.Concurrency)
 	if cfg.SweepInterval <= 0 {
 		cfg.SweepInterval = time.Second
 	}
