@@ -301,6 +301,12 @@ func (g *Gateway) admit(c *gin.Context, route string, o middlewareOptions) (*Req
 			return nil, err
 		}
 	}
+	if c.Request.ContentLength > g.Config.MaxBodyBytes {
+		// Declared too large: answered before the body is read, so that a
+		// client waiting on Expect: 100-continue gets the 413 instead of a
+		// 100 Continue and then a connection reset mid-upload.
+		return nil, ErrPayloadTooLarge
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, g.Config.MaxBodyBytes))
 	if err != nil {
 		var tooLarge *http.MaxBytesError
