@@ -3,6 +3,8 @@ package api
 import (
 	"net/http"
 	"time"
+
+	"github.com/onceonly/checkout/internal/problem"
 )
 
 // ServerLimits are the HTTP server's own limits against slow and oversized
@@ -11,9 +13,10 @@ import (
 // authentication, the rate limit, the idempotency gateway or the database.
 type ServerLimits struct {
 	// MaxHeaderBytes caps the request line and headers (HTTP_MAX_HEADER_BYTES,
-	// default 16 KiB). net/http allows some slack on top (4 KiB on a new
-	// connection, up to 8 KiB on a reused keep-alive one, for its read
-	// buffer) and answers 431 Request Header Fields Too Large beyond that.
+	// default 16 KiB): a request over it is answered 431
+	// headers_too_large, a problem like every other error, before any other
+	// handler. net/http itself reads up to headerSlack more (and answers a
+	// plain-text 431 beyond that, with no handler to write a problem).
 	MaxHeaderBytes int
 	// ReadHeaderTimeout is how long a client may take to send its request
 	// line and headers, from its first byte (HTTP_READ_HEADER_TIMEOUT,
@@ -44,11 +47,41 @@ var DefaultServerLimits = ServerLimits{
 // Server returns an http.Server for handler with the limits l.
 func (l ServerLimits) Server(handler http.Handler) *http.Server {
 	return &http.Server{
-		Handler:           handler,
-		MaxHeaderBytes:    l.MaxHeaderBytes,
+		Handler:           limitHeaders(l.MaxHeaderBytes, handler),
+		MaxHeaderBytes:    l.MaxHeaderBytes + headerSlack,
 		ReadHeaderTimeout: l.ReadHeaderTimeout,
 		ReadTimeout:       l.ReadTimeout,
 		WriteTimeout:      l.WriteTimeout,
 		IdleTimeout:       l.IdleTimeout,
 	}
+}
+
+// headerSlack is how far past MaxHeaderBytes net/http reads a request's
+// headers, so that limitHeaders, not net/http's plain-text answer, refuses
+// them (the contract: every error is a problem).
+const headerSlack = 64 << 10
+
+// ErrHeadersTooLarge is the 431 of a request whose request line and headers
+// exceed ServerLimits.MaxHeaderBytes.
+var ErrHeadersTooLarge = problem.New(http.StatusRequestHeaderFieldsTooLarge, "headers_too_large",
+	"Request headers too large", "The request line and headers exceed the server's limit (HTTP_MAX_HEADER_BYTES).")
+
+// limitHeaders answers ErrHeadersTooLarge, without calling next, for a
+// request whose request line and headers, counted as they are sent
+// ("Name: value\r\n" each), exceed max bytes.
+func limitHeaders(max int, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := len(r.Method) + len(r.RequestURI) + len(r.Proto) + 4
+		for k, vs := range r.Header {
+			for _, v := range vs {
+				n += len(k) + len(v) + 4
+			}
+		}
+		if n > max {
+			w.Header().Set("Connection", "close")
+			problem.Write(w, ErrHeadersTooLarge)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }

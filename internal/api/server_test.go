@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -119,8 +120,8 @@ func TestSlowHeaderClientIsCut(t *testing.T) {
 }
 
 // TestOversizedHeader: a request whose headers exceed HTTP_MAX_HEADER_BYTES
-// (plus net/http's slack of 4 to 8 KiB) gets 431 from the server itself: no
-// handler runs, no key is claimed; a request just under the limit is served.
+// gets 431 headers_too_large as a problem, before any handler runs: no key
+// is claimed; a request just under the limit is served.
 func TestOversizedHeader(t *testing.T) {
 	t.Parallel()
 	h := setup(t)
@@ -129,11 +130,15 @@ func TestOversizedHeader(t *testing.T) {
 	srv, handled := limitedServer(t, h, limits)
 
 	req := checkoutRequest(t, srv.URL, "big-header", teeBody)
-	req.Header.Set("X-Padding", strings.Repeat("p", limits.MaxHeaderBytes+8192)) // beyond the slack
+	req.Header.Set("X-Padding", strings.Repeat("p", limits.MaxHeaderBytes+8192))
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
+	var p struct{ Code string }
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&p), "a problem, not net/http's plain text")
 	resp.Body.Close()
 	require.Equal(t, http.StatusRequestHeaderFieldsTooLarge, resp.StatusCode)
+	require.Equal(t, "application/problem+json", resp.Header.Get("Content-Type"))
+	require.Equal(t, "headers_too_large", p.Code)
 	require.Zero(t, handled.Load(), "no handler ran")
 	require.Zero(t, h.count(`SELECT count(*) FROM idempotency_keys`))
 
@@ -211,4 +216,31 @@ func postTo(t *testing.T, base, key, body string) *http.Response {
 	require.NoError(t, err)
 	resp.Body.Close()
 	return resp
+}
+
+// TestDeclaredOversizedBodyIsRefusedBeforeItIsSent: a client that declares
+// a body over HTTP_MAX_BODY_BYTES and waits on Expect: 100-continue (curl
+// does above 1 MiB) gets the 413 problem at once, without a 100 Continue
+// and so without sending the body: answered after the body, the 413 was
+// lost in a connection reset mid-upload. Nothing is claimed.
+func TestDeclaredOversizedBodyIsRefusedBeforeItIsSent(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	srv, _ := limitedServer(t, h, api.DefaultServerLimits)
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	require.NoError(t, err)
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/checkouts HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk_test_acme\r\n"+
+		"Idempotency-Key: big-declared\r\nContent-Type: application/json\r\nContent-Length: 10000000\r\n"+
+		"Expect: 100-continue\r\n\r\n")
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err, "an answer before any byte of the body")
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode, "not 100 Continue")
+	require.Equal(t, "application/problem+json", resp.Header.Get("Content-Type"))
+	var p struct{ Code string }
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&p))
+	require.Equal(t, "payload_too_large", p.Code)
+	require.Zero(t, h.count(`SELECT count(*) FROM idempotency_keys`))
 }
