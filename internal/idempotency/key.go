@@ -38,7 +38,7 @@ var (
 	ErrKeyInvalid = problem.New(http.StatusBadRequest, "idempotency_key_invalid",
 		"Idempotency-Key invalid", "The Idempotency-Key must be 1 to 255 printable ASCII characters.")
 	ErrKeyReused = problem.New(http.StatusUnprocessableEntity, "idempotency_key_reused",
-		"Idempotency-Key reused", "This Idempotency-Key was already used with a different request body. Use a new key for a new request.")
+		"Idempotency-Key reused", "This Idempotency-Key was already used with a different request (another body, or another resource on this route). Use a new key for a new request.")
 	ErrKeyInUse = &problem.Problem{Status: http.StatusConflict, Code: "idempotency_key_in_use",
 		Title: "Idempotency-Key in use", RetryAfter: 1,
 		Detail: "A request with this Idempotency-Key is still being processed. Retry later with the same key to get its response."}
