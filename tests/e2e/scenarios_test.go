@@ -401,11 +401,16 @@ func TestBrokerFaults(t *testing.T) {
 	})
 
 	t.Run("worker killed before its ack", func(t *testing.T) {
-		// The worker's commit is applied at once but its reply takes 1s:
-		// that second is the window between commit and ack.
-		require.NoError(t, s.PGWorker.Latency(1000))
+		// The worker's commit is applied at once but its reply takes 600ms:
+		// that is the window between commit and ack. Every other reply takes
+		// as long, and the batch of an order's two sequenced events is about
+		// ten round trips, which must fit the consumer's 15s handler
+		// timeout with the sender, the completer and the reconciler also
+		// waiting on the same proxy (at 1s a reply, a loaded machine timed
+		// the batch out, again and again).
+		require.NoError(t, s.PGWorker.Latency(600))
 		o := paidOrder(t, c.Checkout(ctx, "k-worker-kill", stack.TeeBody("l@example.com", 1)))
-		eventually(t, 20*time.Second, func() bool {
+		eventually(t, 40*time.Second, func() bool {
 			return s.Count(`SELECT count(*) FROM outbox o JOIN inbox i ON i.message_id = o.id
 				WHERE o.aggregate_id = $1 AND o.type = 'order.paid'`, o.ID) == 1
 		}, "the worker committed its inbox row")
