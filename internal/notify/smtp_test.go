@@ -21,15 +21,23 @@ func email(i int) notify.Email {
 		To: fmt.Sprintf("buyer%d@example.com", i), Subject: fmt.Sprint("s", i), Body: "b"}
 }
 
-// TestMailerSendsSeveralEmailsInOneSession: consecutive emails go through
-// one SMTP connection, each its own transaction with its own recipient.
-func TestMailerSendsSeveralEmailsInOneSession(t *testing.T) {
-	t.Parallel()
+// sinkAndMailer starts an SMTP sink and a mailer to it, both ended with
+// the test.
+func sinkAndMailer(t *testing.T) (*smtpsink.Sink, *notify.SMTPMailer) {
+	t.Helper()
 	sink, err := smtpsink.Start("127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { sink.Close() })
 	m := &notify.SMTPMailer{Addr: sink.Addr()}
 	t.Cleanup(func() { m.Close() })
+	return sink, m
+}
+
+// TestMailerSendsSeveralEmailsInOneSession: consecutive emails go through
+// one SMTP connection, each its own transaction with its own recipient.
+func TestMailerSendsSeveralEmailsInOneSession(t *testing.T) {
+	t.Parallel()
+	sink, m := sinkAndMailer(t)
 	for i := range 3 {
 		require.NoError(t, m.Send(context.Background(), email(i)))
 	}
@@ -54,11 +62,7 @@ func TestMailerSendsSeveralEmailsInOneSession(t *testing.T) {
 // the email is sent once, on a new connection.
 func TestMailerReplacesASessionTheServerDropped(t *testing.T) {
 	t.Parallel()
-	sink, err := smtpsink.Start("127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { sink.Close() })
-	m := &notify.SMTPMailer{Addr: sink.Addr()}
-	t.Cleanup(func() { m.Close() })
+	sink, m := sinkAndMailer(t)
 	require.NoError(t, m.Send(context.Background(), email(1)))
 	require.Equal(t, 1, notify.BreakIdleSessions(m))
 
@@ -72,11 +76,7 @@ func TestMailerReplacesASessionTheServerDropped(t *testing.T) {
 // the sender's retry decides (nothing sent twice).
 func TestMailerDoesNotResendARefusedMessage(t *testing.T) {
 	t.Parallel()
-	sink, err := smtpsink.Start("127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { sink.Close() })
-	m := &notify.SMTPMailer{Addr: sink.Addr()}
-	t.Cleanup(func() { m.Close() })
+	sink, m := sinkAndMailer(t)
 	require.NoError(t, m.Send(context.Background(), email(1)))
 	sink.Reject(1)
 	require.ErrorContains(t, m.Send(context.Background(), email(2)), "451")
