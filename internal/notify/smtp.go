@@ -2,6 +2,7 @@ package notify
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -169,8 +170,8 @@ func (m *SMTPMailer) session(ctx context.Context) (s *smtpSession, reused bool, 
 	}
 	stop := context.AfterFunc(ctx, func() { conn.Close() }) // as in Send
 	err = c.Hello(helo)
-	if !stop() {
-		err = fmt.Errorf("%w (%v)", ctx.Err(), err)
+	if !stop() { // ctx ended: the connection is closed, whatever Hello said
+		err = errors.Join(ctx.Err(), err)
 	}
 	if err != nil {
 		c.Close()
