@@ -166,12 +166,13 @@ func (s *Sender) Run(ctx context.Context) error {
 	sendCtx := context.WithoutCancel(ctx)
 	for {
 		for ctx.Err() == nil {
-			// Wait for BatchSize free slots, then claim.
-			for range min(s.cfg.BatchSize, s.cfg.Concurrency) {
+			// Wait for BatchSize free slots (NewSender keeps BatchSize
+			// within Concurrency), then claim.
+			for range s.cfg.BatchSize {
 				slots <- struct{}{}
 			}
 			batch, err := s.claim(sendCtx)
-			for range min(s.cfg.BatchSize, s.cfg.Concurrency) - len(batch) {
+			for range s.cfg.BatchSize - len(batch) {
 				<-slots
 			}
 			if err != nil {
