@@ -57,7 +57,7 @@ if not prev then return {2, ''} end
 return {3, prev}
 `)
 
-// extendScript and releaseScript act only while the caller's token is still
+// extendScript and settleScript act on the lease only while the caller's token is still
 // the value (compare-and-set), so a request whose lease expired can never
 // extend or delete the lease a newer owner holds.
 var (
@@ -67,15 +67,10 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 `)
-	releaseScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-`)
 	// settleScript is Cache then Release in one round trip: the response
 	// stored for replay (when its TTL, ARGV[3] ms, is positive), then the
-	// lease deleted if it is still the caller's.
+	// lease deleted if it is still the caller's. Release alone is this
+	// script with no response.
 	settleScript = redis.NewScript(`
 if tonumber(ARGV[3]) > 0 then
   redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
@@ -231,12 +226,7 @@ func (l *Leases) Extend(ctx context.Context, s Scope, fingerprint, owner string,
 // Release deletes the lease if owner still holds it, and reports whether it
 // did. Releasing a lease another owner holds is a no-op.
 func (l *Leases) Release(ctx context.Context, s Scope, fingerprint, owner string) (bool, error) {
-	leaseKey, _ := l.keys(s)
-	n, err := releaseScript.Run(ctx, l.rdb, []string{leaseKey}, leaseValue(owner, fingerprint)).Int64()
-	if err != nil {
-		return false, fmt.Errorf("redis release: %w", err)
-	}
-	return n == 1, nil
+	return l.Settle(ctx, s, fingerprint, owner, nil, time.Time{})
 }
 
 // Cache stores a finished response for replay until resp.ExpiresAt. An
@@ -254,14 +244,18 @@ func (l *Leases) Cache(ctx context.Context, s Scope, fingerprint string, resp *R
 }
 
 // Settle is Cache and then Release, in one round trip: it stores resp for
-// replay until resp.ExpiresAt (not when already expired) and deletes the
-// lease if owner still holds it, reporting whether it did. An error means
-// Redis did not answer, and neither may have happened: the cached response
-// is an optimisation (Postgres replays it too) and the lease expires.
+// replay until resp.ExpiresAt (not when already expired; nothing when resp
+// is nil) and deletes the lease if owner still holds it, reporting whether
+// it did. An error means Redis did not answer, and neither may have
+// happened: the cached response is an optimisation (Postgres replays it
+// too) and the lease expires.
 func (l *Leases) Settle(ctx context.Context, s Scope, fingerprint, owner string, resp *Response, now time.Time) (bool, error) {
 	leaseKey, respKey := l.keys(s)
-	ttl := resp.ExpiresAt.Sub(now).Milliseconds()
+	var ttl int64
 	var value []byte
+	if resp != nil {
+		ttl = resp.ExpiresAt.Sub(now).Milliseconds()
+	}
 	if ttl > 0 {
 		value = encodeCached(fingerprint, resp)
 	}
