@@ -25,7 +25,8 @@ func Record(ctx context.Context, tx *gorm.DB, consumer, messageID string) (first
 	if consumer == "" || messageID == "" {
 		return false, fmt.Errorf("inbox: consumer and message id are required")
 	}
-	res := tx.WithContext(ctx).Exec(`INSERT INTO inbox (consumer, message_id) VALUES (?, ?) ON CONFLICT DO NOTHING`, consumer, messageID)
+	query, args := StatementFrom(consumer, "(VALUES (?::text)) AS m (message_id)")
+	res := tx.WithContext(ctx).Exec(query, append(args, messageID)...)
 	if res.Error != nil {
 		return false, fmt.Errorf("inbox: record %s/%s: %w", consumer, messageID, res.Error)
 	}
