@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/checkout/internal/notify"
-	"github.com/onceonly/checkout/internal/postgres/pgtest"
 	"github.com/onceonly/checkout/internal/rabbitmq"
 )
 
@@ -129,12 +128,7 @@ func TestDatabaseOutageFailsTheWholeBatchTransiently(t *testing.T) {
 	f := setup(t)
 	_, m1 := f.paidOrder(t)
 	_, m2 := f.paidOrder(t)
-	down, _ := pgtest.NewDB(t)
-	sqlDB, err := down.DB()
-	require.NoError(t, err)
-	require.NoError(t, sqlDB.Close())
-	c, err := notify.NewConsumer(down, notify.ConsumerConfig{})
-	require.NoError(t, err)
+	c := consumerOfAGoneDatabase(t)
 	for _, err := range c.HandleBatch(context.Background(), []amqp.Delivery{delivery(m1), delivery(m2)}) {
 		require.Error(t, err)
 		require.True(t, rabbitmq.IsTransient(err), "a database outage is transient: %v", err)

@@ -369,6 +369,20 @@ func TestFormatHasDeterministicMessageIDAndNoHeaderInjection(t *testing.T) {
 	require.True(t, strings.HasSuffix(raw, "\r\n\r\nline 1\r\nline 2\r\n"))
 }
 
+// consumerOfAGoneDatabase returns a consumer on a handle to a database that
+// is gone: a closed pool fails like a refused connection, not an answer
+// from the server.
+func consumerOfAGoneDatabase(t *testing.T) *notify.Consumer {
+	t.Helper()
+	down, _ := pgtest.NewDB(t)
+	sqlDB, err := down.DB()
+	require.NoError(t, err)
+	require.NoError(t, sqlDB.Close())
+	c, err := notify.NewConsumer(down, notify.ConsumerConfig{})
+	require.NoError(t, err)
+	return c
+}
+
 // TestDatabaseOutageDoesNotDeadLetter: while the consumer's database is
 // unreachable its errors are transient, so the delivery is held and retried
 // instead of being spent toward the dead-letter queue; an unknown order is
@@ -378,15 +392,8 @@ func TestDatabaseOutageDoesNotDeadLetter(t *testing.T) {
 	f := setup(t)
 	_, msg := f.paidOrder(t)
 
-	// A handle on a database that is gone (a closed pool fails like a
-	// refused connection: not an answer from the server).
-	down, _ := pgtest.NewDB(t)
-	sqlDB, err := down.DB()
-	require.NoError(t, err)
-	require.NoError(t, sqlDB.Close())
-	c, err := notify.NewConsumer(down, notify.ConsumerConfig{})
-	require.NoError(t, err)
-	err = c.Handle(context.Background(), amqp.Delivery{MessageId: msg.MessageID, Body: msg.Body})
+	c := consumerOfAGoneDatabase(t)
+	err := c.Handle(context.Background(), amqp.Delivery{MessageId: msg.MessageID, Body: msg.Body})
 	require.Error(t, err)
 	require.True(t, rabbitmq.IsTransient(err), "a database outage is transient: %v", err)
 
