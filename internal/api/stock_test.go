@@ -102,6 +102,7 @@ func TestStockReservationsNeverDeadlock(t *testing.T) {
 	rounds := 0
 	for ; time.Now().Before(deadline); rounds++ {
 		require.NoError(t, h.db.Exec(`UPDATE products SET stock = 32 WHERE sku = 'sku_tee'`).Error)
+		var reserved atomic.Int64 // units of the reservations that committed
 		var wg sync.WaitGroup
 		for i := range 24 {
 			wg.Add(1)
@@ -124,12 +125,18 @@ func TestStockReservationsNeverDeadlock(t *testing.T) {
 						return
 					case !ok:
 						return
+					default:
+						reserved.Add(int64(1 + i%2))
 					}
 				}
 			}()
 		}
 		wg.Wait()
 		require.Zero(t, h.count(`SELECT count(*) FROM stock_buckets WHERE stock < 0`))
+		// The buyers of one unit stop only when none is left: every unit
+		// went to exactly one committed reservation.
+		require.EqualValues(t, 0, h.stock("sku_tee"), "round %d", rounds)
+		require.EqualValues(t, 32, reserved.Load(), "round %d: units reserved", rounds)
 	}
 	require.Zero(t, other.Load(), "errors other than deadlocks")
 	require.Zero(t, deadlocks.Load(), "deadlocks in %d rounds", rounds)
