@@ -73,10 +73,13 @@ func TestSlowHeaderClientIsCut(t *testing.T) {
 	stop := make(chan struct{})
 	defer close(stop)
 	for i := range slows {
+		// opened is taken before the dial: the server may accept, and start
+		// its read-header clock, before the dialing goroutine runs again.
+		opened := time.Now()
 		conn, err := net.Dial("tcp", addr)
 		require.NoError(t, err)
 		t.Cleanup(func() { conn.Close() })
-		s := &slow{conn: conn, cut: make(chan error, 1), opened: time.Now()}
+		s := &slow{conn: conn, cut: make(chan error, 1), opened: opened}
 		slows[i] = s
 		go func() {
 			_, err := fmt.Fprintf(conn, "POST /v1/checkouts HTTP/1.1\r\nHost: api\r\nAuthorization: Bearer sk_test_acme\r\n")
