@@ -45,9 +45,10 @@ type ReconcilerConfig struct {
 	// OrderTimeout bounds one order's reconciliation (default 30s), on a
 	// context detached from Run's.
 	OrderTimeout time.Duration
-	// SweepEvery and SweepFor: an order with an indeterminate create is
-	// searched for orphan PaymentIntents every SweepEvery for SweepFor after
-	// that create (env ORPHAN_SWEEP_INTERVAL, default 1h; 72h).
+	// SweepEvery and SweepFor: an order whose create was indeterminate or
+	// unanswered, and tried again under a new key, is searched for orphan
+	// PaymentIntents every SweepEvery for SweepFor after that new attempt
+	// (env ORPHAN_SWEEP_INTERVAL, default 1h; 72h).
 	SweepEvery, SweepFor time.Duration
 	// Grace is how long after a key's lease expired the reconciler leaves
 	// an order with an unknown payment to the client's own retry (default
@@ -171,6 +172,27 @@ type ReconcileRound struct {
 	Orphans                    int
 }
 
+// sweepCandidates lists the orders to search for orphan PaymentIntents:
+// those with a PaymentIntent of their own and a create attempt after the
+// first made in the last SweepFor ($1), not swept in the last SweepEvery
+// ($2), at most BatchSize ($3), the longest unswept first.
+//
+// Stripe creates at most one PaymentIntent per idempotency key
+// (https://docs.stripe.com/api/idempotent_requests), and the saga sends a
+// create under a new key (attempt n+1) only after attempt n was answered
+// indeterminately or not at all. So an order can have an orphan only if it
+// has a create attempt after the first: the sweep starts from those, by
+// the partial index payment_attempts_recreated (migration 00007), and
+// reads no order that has none, however many there are.
+const sweepCandidates = `
+	SELECT o.tenant_id, o.id FROM orders o
+	WHERE o.id IN (SELECT a.order_id FROM payment_attempts a
+	               WHERE a.step = 'create' AND a.attempt > 1 AND a.created_at > ?)
+	  AND o.payment_intent_id IS NOT NULL
+	  AND o.status NOT IN ('pending_payment', 'payment_unknown')
+	  AND (o.payment_orphans_checked_at IS NULL OR o.payment_orphans_checked_at < ?)
+	ORDER BY o.payment_orphans_checked_at NULLS FIRST LIMIT ?`
+
 // RunOnce runs one round and refreshes the gauges. An order's failure is
 // counted and logged, not returned; the error is for the round itself.
 func (r *Reconciler) RunOnce(ctx context.Context) (ReconcileRound, error) {
@@ -203,16 +225,8 @@ func (r *Reconciler) RunOnce(ctx context.Context) (ReconcileRound, error) {
 
 	var sweeps []waiting
 	now := r.cfg.Now()
-	err = r.db.WithContext(ctx).Raw(`
-		SELECT o.tenant_id, o.id FROM orders o
-		WHERE o.payment_intent_id IS NOT NULL
-		  AND o.status NOT IN ('pending_payment', 'payment_unknown')
-		  AND (o.payment_orphans_checked_at IS NULL OR o.payment_orphans_checked_at < ?)
-		  AND EXISTS (SELECT 1 FROM payment_attempts a
-		      WHERE a.order_id = o.id AND a.step = 'create' AND a.updated_at > ?
-		        AND (a.outcome = 'indeterminate' OR a.outcome IS NULL))
-		ORDER BY o.payment_orphans_checked_at NULLS FIRST LIMIT ?`,
-		now.Add(-r.cfg.SweepEvery), now.Add(-r.cfg.SweepFor), r.cfg.BatchSize).Scan(&sweeps).Error
+	err = r.db.WithContext(ctx).Raw(sweepCandidates,
+		now.Add(-r.cfg.SweepFor), now.Add(-r.cfg.SweepEvery), r.cfg.BatchSize).Scan(&sweeps).Error
 	if err != nil {
 		return round, fmt.Errorf("list orders to sweep for orphans: %w", err)
 	}

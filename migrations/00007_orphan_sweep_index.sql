@@ -1,0 +1,22 @@
+-- +goose NO TRANSACTION
+-- +goose Up
+
+-- The reconciler's orphan sweep looks for orders that made a second create
+-- attempt (maintenance.sweepCandidates). Before, it read every paid order
+-- with a PaymentIntent and probed its attempts, each round (every 10s): a
+-- parallel scan of the whole orders table that grew with the shop's
+-- history. This index holds only the create attempts after the first,
+-- which only an indeterminate or unanswered create leads to, so the sweep
+-- reads what it may act on.
+--
+-- Its columns and predicate never change after the insert, so it keeps
+-- every update of payment_attempts on the checkout's path a HOT update
+-- (an index on outcome would not: PostgreSQL skips HOT when any indexed or
+-- predicate column changes, src/backend/access/heap/README.HOT), and the
+-- checkout's own first attempts never enter it. CONCURRENTLY, outside a
+-- transaction, so that an upgrade does not block checkouts while it builds.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS payment_attempts_recreated
+    ON payment_attempts (created_at) WHERE step = 'create' AND attempt > 1;
+
+-- +goose Down
+DROP INDEX CONCURRENTLY IF EXISTS payment_attempts_recreated;
