@@ -216,6 +216,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	redisOpts.ReadTimeout = 500 * time.Millisecond
 	redisOpts.WriteTimeout = 500 * time.Millisecond
 	redisOpts.MaxRetries = 1
+	redis.SetLogger(telemetry.RedisLogger(logger))
 	rdb := redis.NewClient(redisOpts)
 	defer rdb.Close()
 

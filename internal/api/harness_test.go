@@ -31,6 +31,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// As cmd/api does; the tests that stop their Redis would otherwise
+	// print a plain-text line per refused dial, burying a failure's output.
+	redis.SetLogger(telemetry.RedisLogger(slog.New(slog.DiscardHandler)))
 	goleak.VerifyTestMain(m,
 		// pgx and go-redis pools keep background goroutines until closed;
 		// httptest servers close their idle connections asynchronously.

@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -165,4 +166,29 @@ func NewRegistry() *prometheus.Registry {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return reg
+}
+
+// RedisLogger adapts l to go-redis's logger (redis.SetLogger), whose
+// lines would otherwise go to stderr as plain text, outside the JSON log
+// stream. They go to Debug with "source":"go-redis": a failed dial or
+// command reaches the caller as an error too, and the callers log those
+// (idempotency's "redis unavailable" warnings) and count them, so at Info
+// a Redis outage is reported once per request, not twice, and not once per
+// pool retry as well.
+func RedisLogger(l *slog.Logger) interface {
+	Printf(ctx context.Context, format string, v ...any)
+} {
+	return redisLogger{l}
+}
+
+type redisLogger struct{ l *slog.Logger }
+
+func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if !r.l.Enabled(ctx, slog.LevelDebug) {
+		return
+	}
+	r.l.DebugContext(ctx, fmt.Sprintf(format, v...), "source", "go-redis")
 }

@@ -110,3 +110,19 @@ func TestHealthProbesAreNotLoggedAtInfo(t *testing.T) {
 	ready = false
 	require.Contains(t, get("/readyz"), `"status":503`, "a failing probe is logged")
 }
+
+// TestRedisLogger: go-redis's lines become Debug records of the JSON log
+// with source go-redis, and nothing at Info.
+func TestRedisLogger(t *testing.T) {
+	t.Parallel()
+	var debug, info bytes.Buffer
+	telemetry.RedisLogger(telemetry.NewLogger(&debug, slog.LevelDebug)).Printf(context.Background(),
+		"redis: connection pool: failed to dial after %d attempts: %v", 5, errors.New("connection refused"))
+	telemetry.RedisLogger(telemetry.NewLogger(&info, slog.LevelInfo)).Printf(context.Background(), "dropped %d", 1)
+	require.Zero(t, info.Len(), "nothing at Info")
+	var rec map[string]any
+	require.NoError(t, json.Unmarshal(debug.Bytes(), &rec))
+	require.Equal(t, "DEBUG", rec["level"])
+	require.Equal(t, "go-redis", rec["source"])
+	require.Equal(t, "redis: connection pool: failed to dial after 5 attempts: connection refused", rec["msg"])
+}
