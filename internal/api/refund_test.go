@@ -628,3 +628,31 @@ func TestRefundSettledByWebhook(t *testing.T) {
 		require.Zero(t, h.webhooks(typ, webhooks.OutcomeError), typ)
 	}
 }
+
+// TestChargeRefundedSettlesARefundWhoseAnswerWasLost: a refund's create is
+// answered with a stored 500 and Stripe rolls it forward a moment later,
+// succeeded at once, so Stripe sends refund.created and charge.refunded
+// but no refund.updated. charge.refunded in the API version since
+// 2022-11-15 embeds no refunds: the handler lists the PaymentIntent's
+// refunds at Stripe and settles ours from that, with no retry of the
+// request, no poller and no completer running. One refund at Stripe.
+func TestChargeRefundedSettlesARefundWhoseAnswerWasLost(t *testing.T) {
+	t.Parallel()
+	h := setup(t, func(o *options) { o.webhooks = true; o.refundRetryAfter = time.Hour })
+	orderID, pi := h.paidOrder()
+	require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultStored500, Op: stripeemu.OpRefundCreate, Count: 1,
+		RollForward: stripeemu.RollForwardAfter(300 * time.Millisecond)}))
+	first := h.refund(orderID, "lost-answer", `{"amount":700}`)
+	require.Equal(t, http.StatusBadGateway, first.status, "%s", first.body)
+
+	eventually(t, "charge.refunded settles the refund", func() bool {
+		v := h.orderView(orderID)
+		return len(v.Refunds) == 1 && v.Refunds[0].Status == refunds.StatusSucceeded
+	})
+	require.EqualValues(t, 700, h.orderView(orderID).AmountRefunded)
+	require.Equal(t, 1, h.webhooks(webhooks.TypeChargeRefunded, webhooks.OutcomeApplied))
+	at := h.stripeRefunds(pi)
+	require.Len(t, at, 1, "one refund at Stripe")
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM refunds WHERE order_id = ? AND stripe_refund_id = ?`, orderID, at[0].ID))
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.refunded'`, orderID))
+}

@@ -78,7 +78,8 @@ func fromState(st checkout.PaymentIntentState) webhooks.PaymentIntent {
 
 // webhookRefunds adapts the refund saga to what the webhook handler needs
 // (webhooks.Refunds): refunds.Service.ApplyRefund inside the handler's
-// transaction, only forward.
+// transaction, only forward, and the Stripe client's list of a
+// PaymentIntent's refunds.
 type webhookRefunds struct{ svc *refunds.Service }
 
 var _ webhooks.Refunds = webhookRefunds{}
@@ -101,4 +102,19 @@ func (w webhookRefunds) ApplyRefund(ctx context.Context, tx *gorm.DB, r webhooks
 		return false, fmt.Errorf("%w: %w", webhooks.ErrNotOurs, err)
 	}
 	return changed, err
+}
+
+// RefundsOf lists pi's refunds at Stripe (refunds.Stripe.ListRefunds).
+func (w webhookRefunds) RefundsOf(ctx context.Context, pi string) ([]webhooks.Refund, error) {
+	list, err := w.svc.Stripe.ListRefunds(ctx, pi)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]webhooks.Refund, len(list))
+	for i, st := range list {
+		out[i] = webhooks.Refund{ID: st.ID, Status: st.Status, Amount: st.Amount, Currency: st.Currency,
+			PaymentIntentID: st.PaymentIntentID, FailureReason: st.FailureReason, Metadata: st.Metadata,
+			OrderID: st.Metadata["order_id"], TenantID: st.Metadata["tenant_id"], RefundID: st.Metadata["refund_id"]}
+	}
+	return out, nil
 }

@@ -475,8 +475,21 @@ func TestBodyLimits(t *testing.T) {
 }
 
 // refundsLog is a Refunds over a real table of its own: one row per
-// refund, its status moved only from pending.
-type refundsLog struct{ known map[string]bool }
+// refund, its status moved only from pending. RefundsOf answers from
+// listed (a PaymentIntent's refunds at Stripe), and fails for "pi_down".
+type refundsLog struct {
+	known  map[string]bool
+	listed map[string][]webhooks.Refund
+	lists  *atomic.Int32 // RefundsOf calls
+}
+
+func (l refundsLog) RefundsOf(_ context.Context, pi string) ([]webhooks.Refund, error) {
+	l.lists.Add(1)
+	if pi == "pi_down" {
+		return nil, errors.New("stripe: connection refused")
+	}
+	return l.listed[pi], nil
+}
 
 func (l refundsLog) ApplyRefund(ctx context.Context, tx *gorm.DB, r webhooks.Refund) (bool, error) {
 	if !l.known[r.ID] {
@@ -488,14 +501,20 @@ func (l refundsLog) ApplyRefund(ctx context.Context, tx *gorm.DB, r webhooks.Ref
 }
 
 // TestRefundEvents: with a Refunds wired, refund.updated, refund.failed and
-// charge.refunded (whose charge embeds its refunds in older API versions)
+// charge.refunded (whose charge embeds its refunds in older API versions,
+// and whose PaymentIntent's refunds are listed at Stripe in later ones)
 // are applied once each, in the inbox's transaction; refunds not ours are
 // ignored.
 func TestRefundEvents(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	require.NoError(t, b.db.Exec(`CREATE TABLE test_refunds (id text PRIMARY KEY, status text NOT NULL)`).Error)
-	b.handler.Refunds = refundsLog{known: map[string]bool{"re_1": true, "re_2": true}}
+	lists := &atomic.Int32{}
+	b.handler.Refunds = refundsLog{known: map[string]bool{"re_1": true, "re_2": true, "re_3": true}, lists: lists,
+		listed: map[string][]webhooks.Refund{
+			"pi_1":     {{ID: "re_3", Status: "succeeded", RefundID: "rf_3"}, {ID: "re_other", Status: "succeeded"}},
+			"pi_other": {{ID: "re_x", Status: "succeeded"}},
+		}}
 	meta := `"metadata":{"refund_id":"rf_1","order_id":"ord_x","tenant_id":"acme"}`
 
 	pending := []byte(`{"id":"evt_r0","type":"refund.updated","data":{"object":{"id":"re_1","object":"refund","status":"pending","amount":500,` + meta + `}}}`)
@@ -515,7 +534,25 @@ func TestRefundEvents(t *testing.T) {
 	require.Equal(t, reply{200, received(webhooks.OutcomeIgnored)}, b.send(notOurs))
 	noMeta := []byte(`{"id":"evt_r5","type":"refund.updated","data":{"object":{"id":"re_1","object":"refund","status":"failed","metadata":{}}}}`)
 	require.Equal(t, reply{200, received(webhooks.OutcomeIgnored)}, b.send(noMeta))
-	newCharge := []byte(`{"id":"evt_r6","type":"charge.refunded","api_version":"2023-10-16","data":{"object":{"id":"ch_2","object":"charge"}}}`)
-	require.Equal(t, reply{200, received(webhooks.OutcomeIgnored)}, b.send(newCharge), "no embedded refunds: the refund.* events carry them")
-	require.Equal(t, 4, b.count(`SELECT count(*) FROM inbox WHERE consumer = 'stripe_webhook'`))
+	noPI := []byte(`{"id":"evt_r6","type":"charge.refunded","api_version":"2023-10-16","data":{"object":{"id":"ch_2","object":"charge"}}}`)
+	require.Equal(t, reply{200, received(webhooks.OutcomeIgnored)}, b.send(noPI), "no embedded refunds and no PaymentIntent")
+	require.Zero(t, lists.Load())
+
+	// Since 2022-11-15 a charge embeds no refunds: the PaymentIntent's are
+	// listed at Stripe, ours applied (re_3), the rest left alone.
+	newCharge := []byte(`{"id":"evt_r7","type":"charge.refunded","api_version":"2023-10-16","data":{"object":{"id":"ch_3","object":"charge","payment_intent":"pi_1"}}}`)
+	require.Equal(t, reply{200, received(webhooks.OutcomeApplied)}, b.send(newCharge))
+	require.Equal(t, 3, b.count(`SELECT count(*) FROM test_refunds WHERE status = 'succeeded'`))
+	require.Equal(t, reply{200, received(webhooks.OutcomeDuplicate)}, b.send(newCharge))
+	require.EqualValues(t, 1, lists.Load(), "a redelivery is answered from the inbox, without asking Stripe")
+	foreign := []byte(`{"id":"evt_r8","type":"charge.refunded","api_version":"2023-10-16","data":{"object":{"id":"ch_4","object":"charge","payment_intent":"pi_other"}}}`)
+	require.Equal(t, reply{200, received(webhooks.OutcomeIgnored)}, b.send(foreign), "refunds none of ours")
+
+	// Stripe does not answer the list: 502, nothing recorded, Stripe resends.
+	down := []byte(`{"id":"evt_r9","type":"charge.refunded","api_version":"2023-10-16","data":{"object":{"id":"ch_5","object":"charge","payment_intent":"pi_down"}}}`)
+	r := b.send(down)
+	require.Equal(t, http.StatusBadGateway, r.status, r.body)
+	require.Contains(t, r.body, `"code":"payment_provider_unavailable"`)
+	require.Zero(t, b.count(`SELECT count(*) FROM inbox WHERE consumer = 'stripe_webhook' AND message_id = 'evt_r9'`))
+	require.Equal(t, 5, b.count(`SELECT count(*) FROM inbox WHERE consumer = 'stripe_webhook'`))
 }

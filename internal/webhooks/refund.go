@@ -39,8 +39,16 @@ func (r Refund) Ours() bool { return r.RefundID != "" || (r.OrderID != "" && r.T
 // already known or older than ours, and returns an error wrapping
 // ErrNotOurs for a refund the service does not know. Any other error rolls
 // the caller's transaction back, the inbox record included.
+//
+// RefundsOf lists Stripe's refunds of a PaymentIntent, newest first, with
+// the API's list (GET /v1/refunds?payment_intent=…, strongly consistent,
+// unlike the search): a charge.refunded event of an API version since
+// 2022-11-15 no longer embeds the charge's refunds
+// (https://docs.stripe.com/upgrades#2022-11-15), so the handler asks for
+// them. An error means Stripe did not answer.
 type Refunds interface {
 	ApplyRefund(ctx context.Context, tx *gorm.DB, r Refund) (changed bool, err error)
+	RefundsOf(ctx context.Context, paymentIntentID string) ([]Refund, error)
 }
 
 type refundJSON struct {
@@ -77,31 +85,32 @@ func (j refundJSON) refund() Refund {
 
 // DecodeRefunds returns the refunds an event's data.object holds: the
 // refund itself (refund.* events), or the refunds a charge embeds
-// (charge.refunded; API versions since 2022-11-15 no longer embed them, and
-// then the refund.* events carry each refund).
-func DecodeRefunds(raw []byte) ([]Refund, error) {
+// (charge.refunded in API versions before 2022-11-15). For a charge that
+// embeds none (later versions) it returns embedded false and the charge's
+// PaymentIntent, whose refunds the caller lists (Refunds.RefundsOf).
+func DecodeRefunds(raw []byte) (rs []Refund, embedded bool, paymentIntentID string, err error) {
 	var j refundJSON
 	if err := json.Unmarshal(raw, &j); err != nil {
-		return nil, fmt.Errorf("%w: refund: %w", ErrMalformedEvent, err)
+		return nil, false, "", fmt.Errorf("%w: refund: %w", ErrMalformedEvent, err)
 	}
 	switch j.Object {
 	case "refund":
-		return []Refund{j.refund()}, nil
+		return []Refund{j.refund()}, true, "", nil
 	case "charge":
 		if j.ChargeRefunded == nil {
-			return nil, nil
+			return nil, false, j.refund().PaymentIntentID, nil
 		}
 		var out []Refund
 		for _, d := range j.ChargeRefunded.Data {
 			var rj refundJSON
 			if err := json.Unmarshal(d, &rj); err != nil {
-				return nil, fmt.Errorf("%w: charge refund: %w", ErrMalformedEvent, err)
+				return nil, false, "", fmt.Errorf("%w: charge refund: %w", ErrMalformedEvent, err)
 			}
 			if rj.ID != "" {
 				out = append(out, rj.refund())
 			}
 		}
-		return out, nil
+		return out, true, "", nil
 	}
-	return nil, fmt.Errorf("%w: not a refund or a charge (object %q)", ErrMalformedEvent, j.Object)
+	return nil, false, "", fmt.Errorf("%w: not a refund or a charge (object %q)", ErrMalformedEvent, j.Object)
 }

@@ -240,9 +240,26 @@ func (h *Handler) handle(ctx context.Context, ev Event) (string, error) {
 			// acknowledged and ignored rather than resent for 3 days.
 			return OutcomeIgnored, nil
 		}
-		rs, err := DecodeRefunds(ev.Data.Object)
+		rs, embedded, pi, err := DecodeRefunds(ev.Data.Object)
 		if err != nil {
 			return "", problem.Wrap(ErrMalformedProblem, err)
+		}
+		if !embedded {
+			// A charge.refunded that names its PaymentIntent only: the
+			// refunds are Stripe's to list. A refund Stripe made immediately
+			// (succeeded at once) gets no refund.updated, so this event is
+			// the one that settles it when the create's answer was lost.
+			if pi == "" {
+				return OutcomeIgnored, nil
+			}
+			if dup, err := h.seen(ctx, ev.ID); err != nil {
+				return "", problem.Wrap(ErrUnavailableProblem, err)
+			} else if dup {
+				return OutcomeDuplicate, nil
+			}
+			if rs, err = h.Refunds.RefundsOf(ctx, pi); err != nil {
+				return "", problem.Wrap(ErrStripeProblem, err)
+			}
 		}
 		return h.refunds(ctx, ev, rs)
 	}
