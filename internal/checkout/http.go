@@ -119,10 +119,10 @@ var problems = map[string]*problem.Problem{
 		"The payment provider refused the payment request (for example an unknown payment method). The order is payment_failed and its stock was released; retrying cannot succeed."),
 	CodePaymentUnavailable: {Status: http.StatusBadGateway, Code: CodePaymentUnavailable,
 		Title: "Payment provider unavailable", RetryAfter: 2,
-		Detail: "The payment provider did not answer, or its answer is not known yet. Retry with the same Idempotency-Key: it resumes this checkout and never charges twice."},
+		Detail: "The payment provider did not answer, or its answer is not known yet. Retry with the same Idempotency-Key: it resumes this request where it stopped and never charges twice."},
 	CodeUnavailable: {Status: http.StatusServiceUnavailable, Code: CodeUnavailable,
 		Title: "Service unavailable", RetryAfter: 1,
-		Detail: "A dependency is unavailable. Retry with the same Idempotency-Key: it resumes this checkout and never charges twice."},
+		Detail: "A dependency is unavailable. Retry with the same Idempotency-Key: it resumes this request where it stopped and never charges twice."},
 }
 
 // problemFor turns an error into the problem the client sees: a domain
