@@ -3,27 +3,46 @@
 # RabbitMQ: the Stripe emulator (:12111), an SMTP sink (:1025, messages at
 # http://127.0.0.1:8025/messages), the api (:8080), the dispatcher (:9091)
 # and the worker (:9092). Logs go to tmp/<name>.log and, prefixed, here.
-# Ctrl-C (or SIGTERM) stops everything. A process that dies (kill -9 it to
-# see a crash recovered) leaves the others running; restart it by hand with
-# the command printed, and the emulator and the SMTP sink keep their state.
+# Ctrl-C (or SIGTERM, or SIGHUP) stops everything: each process runs in a
+# session of its own, out of the terminal's reach, and this script alone stops
+# them. A process that dies (kill -9 it to see a crash recovered) leaves the
+# others running; restart it by hand with the command printed, which carries
+# the configuration the stack was started with, and the emulator and the SMTP
+# sink keep their state.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 mkdir -p tmp
 pids=()
 declare -A names
-cleanup() {
-  trap - INT TERM EXIT
-  echo "stopping..."
+if [[ $(trap -p INT) == "trap -- '' SIGINT" ]]; then
+  # Started as a background job: SIGINT cannot be trapped, and never reaches
+  # the processes, which run in sessions of their own.
+  echo "[run] SIGINT is ignored here (a background job?): stop the stack with kill $$" >&2
+fi
+cleanup() { # exit status
+  trap - INT TERM HUP EXIT
+  echo "stopping..." 2>/dev/null || true   # (the terminal may be gone: SIGHUP)
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   # Also the processes restarted by hand with the command printed below.
   pkill -TERM -f "^$root/bin/(stripe-emulator|smtp-sink|api|dispatcher|worker)\$" 2>/dev/null || true
   wait 2>/dev/null || true
+  # Never back to the loop below: a process that exits from here on is being
+  # stopped, and gets no "restart it" hint.
+  exit "$1"
 }
-trap cleanup INT TERM EXIT
+# Ctrl-C, SIGTERM and SIGHUP are how the stack is meant to stop: status 0
+# (so make does not report the Ctrl-C as an error).
+trap 'cleanup 0' INT TERM HUP
+trap 'cleanup $?' EXIT
 
 start() { # name, binary
-  "$root/bin/$2" > >(tee -a "tmp/$1.log" | sed -u "s/^/[$1] /") 2>&1 &
+  # setsid: its own session and process group, so a Ctrl-C in this terminal
+  # reaches this script only (which stops the stack) and not the process
+  # (whose exit would look like a crash). setsid forks only when it leads a
+  # process group, which a job of this script (no job control) never does: $!
+  # is the process itself.
+  setsid "$root/bin/$2" > >(tee -a "tmp/$1.log" | sed -u "s/^/[$1] /") 2>&1 &
   pids+=($!)
   names[$!]=$1
 }
@@ -39,6 +58,33 @@ wait_http() { # name, url
 # /v1/webhooks/stripe); both use the same signing secret.
 export STRIPE_WEBHOOK_SECRET=${STRIPE_WEBHOOK_SECRET:-whsec_test_checkout}
 export STRIPE_EMULATOR_WEBHOOK_URL=${STRIPE_EMULATOR_WEBHOOK_URL:-http://127.0.0.1:8080/v1/webhooks/stripe}
+
+# The command that restarts a process by hand runs in another terminal, which
+# has none of this environment: it carries every configuration variable set
+# (not empty) here, the ones exported above and the user's (DATABASE_URL,
+# REDIS_KEY_PREFIX, AMQP_EXCHANGE, NOTIFY_QUEUE, ports, ...). Their names are
+# the ones the processes read, taken from the sources (env tags and getenv
+# calls under cmd/ and internal/, tests aside) so that a new variable is
+# covered, and libpq's PG* ones, which pgx reads for what DATABASE_URL leaves
+# out. Every process gets this same environment.
+shq() { # $1 as one word for any POSIX shell: as is when safe, else in single quotes
+  if [[ $1 =~ ^[A-Za-z0-9_@%+=:,./-]+$ ]]; then
+    printf '%s' "$1"
+  else
+    printf "'%s'" "${1//\'/\'\\\'\'}"
+  fi
+}
+declare -A config_var
+while read -r var; do config_var[$var]=1; done < <(
+  grep -rhoE --include='*.go' --exclude='*_test.go' --exclude-dir={testenv,pgtest,config} \
+    '(env:"|[gG]etenv\("|getenv, ")[A-Z][A-Z0-9_]*"' cmd internal 2>/dev/null |
+    sed -E 's/.*"([A-Z][A-Z0-9_]*)"$/\1/' | grep -v '^TEST_' || true)
+restart_env=
+while read -r var; do
+  if [[ -n ${config_var[$var]:-} || $var =~ ^PG[A-Z_]+$ ]] && [ -n "${!var}" ]; then
+    restart_env+="$var=$(shq "${!var}") "
+  fi
+done < <(compgen -e | sort)
 start stripe-emulator stripe-emulator
 start smtp-sink smtp-sink
 wait_http stripe-emulator http://127.0.0.1:12111/healthz
@@ -56,6 +102,7 @@ cat <<'MSG'
     -d '{"email":"buyer@example.com","items":[{"sku":"sku_tee","quantity":2}],"payment_method":"pm_card_visa"}'
 MSG
 while true; do
+  gone=
   set +e
   wait -n -p gone "${pids[@]}"
   code=$?
@@ -65,7 +112,7 @@ while true; do
   echo "[run] $name exited (status $code); the rest keeps running. Restart it, in another terminal, with:" >&2
   # setsid -f: detached at once, so the process is no job of that shell
   # (a later `wait` there would block on it) and outlives the terminal.
-  echo "[run]   setsid -f $root/bin/$name >> $root/tmp/$name.log 2>&1 < /dev/null" >&2
+  echo "[run]   env ${restart_env}setsid -f $(shq "$root/bin/$name") >> $(shq "$root/tmp/$name.log") 2>&1 < /dev/null" >&2
   echo "[run] (its log then goes to tmp/$name.log only; Ctrl-C here still stops it)" >&2
   left=()
   for pid in "${pids[@]}"; do [ "$pid" != "$gone" ] && left+=("$pid"); done
