@@ -40,41 +40,9 @@ lint:
 services:
 	./scripts/services.sh
 
-# createdb's database: the one DATABASE_URL names (what make run's processes
-# connect to), or the processes' default when DATABASE_URL is unset or empty.
-# It is created through the same URL (user, password, host, port, query
-# string) with the path set to the server's `postgres` database, less the
-# query parameters only pgx knows (libpq refuses them). Parsed when the recipe
-# is expanded, so that `make -n createdb` shows the name and the URL.
-DEFAULT_DATABASE_URL := postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable
-DB_URL = $(or $(value DATABASE_URL),$(DEFAULT_DATABASE_URL))
-# db_url_part: the database's name (name) or the URL to create it through
-# (maintenance), shell-quoted; empty when DB_URL is no postgres:// or
-# postgresql:// URL with a database name (%XX-decoded, as libpq and pgx do).
-define db_url_part
-$(shell q() { printf "'%s'" "$${1//\'/\'\\\'\'}"; }; \
-  u='$(subst ','\'',$(DB_URL))'; \
-  [[ $$u =~ ^(postgres(ql)?://)([^/?#]*)(/([^?#]*))?(\?([^#]*))? ]] || exit 0; \
-  base=$${BASH_REMATCH[1]}$${BASH_REMATCH[3]}; path=$${BASH_REMATCH[5]}; query=$${BASH_REMATCH[7]}; \
-  path=$${path//\\/\\\\}; name=$$(printf '%b' "$${path//%/\\x}"); \
-  [ -n "$$name" ] || exit 0; \
-  keep=; IFS='&' read -ra params <<< "$$query"; \
-  for p in "$${params[@]}"; do \
-    case $${p%%=*} in \
-      (pool_*|statement_cache_capacity|description_cache_capacity|default_query_exec_mode|prefer_simple_protocol|'') ;; \
-      (*) keep+=$${keep:+&}$$p ;; \
-    esac; \
-  done; \
-  case $(1) in (name) q "$$name" ;; (maintenance) q "$$base/postgres$${keep:+?$$keep}" ;; esac)
-endef
-DB_NAME = $(call db_url_part,name)
-DB_MAINTENANCE = $(call db_url_part,maintenance)
-
 ## createdb: create the database DATABASE_URL names (default: checkout on 127.0.0.1) when it is missing
 createdb:
-	@$(if $(DB_NAME),,$(error DATABASE_URL is no postgres://[user[:password]@][host][:port]/name[?params] URL: create its database by hand))psql -d $(DB_MAINTENANCE) -tA -v name=$(DB_NAME) \
-	  <<< "SELECT 1 FROM pg_database WHERE datname = :'name'" | grep -q 1 \
-	  || createdb --maintenance-db=$(DB_MAINTENANCE) $(DB_NAME)
+	@$(GO) run ./scripts/createdb
 
 ## run: the whole stack on this machine (Stripe emulator, SMTP sink, api, dispatcher, worker); Ctrl-C stops it
 run: build createdb
