@@ -37,7 +37,8 @@ if command -v psql >/dev/null 2>&1 && psql "${DATABASE_URL:-postgres://postgres@
   psql "${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable}" -c \
     "SELECT id AS message_id, type AS routing_key, aggregate_seq AS sequence, published_at IS NOT NULL AS published, attempts AS failed_publishes FROM outbox WHERE aggregate_id = '$order' ORDER BY seq"
 else
-  echo "(psql not available: see the dispatcher's checkout_outbox_published_total at http://127.0.0.1:9091/metrics)"
+  echo "(no psql, or it cannot reach ${DATABASE_URL:-the default checkout database}: export the stack's DATABASE_URL here;"
+  echo " meanwhile see the dispatcher's checkout_outbox_published_total at http://127.0.0.1:9091/metrics)"
 fi
 
 step "6. Emails in the SMTP sink for this order (expect exactly 1)"
@@ -74,7 +75,7 @@ echo "GET /v1/orders/$order"; echo "$view"
 
 step "11. Emails for this order, in the order the SMTP sink accepted them (expect: paid, then refund)"
 if msgs=$(curl -fsS "$SINK/messages" 2>/dev/null); then
-  echo "$msgs" | grep -o "\"subject\":\"Your [a-z]* [a-z ]*$order[a-z ]*\"" | cut -d'"' -f4
+  echo "$msgs" | grep -o "\"subject\":\"Your [a-z]* [a-z ]*${order}[a-z ]*\"" | cut -d'"' -f4
   r=$(echo "$msgs" | grep -o "\"subject\":\"Your refund for order $order\"" | wc -l)
 else
   r=$(curl -fsS "$SINK/api/v1/search?query=refund+$order" | grep -o '"messages_count":[0-9]*' | cut -d: -f2)

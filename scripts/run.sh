@@ -20,12 +20,26 @@ if [[ $(trap -p INT) == "trap -- '' SIGINT" ]]; then
   # the processes, which run in sessions of their own.
   echo "[run] SIGINT is ignored here (a background job?): stop the stack with kill $$" >&2
 fi
+stop() { # name...: SIGTERM to these processes (also those restarted by hand), then wait until they are gone
+  local name pid
+  for name in "$@"; do
+    for pid in "${pids[@]}"; do [ "${names[$pid]}" = "$name" ] && kill -TERM "$pid" 2>/dev/null; done
+    pkill -TERM -f "^$root/bin/$name\$" 2>/dev/null || true
+  done
+  for name in "$@"; do
+    for pid in "${pids[@]}"; do [ "${names[$pid]}" = "$name" ] && { wait "$pid" 2>/dev/null || true; }; done
+    # Processes restarted by hand are no children of this script: poll.
+    for _ in $(seq 1 300); do pgrep -f "^$root/bin/$name\$" >/dev/null || break; sleep 0.1; done
+  done
+}
 cleanup() { # exit status
   trap - INT TERM HUP EXIT
   echo "stopping..." 2>/dev/null || true   # (the terminal may be gone: SIGHUP)
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  # Also the processes restarted by hand with the command printed below.
-  pkill -TERM -f "^$root/bin/(stripe-emulator|smtp-sink|api|dispatcher|worker)\$" 2>/dev/null || true
+  # The api, the dispatcher and the worker first: they finish what is in
+  # flight (SHUTDOWN_TIMEOUT) while the Stripe emulator and the SMTP sink still
+  # answer them; then those two.
+  stop api dispatcher worker
+  stop stripe-emulator smtp-sink
   wait 2>/dev/null || true
   # Never back to the loop below: a process that exits from here on is being
   # stopped, and gets no "restart it" hint.
@@ -42,7 +56,10 @@ start() { # name, binary
   # (whose exit would look like a crash). setsid forks only when it leads a
   # process group, which a job of this script (no job control) never does: $!
   # is the process itself.
-  setsid "$root/bin/$2" > >(tee -a "tmp/$1.log" | sed -u "s/^/[$1] /") 2>&1 &
+  # The log pipe ignores the terminal's signals too: were it killed by the
+  # Ctrl-C, the process would die of SIGPIPE at its next log line instead of
+  # draining. tee goes on writing the file if the terminal goes (SIGHUP).
+  setsid "$root/bin/$2" > >(trap '' INT HUP PIPE; tee --output-error=warn-nopipe -a "tmp/$1.log" | sed -u "s/^/[$1] /") 2>&1 &
   pids+=($!)
   names[$!]=$1
 }
