@@ -15,7 +15,15 @@
 -- predicate column changes, src/backend/access/heap/README.HOT), and the
 -- checkout's own first attempts never enter it. CONCURRENTLY, outside a
 -- transaction, so that an upgrade does not block checkouts while it builds.
-CREATE INDEX CONCURRENTLY IF NOT EXISTS payment_attempts_recreated
+--
+-- A concurrent build that fails (a deadlock, a canceled statement, the
+-- process killed) leaves an INVALID index of that name behind, which no
+-- query uses and which IF NOT EXISTS would then keep for good; goose records
+-- the migration only once it has run to the end, so it runs again on the
+-- next start, and the DROP first clears what a failed run left
+-- (https://www.postgresql.org/docs/15/sql-createindex.html#SQL-CREATEINDEX-CONCURRENTLY).
+DROP INDEX CONCURRENTLY IF EXISTS payment_attempts_recreated;
+CREATE INDEX CONCURRENTLY payment_attempts_recreated
     ON payment_attempts (created_at) WHERE step = 'create' AND attempt > 1;
 
 -- +goose Down

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -96,4 +97,34 @@ func TestTextArray(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	require.Equal(t, in, out)
+}
+
+// TestMigrateReplacesAnIndexAFailedConcurrentBuildLeft: migration 00007
+// builds its index CONCURRENTLY, which on failure leaves an INVALID index
+// behind and the migration unrecorded. The next Migrate runs it again and
+// ends with a valid index, one of that name.
+func TestMigrateReplacesAnIndexAFailedConcurrentBuildLeft(t *testing.T) {
+	t.Parallel()
+	db, _ := pgtest.NewDB(t)
+	ctx := context.Background()
+	valid := func() []bool {
+		var v []bool
+		require.NoError(t, db.Raw(`SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+			WHERE c.relname = 'payment_attempts_recreated'`).Scan(&v).Error)
+		return v
+	}
+	require.Equal(t, []bool{true}, valid())
+
+	// What a build interrupted after its catalog entry looks like: the index
+	// marked invalid, and goose's record of 00007 missing.
+	require.NoError(t, db.Exec(`UPDATE pg_index SET indisvalid = false
+		WHERE indexrelid = 'payment_attempts_recreated'::regclass`).Error)
+	require.NoError(t, db.Exec(`DELETE FROM goose_db_version WHERE version_id = 7`).Error)
+	require.Equal(t, []bool{false}, valid())
+
+	require.NoError(t, postgres.Migrate(ctx, db, slog.New(slog.DiscardHandler)))
+	require.Equal(t, []bool{true}, valid(), "one index of that name, valid")
+	var applied int
+	require.NoError(t, db.Raw(`SELECT count(*) FROM goose_db_version WHERE version_id = 7 AND is_applied`).Scan(&applied).Error)
+	require.Equal(t, 1, applied)
 }
