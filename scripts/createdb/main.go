@@ -1,10 +1,12 @@
 // Command createdb creates the database DATABASE_URL names when it is
 // missing, for `make run`: the processes migrate its schema themselves, but
 // PostgreSQL needs the database to exist first. DATABASE_URL is read as the
-// processes read it (pgx.ParseConfig: a postgres:// URL or key=value pairs,
-// with libpq's PG* variables for what it leaves out); unset or empty, it is
-// the processes' default. It connects with the same settings to the
-// server's `postgres` database. Exit status 1 with a message on any error.
+// processes read it: with their own settings (ops.Settings through
+// config.Load, so unset or empty means their default), then
+// pgx.ParseConfig (a postgres:// URL or key=value pairs, with libpq's PG*
+// variables for what it leaves out). It connects with the same settings to
+// the server's `postgres` database. Exit status 1 with a message on any
+// error.
 package main
 
 import (
@@ -14,10 +16,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-)
 
-// defaultURL is cmd/api's (and the other processes') DATABASE_URL default.
-const defaultURL = "postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable"
+	"github.com/onceonly/checkout/internal/config"
+	"github.com/onceonly/checkout/internal/ops"
+)
 
 func main() {
 	if err := run(); err != nil {
@@ -27,11 +29,11 @@ func main() {
 }
 
 func run() error {
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		url = defaultURL
+	var s ops.Settings
+	if err := config.Load(os.Getenv, &s); err != nil {
+		return err
 	}
-	cfg, err := pgx.ParseConfig(url)
+	cfg, err := pgx.ParseConfig(s.DatabaseURL)
 	if err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
