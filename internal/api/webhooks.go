@@ -104,7 +104,9 @@ func (w webhookRefunds) ApplyRefund(ctx context.Context, tx *gorm.DB, r webhooks
 	return changed, err
 }
 
-// RefundsOf lists pi's refunds at Stripe (refunds.Stripe.ListRefunds).
+// RefundsOf lists pi's refunds at Stripe, newest first
+// (refunds.Stripe.ListRefunds, every page); an error when Stripe did not
+// answer.
 func (w webhookRefunds) RefundsOf(ctx context.Context, pi string) ([]webhooks.Refund, error) {
 	list, err := w.svc.Stripe.ListRefunds(ctx, pi)
 	if err != nil {
@@ -113,8 +115,8 @@ func (w webhookRefunds) RefundsOf(ctx context.Context, pi string) ([]webhooks.Re
 	out := make([]webhooks.Refund, len(list))
 	for i, st := range list {
 		out[i] = webhooks.Refund{ID: st.ID, Status: st.Status, Amount: st.Amount, Currency: st.Currency,
-			PaymentIntentID: st.PaymentIntentID, FailureReason: st.FailureReason, Metadata: st.Metadata,
-			OrderID: st.Metadata["order_id"], TenantID: st.Metadata["tenant_id"], RefundID: st.Metadata["refund_id"]}
+			PaymentIntentID: st.PaymentIntentID, FailureReason: st.FailureReason}
+		out[i].SetMetadata(st.Metadata)
 	}
 	return out, nil
 }

@@ -28,6 +28,14 @@ type Refund struct {
 	Metadata map[string]string
 }
 
+// SetMetadata sets r.Metadata to md and, from it, OrderID, TenantID and
+// RefundID (metadata order_id, tenant_id and refund_id, which the service
+// sets on the refunds it creates; missing keys leave them empty).
+func (r *Refund) SetMetadata(md map[string]string) {
+	r.Metadata = md
+	r.OrderID, r.TenantID, r.RefundID = md["order_id"], md["tenant_id"], md["refund_id"]
+}
+
 // Ours reports whether the refund carries the metadata the service sets on
 // the refunds it creates: its own refund id, or the order and tenant.
 func (r Refund) Ours() bool { return r.RefundID != "" || (r.OrderID != "" && r.TenantID != "") }
@@ -73,13 +81,13 @@ func (j refundJSON) refund() Refund {
 	case map[string]any:
 		r.PaymentIntentID, _ = pi["id"].(string)
 	}
-	r.Metadata = map[string]string{}
+	md := map[string]string{}
 	for k, v := range j.Metadata {
 		if s, ok := v.(string); ok {
-			r.Metadata[k] = s
+			md[k] = s
 		}
 	}
-	r.OrderID, r.TenantID, r.RefundID = r.Metadata["order_id"], r.Metadata["tenant_id"], r.Metadata["refund_id"]
+	r.SetMetadata(md)
 	return r
 }
 
