@@ -386,7 +386,7 @@ func broker(c *config, s *stack, f map[string]float64, url string) error {
 	// on the same events (workerEvents, and their workerEvents/2 emails).
 	rates, err := drainAll(s.workOps, "checkout_notify_",
 		[]string{"checkout_notify_events_processed_total", "checkout_notify_emails_sent_total"},
-		[]int{workerEvents, workerEvents / 2}, 90*time.Second)
+		[]float64{0, 0}, []int{workerEvents, workerEvents / 2}, 90*time.Second)
 	if err != nil {
 		return err
 	}
