@@ -304,7 +304,12 @@ func (g *Gateway) admit(c *gin.Context, route string, o middlewareOptions) (*Req
 	if c.Request.ContentLength > g.Config.MaxBodyBytes {
 		// Declared too large: answered before the body is read, so that a
 		// client waiting on Expect: 100-continue gets the 413 instead of a
-		// 100 Continue and then a connection reset mid-upload.
+		// 100 Continue and then a connection reset mid-upload. The body is
+		// never read, so the connection closes after the answer; said
+		// outright, that also keeps net/http from reading the rest of a
+		// body under 256 KiB before it writes the 413 (a client that sent
+		// only part of it waited for the read timeout).
+		c.Header("Connection", "close")
 		return nil, ErrPayloadTooLarge
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, g.Config.MaxBodyBytes))

@@ -1,6 +1,7 @@
 package webhooks_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/hex"
@@ -8,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -467,6 +469,25 @@ func TestBodyLimits(t *testing.T) {
 	r := b.send(big)
 	require.Equal(t, http.StatusRequestEntityTooLarge, r.status)
 	require.Contains(t, r.body, `"code":"payload_too_large"`)
+
+	// Declared too large and only begun: answered at once, and the
+	// connection closes (net/http would otherwise read the rest of a
+	// remainder under 256 KiB, which a limit below that allows, before it
+	// wrote the 413).
+	h := *b.handler
+	h.MaxBodyBytes = 1 << 10
+	srv := httptest.NewServer(&h)
+	t.Cleanup(srv.Close)
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	require.NoError(t, err)
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{\"", 2*h.MaxBodyBytes)
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err, "an answer before the rest of the body")
+	resp.Body.Close()
+	require.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
+	require.True(t, resp.Close, "the connection closes: the rest of the body is never read")
 
 	// Signed, but not an event: 400 malformed_event.
 	r = b.send([]byte(`{"hello":"world"}`))

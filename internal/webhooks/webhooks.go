@@ -152,6 +152,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.ContentLength > max {
 		h.Metrics.count(typeUnverified, OutcomeError)
+		// Unread, the body ends the connection; said outright, net/http
+		// answers at once instead of reading the rest first.
+		w.Header().Set("Connection", "close")
 		problem.Write(w, ErrTooLargeProblem)
 		return
 	}
