@@ -38,7 +38,11 @@ type settings struct {
 	ops.Settings
 	MetricsAddr  string        `env:"METRICS_ADDR" envDefault:":9091"`
 	PollInterval time.Duration `env:"OUTBOX_POLL_INTERVAL" envDefault:"200ms"`
-	BatchSize    int           `env:"OUTBOX_BATCH_SIZE" envDefault:"500"`
+	// BatchSize 1000 relayed a backlog faster than 500 in 5 of 6
+	// alternating runs of make bench's broker point (by 3 to 14%; the
+	// sixth 2% slower), with the same 4 batches in flight: half the claims,
+	// each a transaction of three round trips.
+	BatchSize int `env:"OUTBOX_BATCH_SIZE" envDefault:"1000"`
 }
 
 // check validates what parsing cannot; each message names its variable.
