@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"mime"
 	"net/http"
@@ -18,6 +17,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"gorm.io/gorm"
 
+	"github.com/onceonly/checkout/internal/httpbody"
 	"github.com/onceonly/checkout/internal/problem"
 	"github.com/onceonly/checkout/internal/telemetry"
 )
@@ -301,23 +301,11 @@ func (g *Gateway) admit(c *gin.Context, route string, o middlewareOptions) (*Req
 			return nil, err
 		}
 	}
-	if c.Request.ContentLength > g.Config.MaxBodyBytes {
-		// Declared too large: answered before the body is read, so that a
-		// client waiting on Expect: 100-continue gets the 413 instead of a
-		// 100 Continue and then a connection reset mid-upload. The body is
-		// never read, so the connection closes after the answer; said
-		// outright, that also keeps net/http from reading the rest of a
-		// body under 256 KiB before it writes the 413 (a client that sent
-		// only part of it waited for the read timeout).
-		c.Header("Connection", "close")
-		return nil, ErrPayloadTooLarge
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, g.Config.MaxBodyBytes))
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			return nil, ErrPayloadTooLarge
-		}
+	body, err := httpbody.Read(c.Writer, c.Request, g.Config.MaxBodyBytes)
+	switch {
+	case errors.Is(err, httpbody.ErrTooLarge):
+		return nil, ErrPayloadTooLarge // when declared so, before the body is read
+	case err != nil:
 		// The client stopped sending (disconnected, or cut by the server's
 		// read timeout): an incomplete body is not JSON. The client's fault,
 		// not a 500; nothing was claimed.

@@ -26,7 +26,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -34,6 +33,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/onceonly/checkout/internal/httpbody"
 	"github.com/onceonly/checkout/internal/inbox"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/problem"
@@ -150,20 +150,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if max <= 0 {
 		max = DefaultMaxBodyBytes
 	}
-	if r.ContentLength > max {
-		h.Metrics.count(typeUnverified, OutcomeError)
-		// Unread, the body ends the connection; said outright, net/http
-		// answers at once instead of reading the rest first.
-		w.Header().Set("Connection", "close")
-		problem.Write(w, ErrTooLargeProblem)
-		return
-	}
 	// The raw bytes, read once: the signature covers exactly these.
-	payload, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
+	payload, err := httpbody.Read(w, r, max)
 	if err != nil {
 		h.Metrics.count(typeUnverified, OutcomeError)
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
+		if errors.Is(err, httpbody.ErrTooLarge) {
 			problem.Write(w, ErrTooLargeProblem)
 			return
 		}
