@@ -300,7 +300,7 @@ func TestThreeDSecure(t *testing.T) {
 		{name: "authentication failed", act: func(h *harness, _ *testenv.Clock, pi string) {
 			_, err := h.emu.Authenticate(pi, false)
 			require.NoError(h.t, err)
-		}, wantStatus: checkout.StatusPaymentFailed, wantPI: stripe.PaymentIntentStatusRequiresPaymentMethod,
+		}, wantStatus: checkout.StatusPaymentFailed, wantPI: stripe.PaymentIntentStatusCanceled,
 			wantEvent: "order.payment_failed", stockBack: true},
 		{name: "abandoned past the timeout", act: func(_ *harness, clk *testenv.Clock, _ string) {
 			clk.Advance(31 * time.Minute)
@@ -332,6 +332,12 @@ func TestThreeDSecure(t *testing.T) {
 			pis := h.intents(o.ID)
 			require.Len(t, pis, 1)
 			require.Equal(t, tc.wantPI, pis[0].Status)
+			if tc.wantStatus == checkout.StatusPaymentFailed {
+				// The customer, who holds the client_secret, tries another
+				// card on the same PaymentIntent, as Stripe.js would.
+				h.confirmRefused(o.Payment.PaymentIntentID, "pm_card_visa")
+				h.requirePaymentInvariants(o.ID, tc.wantStatus, stripeemu.OpPIConfirm)
+			}
 			require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = ?`, o.ID, tc.wantEvent))
 			if tc.stockBack {
 				require.Equal(t, before, h.stock("sku_tee"), "stock returned")
@@ -351,6 +357,35 @@ func TestThreeDSecure(t *testing.T) {
 			require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = ?`, o.ID, tc.wantEvent))
 		})
 	}
+}
+
+// TestFailedChallengeThenAnotherCard: Stripe reports the 3D Secure
+// challenge failed, and before the service acts on it the customer pays
+// the same PaymentIntent with another card. Closing the failed attempt
+// finds it succeeded (Stripe refuses to cancel it): the order is paid,
+// with its stock kept and one order.paid, never payment_failed.
+func TestFailedChallengeThenAnotherCard(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	before := h.stock("sku_tee")
+	o := threeDS(t, h, "3ds-fail-then-pay")
+	pi := o.Payment.PaymentIntentID
+	_, err := h.emu.Authenticate(pi, false)
+	require.NoError(t, err)
+	failed, err := h.api.Service.Payments.RetrievePaymentIntent(context.Background(), pi)
+	require.NoError(t, err)
+	require.Equal(t, checkout.PIRequiresPaymentMethod, failed.Status)
+	h.confirmAgain(pi, "pm_card_visa")
+
+	// What a webhook or a poll that read Stripe before the second card
+	// would apply.
+	changed, err := h.api.Service.ApplyPaymentIntent(context.Background(), failed)
+	require.NoError(t, err)
+	require.True(t, changed)
+	h.requirePaymentInvariants(o.ID, checkout.StatusPaid, stripeemu.OpPICancel)
+	require.Equal(t, before-2, h.stock("sku_tee"))
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.paid'`, o.ID))
+	require.Zero(t, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.payment_failed'`, o.ID))
 }
 
 // cancelOrder posts POST /v1/orders/{id}/cancel as tenant acme with key;

@@ -85,6 +85,24 @@ func (h *harness) confirmAgain(id, pm string) {
 	require.Equal(h.t, http.StatusOK, resp.StatusCode, body)
 }
 
+// confirmRefused confirms PaymentIntent id at the emulator with pm, as a
+// customer's later attempt through Stripe.js would, and requires Stripe to
+// refuse it: 400 payment_intent_unexpected_state.
+func (h *harness) confirmRefused(id, pm string) {
+	h.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, h.emuURL+"/v1/payment_intents/"+id+"/confirm",
+		strings.NewReader(url.Values{"payment_method": {pm}}.Encode()))
+	require.NoError(h.t, err)
+	req.Header.Set("Authorization", "Bearer sk_test_123")
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(h.t, err)
+	body := mustRead(h.t, resp)
+	resp.Body.Close()
+	require.Equal(h.t, http.StatusBadRequest, resp.StatusCode, body)
+	require.Contains(h.t, body, "payment_intent_unexpected_state")
+}
+
 func (h *harness) webhooks(typ, outcome string) int {
 	return int(testutil.ToFloat64(gathered{h.registry.Registry, "checkout_stripe_webhooks_total", map[string]string{"type": typ, "outcome": outcome}}))
 }
@@ -117,6 +135,10 @@ func TestWebhookSettles3DSecure(t *testing.T) {
 				require.Equal(t, before-2, h.stock("sku_tee"))
 			} else {
 				require.Equal(t, before, h.stock("sku_tee"), "stock given back")
+				// Canceled at Stripe first: the customer's client_secret
+				// can no longer pay it with another card.
+				h.confirmRefused(o.Payment.PaymentIntentID, "pm_card_visa")
+				h.requirePaymentInvariants(o.ID, tc.want, stripeemu.OpPIConfirm)
 			}
 			eventually(t, "every event delivered", func() bool {
 				for _, e := range h.emu.Webhooks().Events {

@@ -41,6 +41,15 @@ func (o webhookOrders) ApplyPaymentIntent(ctx context.Context, tx *gorm.DB, pi w
 	return changed, err
 }
 
+// CloseFailedAttempt is checkout.Service.CloseFailedAttempt.
+func (o webhookOrders) CloseFailedAttempt(ctx context.Context, pi webhooks.PaymentIntent) (webhooks.PaymentIntent, error) {
+	st, err := o.svc.CloseFailedAttempt(ctx, toState(pi))
+	if err != nil {
+		return pi, err
+	}
+	return fromState(st), nil
+}
+
 // webhookStripe retrieves PaymentIntents with the saga's Stripe client.
 type webhookStripe struct{ p checkout.PaymentProvider }
 

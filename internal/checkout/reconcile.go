@@ -135,6 +135,10 @@ func (s *Service) ReconcileOrder(ctx context.Context, tenantID, id string) (bool
 // applying the same or an older state again changes nothing, in any order,
 // from any process. It reports whether the order changed.
 //
+// A failed attempt of an order in requires_action (the customer holds the
+// client_secret) is applied only after the PaymentIntent is canceled at
+// Stripe (CloseFailedAttempt), which this does first.
+//
 // PaymentIntents that are not the order's recorded one (orphans of an
 // indeterminate create, or not ours at all) change nothing; one of them
 // moving money is logged as an error. The reconciler uses it; a webhook
@@ -165,6 +169,10 @@ func (s *Service) apply(ctx context.Context, r *run, pi PaymentIntentState) (boo
 		}
 		return false, nil
 	}
+	pi, err := r.closeFailedAttempt(ctx, pi)
+	if err != nil {
+		return false, err
+	}
 	ch, ok, err := r.changeOf(ctx, &verdict{pi: &pi})
 	if err != nil || !ok {
 		return false, err
@@ -175,6 +183,30 @@ func (s *Service) apply(ctx context.Context, r *run, pi PaymentIntentState) (boo
 		return err
 	})
 	return changed, err
+}
+
+// CloseFailedAttempt prepares Stripe's state pi of an order's
+// PaymentIntent for ApplyPaymentIntentTx, outside any transaction: when the
+// latest attempt failed (requires_payment_method with a last_payment_error)
+// and the order named by pi's metadata waits in requires_action, it cancels
+// the PaymentIntent at Stripe first (cancellation_reason abandoned) and
+// returns its state afterwards: canceled, which fails the order, or
+// succeeded, when the customer paid with another card first. Any other pi
+// is returned as it is. An error means Stripe or the database did not
+// answer, and nothing was applied. See closeFailedAttempt for why.
+func (s *Service) CloseFailedAttempt(ctx context.Context, pi PaymentIntentState) (PaymentIntentState, error) {
+	id, tenant := pi.Metadata["order_id"], pi.Metadata["tenant_id"]
+	if pi.Status != PIRequiresPaymentMethod || !failedAttempt(pi) || !validOrderID(id) || tenant == "" {
+		return pi, nil
+	}
+	o, err := loadOrder(ctx, s.DB, tenant, id)
+	switch {
+	case errors.Is(err, ErrOrderNotFound):
+		return pi, nil
+	case err != nil:
+		return pi, err
+	}
+	return s.newRun(nil, "", o).closeFailedAttempt(ctx, pi)
 }
 
 // SweepOrphans searches Stripe for the PaymentIntents of tenant's order id

@@ -497,14 +497,23 @@ func (r *run) changeFor(pi PaymentIntentState, customerCanceled bool) (change, b
 	case PIRequiresAction:
 		ch.to, ch.nextAction, ch.clientSecret = StatusRequiresAction, pi.NextAction, pi.ClientSecret
 	case PIRequiresPaymentMethod:
-		if pi.LastErrorCode == "" && pi.LastDeclineCode == "" {
+		if !failedAttempt(pi) {
 			return ch, false // never confirmed
+		}
+		if r.o.Status == StatusRequiresAction {
+			// The customer holds its client_secret and may still pay it
+			// with another payment method: the order fails only once
+			// closeFailedAttempt has canceled it.
+			return ch, false
 		}
 		ch.to, ch.failureCode, ch.declineCode = StatusPaymentFailed, CodeCardDeclined, firstOf(pi.LastDeclineCode, pi.LastErrorCode)
 	case PICanceled:
 		switch {
 		case customerCanceled || pi.CancellationReason == CancelRequestedByCustomer:
 			ch.to, ch.failureCode = StatusCanceled, "canceled"
+		case pi.CancellationReason == CancelAbandoned && failedAttempt(pi):
+			// Closed by closeFailedAttempt after a failed attempt.
+			ch.to, ch.failureCode, ch.declineCode = StatusPaymentFailed, CodeCardDeclined, firstOf(pi.LastDeclineCode, pi.LastErrorCode)
 		case pi.CancellationReason == CancelAbandoned:
 			ch.to, ch.failureCode = StatusPaymentFailed, "payment_action_timeout"
 		default:
@@ -514,6 +523,45 @@ func (r *run) changeFor(pi PaymentIntentState, customerCanceled bool) (change, b
 		return ch, false
 	}
 	return ch, true
+}
+
+// failedAttempt reports whether pi's latest confirmation failed: Stripe
+// then sets last_payment_error (a decline, a failed 3D Secure challenge).
+func failedAttempt(pi PaymentIntentState) bool {
+	return pi.LastErrorCode != "" || pi.LastDeclineCode != ""
+}
+
+// closeFailedAttempt cancels the order's PaymentIntent pi (cancellation
+// reason abandoned) when its latest attempt failed while the order waits in
+// requires_action, and returns Stripe's state of it afterwards; any other
+// pi it returns as it is.
+//
+// Stripe keeps a PaymentIntent whose attempt failed open for another
+// payment method ("If the payment attempt fails … the PaymentIntent
+// returns to requires_payment_method",
+// https://docs.stripe.com/payments/paymentintents/lifecycle), and the
+// customer of a 3D Secure checkout holds its client_secret: Stripe.js could
+// still pay it after the order had failed and released its stock, money
+// taken for an order that is no more. So the order fails only once its
+// PaymentIntent can no longer move money. The state returned is canceled,
+// with the failed attempt's codes, or whatever made the cancel impossible:
+// succeeded, when the customer paid with another card first (the order is
+// then paid).
+func (r *run) closeFailedAttempt(ctx context.Context, pi PaymentIntentState) (PaymentIntentState, error) {
+	if r.o.Status != StatusRequiresAction || r.o.Payment.PaymentIntentID != pi.ID ||
+		pi.Status != PIRequiresPaymentMethod || !failedAttempt(pi) {
+		return pi, nil
+	}
+	r.s.Logger.InfoContext(ctx, "the payment's attempt failed; canceling its PaymentIntent before the order fails",
+		"order_id", r.o.ID, "payment_intent", pi.ID, "code", firstOf(pi.LastDeclineCode, pi.LastErrorCode))
+	got, err := r.cancel(ctx, pi.ID, CancelAbandoned)
+	if err != nil {
+		return pi, fmt.Errorf("cancel the failed payment of order %s: %w", r.o.ID, err)
+	}
+	if got.Status == PICanceled && !failedAttempt(got) {
+		got.LastErrorCode, got.LastDeclineCode = pi.LastErrorCode, pi.LastDeclineCode
+	}
+	return got, nil
 }
 
 func firstOf(s ...string) string {

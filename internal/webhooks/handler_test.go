@@ -68,6 +68,13 @@ func (o dbOrders) OrderStatus(ctx context.Context, tenantID, orderID string) (st
 	return status[0], nil
 }
 
+// CloseFailedAttempt returns pi as it is: these orders never wait in
+// requires_action, the one status whose failed attempts the saga cancels
+// first (the API's tests cover that).
+func (o dbOrders) CloseFailedAttempt(_ context.Context, pi webhooks.PaymentIntent) (webhooks.PaymentIntent, error) {
+	return pi, nil
+}
+
 func (o dbOrders) ApplyPaymentIntent(ctx context.Context, tx *gorm.DB, pi webhooks.PaymentIntent) (bool, error) {
 	var target, typ string
 	switch pi.Status {
