@@ -60,7 +60,7 @@ type settings struct {
 	DedupFailureMode    string        `env:"DEDUP_FAILURE_MODE" envDefault:"closed"`
 	APIKeys             string        `env:"CHECKOUT_API_KEYS" envDefault:"acme:sk_test_acme,globex:sk_test_globex" secret:"true"`
 	WorkTimeout         time.Duration `env:"WORK_TIMEOUT" envDefault:"60s"`
-	RefundRetryAfter    time.Duration `env:"REFUND_RETRY_AFTER" envDefault:"1m"`
+	RefundRetryAfter    time.Duration `env:"REFUND_RETRY_AFTER" envDefault:"24h"`
 	ShutdownTimeout     time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"20s"`
 	LogLevel            slog.Level    `env:"LOG_LEVEL" envDefault:"info"`
 	// Rate limits per tenant (CONTRACT.md, "Principals"; internal/ratelimit).

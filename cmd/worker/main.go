@@ -68,7 +68,7 @@ type settings struct {
 	IdempotencyTTL     time.Duration `env:"IDEMPOTENCY_TTL" envDefault:"24h"`
 	IdempotencyLease   time.Duration `env:"IDEMPOTENCY_LEASE" envDefault:"30s"`
 	CompleterInterval  time.Duration `env:"COMPLETER_INTERVAL" envDefault:"5s"`
-	RefundRetryAfter   time.Duration `env:"REFUND_RETRY_AFTER" envDefault:"1m"`
+	RefundRetryAfter   time.Duration `env:"REFUND_RETRY_AFTER" envDefault:"24h"`
 	RefundPoll         time.Duration `env:"REFUND_POLL_INTERVAL" envDefault:"10s"`
 	ReaperInterval     time.Duration `env:"REAPER_INTERVAL" envDefault:"1m"`
 	InboxRetention     time.Duration `env:"INBOX_RETENTION" envDefault:"168h"`

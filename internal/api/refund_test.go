@@ -451,6 +451,49 @@ func TestPendingRefundSucceedsByPolling(t *testing.T) {
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.refunded'`, orderID))
 }
 
+// TestRefundDefaultRetryAfterOutlastsALateRollForward: with
+// REFUND_RETRY_AFTER at its default (24h), a refund create that Stripe
+// answered with a stored 500 gets no new attempt two hours later while
+// Stripe has not rolled it forward: its requests keep answering 502 with
+// one create sent. Once Stripe rolls it forward, a retry adopts it: one
+// refund at Stripe. (With the former default, 1m, the retry two hours
+// later sent a second create, and the roll-forward made a second refund.)
+func TestRefundDefaultRetryAfterOutlastsALateRollForward(t *testing.T) {
+	t.Parallel()
+	clk := &testenv.Clock{}
+	h := setup(t, func(o *options) { o.now = clk.Now })
+	orderID, pi := h.paidOrder()
+	require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultStored500, Op: stripeemu.OpRefundCreate, Count: 1,
+		RollForward: stripeemu.RollForwardAfter(2 * time.Second)}))
+	creates := func() int {
+		n := 0
+		for _, r := range h.emu.Requests() {
+			if r.Op == stripeemu.OpRefundCreate {
+				n++
+			}
+		}
+		return n
+	}
+
+	first := h.refund(orderID, "late-roll", `{"amount":2000}`)
+	require.Equal(t, http.StatusBadGateway, first.status, "%s", first.body)
+	clk.Advance(2 * time.Hour)
+	again := h.refund(orderID, "late-roll", `{"amount":2000}`)
+	require.Equal(t, http.StatusBadGateway, again.status, "%s", again.body)
+	require.Equal(t, 1, creates(), "no new attempt while Stripe may still roll the first forward")
+	require.Empty(t, h.stripeRefunds(pi))
+
+	var final reply
+	eventually(t, "the rolled-forward refund is adopted", func() bool {
+		final = h.refund(orderID, "late-roll", `{"amount":2000}`)
+		return final.status == http.StatusCreated
+	})
+	require.Equal(t, "succeeded", decodeRefund(t, final).Status)
+	require.Equal(t, 1, creates())
+	require.Len(t, h.stripeRefunds(pi), 1, "one refund at Stripe")
+	require.EqualValues(t, 2000, h.orderView(orderID).AmountRefunded)
+}
+
 // TestCompleterFinishesARefundWhoseRequestDied: the refund's request got a
 // 502 (a stored 500 that never ran) and the client never retries. The
 // worker's completer, through maintenance.ByRoute, takes the key over after

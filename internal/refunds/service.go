@@ -38,6 +38,10 @@ var (
 // nobody resumed) is reconciled instead, like an indeterminate one.
 const resendWithin = 12 * time.Hour
 
+// DefaultRetryAfter is Service.RetryAfter's default: 24 hours, the time
+// Stripe keeps an idempotency key's stored answer at least.
+const DefaultRetryAfter = 24 * time.Hour
+
 // Service runs refunds. DB, Keys and Stripe are required.
 type Service struct {
 	DB     *gorm.DB
@@ -48,11 +52,16 @@ type Service struct {
 	Now func() time.Time
 	// RetryAfter is how long after an indeterminate attempt (a stored 500,
 	// a timeout) reconciliation keeps looking for the refund at Stripe
-	// before a new attempt may be made under the next key (default 1m).
+	// before a new attempt may be made under the next key (default 24h).
 	// Stripe may roll an indeterminate request forward later
-	// (https://docs.stripe.com/error-low-level#server-errors); a new attempt
-	// before that could make a second refund. Until then the request
-	// answers 502 and is resumed by its retry or the completer.
+	// (https://docs.stripe.com/error-low-level#server-errors), and a new
+	// attempt made before that is a second refund: unlike an orphan
+	// PaymentIntent, a refund cannot be canceled. So the default is the
+	// time Stripe keeps the key's stored answer at least
+	// (https://docs.stripe.com/api/idempotent_requests), the window in which
+	// it treats the request as one. Until then the refund stays pending
+	// (its amount held against what is left to refund), the request
+	// answers 502, and its retry or the completer reconciles again.
 	RetryAfter time.Duration
 	// Metrics counts reconciliations and duplicates (nil: nothing).
 	Metrics *Metrics
@@ -67,7 +76,7 @@ func (s *Service) now() time.Time {
 
 func (s *Service) retryAfter() time.Duration {
 	if s.RetryAfter <= 0 {
-		return time.Minute
+		return DefaultRetryAfter
 	}
 	return s.RetryAfter
 }
