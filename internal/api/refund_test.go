@@ -568,6 +568,23 @@ func TestApplyStripeRefundMovesOnlyForward(t *testing.T) {
 	all := decodeRefund(t, h.refund(orderID, "b", `{}`))
 	require.EqualValues(t, 5000, all.Amount)
 	require.Equal(t, "refunded", h.orderView(orderID).Status)
+
+	// The whole amount failed after it had succeeded: the order stays
+	// refunded, and its amount can be refunded again, once.
+	_, err = h.emu.FailRefund(*all.StripeRefundID, "")
+	require.NoError(t, err)
+	_, err = h.api.Refunds.ApplyStripeRefund(ctx, refunds.StripeRefund{ID: *all.StripeRefundID, Status: "failed"})
+	require.NoError(t, err)
+	v = h.orderView(orderID)
+	require.Equal(t, "refunded", v.Status, "no transition goes back")
+	require.EqualValues(t, 0, v.AmountRefunded)
+	again := h.refund(orderID, "c", `{}`)
+	require.Equal(t, http.StatusCreated, again.status, "%s", again.body)
+	require.EqualValues(t, 5000, decodeRefund(t, again).Amount)
+	require.EqualValues(t, 5000, h.orderView(orderID).AmountRefunded)
+	done := h.refund(orderID, "d", `{}`)
+	require.Equal(t, http.StatusConflict, done.status, "%s", done.body)
+	require.Equal(t, "order_not_refundable", decodeProblem(t, done).Code)
 }
 
 // TestUnansweredAttemptPastKeyRetentionIsReconciledNotResent: the process

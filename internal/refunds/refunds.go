@@ -71,7 +71,7 @@ type Refund struct {
 // stored under the key and replayed.
 var (
 	ErrOrderNotRefundable = problem.New(http.StatusConflict, "order_not_refundable", "Order not refundable",
-		"Only an order that is paid or partially_refunded can be refunded.")
+		"Only an order that is paid or partially_refunded can be refunded (or a refunded one whose refund Stripe failed afterwards).")
 	ErrRefundExceedsPayment = problem.New(http.StatusConflict, "refund_exceeds_payment", "Refund exceeds payment",
 		"The amount is more than what is left to refund: what the order paid less its succeeded and pending refunds.")
 )

@@ -181,10 +181,14 @@ func (s *Service) create(ctx context.Context, tx *gorm.DB, c *idempotency.Claim,
 		}
 		return nil, resp, nil
 	}
-	if (o.Status != "paid" && o.Status != "partially_refunded") || o.PaymentIntentID == nil {
+	left := o.AmountTotal - o.RefundReserved
+	// A refunded order has something left only when Stripe failed a refund
+	// after it had succeeded: its amount is again available (CONTRACT.md),
+	// though the status never moves back.
+	refundable := o.Status == "paid" || o.Status == "partially_refunded" || (o.Status == "refunded" && left > 0)
+	if !refundable || o.PaymentIntentID == nil {
 		return finish(ErrOrderNotRefundable)
 	}
-	left := o.AmountTotal - o.RefundReserved
 	amount := left
 	if in.Amount != nil {
 		amount = *in.Amount
