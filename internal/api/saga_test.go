@@ -473,6 +473,47 @@ func TestCancelAfterCustomerAuthenticated(t *testing.T) {
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.paid'`, o.ID))
 }
 
+// TestConcurrentCancelsUnderDifferentKeys: ten cancellations of one order
+// at once, each under its own key: exactly one is 200 and the others 409
+// order_not_cancelable (as for any order no longer in requires_action),
+// each stored; one cancel attempt at Stripe, one order.canceled, the stock
+// back once.
+func TestConcurrentCancelsUnderDifferentKeys(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	before := h.stock("sku_tee")
+	o := threeDS(t, h, "cancel-race-3ds")
+	// Stripe's cancel takes a while, so that the others arrive while the
+	// first is under way.
+	require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultDelay, Op: stripeemu.OpPICancel, Before: 300 * time.Millisecond}))
+	const n = 10
+	statuses := make([]int, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			statuses[i] = h.cancelOrder(o.ID, fmt.Sprintf("cancel-race-%d", i), "{}").status
+		}()
+	}
+	wg.Wait()
+	count := map[int]int{}
+	for _, s := range statuses {
+		count[s]++
+	}
+	require.Equal(t, map[int]int{http.StatusOK: 1, http.StatusConflict: n - 1}, count)
+	h.requirePaymentInvariants(o.ID, checkout.StatusCanceled)
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.canceled'`, o.ID))
+	require.Equal(t, 1, h.count(`SELECT count(DISTINCT idempotency_key) FROM payment_attempts WHERE order_id = ? AND step = 'cancel'`, o.ID))
+	require.Equal(t, before, h.stock("sku_tee"), "stock given back once")
+	for i := range n {
+		// Each answer is stored: a retry replays it.
+		again := h.cancelOrder(o.ID, fmt.Sprintf("cancel-race-%d", i), "{}")
+		require.Equal(t, statuses[i], again.status)
+		require.Equal(t, "true", again.header.Get(idempotency.ReplayedHeader))
+	}
+}
+
 // TestPaymentUnknown: a create answered by a stored 500 whose
 // reconciliation keeps failing (search down) for PAYMENT_UNKNOWN_AFTER
 // makes the order payment_unknown (counted in

@@ -31,7 +31,8 @@ type CancelCommand struct {
 // or 409 order_not_cancelable when the order is in any other status
 // (including one the customer reached meanwhile: a PaymentIntent that
 // succeeded before the cancellation makes the order paid, and the answer
-// 409). Errors, not stored: ErrOrderNotFound (404), the idempotency layer's
+// 409; and a cancellation under another key that got there first makes it
+// 409 too). Errors, not stored: ErrOrderNotFound (404), the idempotency layer's
 // 409 and 422, payment_provider_unavailable (502) and unavailable (503).
 func (s *Service) CancelOrder(ctx context.Context, cmd CancelCommand) (resp *idempotency.Response, replayed bool, err error) {
 	scope := idempotency.Scope{Tenant: cmd.Tenant, Route: CancelRoute, Key: cmd.IdempotencyKey}
@@ -56,12 +57,30 @@ func (s *Service) CancelOrder(ctx context.Context, cmd CancelCommand) (resp *ide
 			order, err = s.resumedOrder(ctx, tx, c)
 			return err
 		}
+		// Cancellations of one order under different keys take turns on
+		// its row: the first to get past here cancels it, and the others
+		// answer as for an order no longer cancelable.
+		if err := tx.WithContext(ctx).Exec(`SELECT 1 FROM orders WHERE id = ? AND tenant_id = ? FOR UPDATE`,
+			cmd.OrderID, cmd.Tenant).Error; err != nil {
+			return fmt.Errorf("lock order %s: %w", cmd.OrderID, err)
+		}
 		// A not-found rolls the claim back: nothing is stored.
 		if order, err = loadOrder(ctx, tx, cmd.Tenant, cmd.OrderID); err != nil {
 			return err
 		}
 		if order.Status != StatusRequiresAction {
 			final = notCancelable(order)
+			return s.Keys.Finish(ctx, tx, c, final)
+		}
+		var others int64
+		if err := tx.WithContext(ctx).Raw(`SELECT count(*) FROM idempotency_keys
+			WHERE order_id = ? AND tenant_id = ? AND route = ? AND id <> ?`,
+			order.ID, cmd.Tenant, CancelRoute, c.ID).Scan(&others).Error; err != nil {
+			return fmt.Errorf("look for other cancellations of %s: %w", order.ID, err)
+		}
+		if others > 0 {
+			final = responseForError(&Error{Code: CodeNotCancelable,
+				Detail: "The order is being canceled under another Idempotency-Key; only one cancellation cancels it."})
 			return s.Keys.Finish(ctx, tx, c, final)
 		}
 		return s.Keys.Advance(ctx, tx, c, RecoveryPointCancelRequested, order.ID)
