@@ -537,9 +537,8 @@ func failedAttempt(pi PaymentIntentState) bool {
 // pi it returns as it is.
 //
 // Stripe keeps a PaymentIntent whose attempt failed open for another
-// payment method ("If the payment attempt fails … the PaymentIntent
-// returns to requires_payment_method",
-// https://docs.stripe.com/payments/paymentintents/lifecycle), and the
+// payment method: a failed payment returns it to requires_payment_method
+// (https://docs.stripe.com/payments/paymentintents/lifecycle), and the
 // customer of a 3D Secure checkout holds its client_secret: Stripe.js could
 // still pay it after the order had failed and released its stock, money
 // taken for an order that is no more. So the order fails only once its
