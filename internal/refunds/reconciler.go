@@ -13,7 +13,9 @@ import (
 // follow Stripe" (webhooks are the other). It returns how many refunds
 // changed. A refund whose retrieval fails stays pending and is tried in a
 // later round. Refunds with no Stripe id yet belong to their idempotency
-// key, which the completer finishes.
+// key, which the completer finishes. A refund Stripe fails after it had
+// succeeded is not polled: its refund.failed or refund.updated webhook
+// applies that (internal/webhooks).
 func (s *Service) PollPending(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
 	var due []refundRow
 	err := s.DB.WithContext(ctx).
