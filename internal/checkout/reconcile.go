@@ -164,11 +164,7 @@ func (s *Service) ReconcileOrder(ctx context.Context, tenantID, id string) (bool
 // handler (payment_intent.* events,
 // https://docs.stripe.com/api/events/types) can call it too.
 func (s *Service) ApplyPaymentIntent(ctx context.Context, pi PaymentIntentState) (bool, error) {
-	id, tenant := pi.Metadata["order_id"], pi.Metadata["tenant_id"]
-	if !validOrderID(id) || tenant == "" {
-		return false, nil
-	}
-	o, err := loadOrder(ctx, s.DB, tenant, id)
+	o, err := orderOfIntent(ctx, s.DB, pi)
 	if errors.Is(err, ErrOrderNotFound) {
 		return false, nil
 	}
@@ -176,6 +172,18 @@ func (s *Service) ApplyPaymentIntent(ctx context.Context, pi PaymentIntentState)
 		return false, err
 	}
 	return s.apply(ctx, s.newRun(nil, "", o), pi)
+}
+
+// orderOfIntent loads the order PaymentIntent pi names in its metadata
+// (order_id, tenant_id, which every PaymentIntent the service creates
+// carries), through db. It returns ErrOrderNotFound when the metadata names
+// none, or an order that does not exist for that tenant.
+func orderOfIntent(ctx context.Context, db *gorm.DB, pi PaymentIntentState) (*Order, error) {
+	id, tenant := pi.Metadata["order_id"], pi.Metadata["tenant_id"]
+	if !validOrderID(id) || tenant == "" {
+		return nil, ErrOrderNotFound
+	}
+	return loadOrder(ctx, db, tenant, id)
 }
 
 // apply applies pi to the order of r, without a key.
@@ -214,11 +222,10 @@ func (s *Service) apply(ctx context.Context, r *run, pi PaymentIntentState) (boo
 // is returned as it is. An error means Stripe or the database did not
 // answer, and nothing was applied. See closeFailedAttempt for why.
 func (s *Service) CloseFailedAttempt(ctx context.Context, pi PaymentIntentState) (PaymentIntentState, error) {
-	id, tenant := pi.Metadata["order_id"], pi.Metadata["tenant_id"]
-	if pi.Status != PIRequiresPaymentMethod || !failedAttempt(pi) || !validOrderID(id) || tenant == "" {
+	if pi.Status != PIRequiresPaymentMethod || !failedAttempt(pi) {
 		return pi, nil
 	}
-	o, err := loadOrder(ctx, s.DB, tenant, id)
+	o, err := orderOfIntent(ctx, s.DB, pi)
 	switch {
 	case errors.Is(err, ErrOrderNotFound):
 		return pi, nil

@@ -17,11 +17,7 @@ import (
 // PaymentIntent or the order is already where pi would take it or further
 // (the same monotonic transitions as every other path).
 func (s *Service) ApplyPaymentIntentTx(ctx context.Context, tx *gorm.DB, pi PaymentIntentState) (changed bool, err error) {
-	id, tenant := pi.Metadata["order_id"], pi.Metadata["tenant_id"]
-	if !validOrderID(id) || tenant == "" {
-		return false, ErrOrderNotFound
-	}
-	o, err := loadOrder(ctx, tx, tenant, id)
+	o, err := orderOfIntent(ctx, tx, pi)
 	if err != nil {
 		return false, err
 	}
