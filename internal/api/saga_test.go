@@ -20,6 +20,7 @@ import (
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/payments/stripeemu"
 	"github.com/onceonly/checkout/internal/testenv"
+	"github.com/onceonly/checkout/internal/webhooks"
 )
 
 const threeDSBody = `{"email":"buyer@example.com","items":[{"sku":"sku_tee","quantity":2}],"payment_method":"pm_card_authenticationRequired"}`
@@ -471,6 +472,43 @@ func TestCancelAfterCustomerAuthenticated(t *testing.T) {
 	require.Equal(t, "order_not_cancelable", decodeProblem(t, r).Code)
 	h.requirePaymentInvariants(o.ID, checkout.StatusPaid, stripeemu.OpPICancel)
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.paid'`, o.ID))
+}
+
+// TestFailedChallengeWebhookWhileStripeCannotCancel: the failed
+// challenge's webhook arrives while Stripe refuses to cancel (503 past the
+// client's retries): 502 payment_provider_unavailable, and nothing is
+// recorded (no inbox row, the order still in requires_action with its stock
+// held), so Stripe's redelivery, once Stripe answers, cancels the
+// PaymentIntent and fails the order once.
+func TestFailedChallengeWebhookWhileStripeCannotCancel(t *testing.T) {
+	t.Parallel()
+	h := setup(t, func(o *options) {
+		o.stripe = &payments.Config{Timeout: time.Second, MaxElapsed: 200 * time.Millisecond}
+	})
+	before := h.stock("sku_tee")
+	o := threeDS(t, h, "3ds-fail-cancel-down")
+	pi := o.Payment.PaymentIntentID
+	_, err := h.emu.Authenticate(pi, false)
+	require.NoError(t, err)
+	_, failed := h.event(webhooks.TypePaymentIntentPaymentFailed, pi)
+	require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultFail, Op: stripeemu.OpPICancel, Status: 503}))
+
+	r := h.deliverSigned(failed)
+	require.Equal(t, http.StatusBadGateway, r.status, "%s", r.body)
+	require.Equal(t, "payment_provider_unavailable", decodeProblem(t, r).Code)
+	require.Zero(t, h.count(`SELECT count(*) FROM inbox WHERE consumer = 'stripe_webhook'`))
+	require.Equal(t, checkout.StatusRequiresAction, h.order(o.ID).Status)
+	require.Equal(t, before-2, h.stock("sku_tee"), "stock still held")
+	require.Zero(t, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.payment_failed'`, o.ID))
+
+	h.emu.ClearFaults()
+	require.Equal(t, webhooks.OutcomeApplied, webhookOutcome(t, h.deliverSigned(failed)))
+	require.Equal(t, webhooks.OutcomeDuplicate, webhookOutcome(t, h.deliverSigned(failed)))
+	h.requirePaymentInvariants(o.ID, checkout.StatusPaymentFailed, stripeemu.OpPIConfirm)
+	require.Equal(t, stripe.PaymentIntentStatusCanceled, h.intents(o.ID)[0].Status)
+	h.confirmRefused(pi, "pm_card_visa")
+	require.Equal(t, before, h.stock("sku_tee"), "stock given back once")
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.payment_failed'`, o.ID))
 }
 
 // TestConcurrentCancelsUnderDifferentKeys: ten cancellations of one order
