@@ -13,8 +13,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceonly/checkout/internal/config"
 	"github.com/onceonly/checkout/internal/payments/stripeemu"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
+	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/testenv"
 )
 
@@ -135,4 +137,14 @@ func TestGracefulShutdown(t *testing.T) {
 	require.Equal(t, 1, emu.TotalCreated())
 	_, err := http.Get(base + "/healthz")
 	require.Error(t, err, "no longer accepting")
+}
+
+// TestRefundRetryAfterDefault: REFUND_RETRY_AFTER's default is the refund
+// service's own (refunds.DefaultRetryAfter, the 24 hours Stripe keeps a
+// key's stored answer at least), so the two cannot drift apart.
+func TestRefundRetryAfterDefault(t *testing.T) {
+	t.Parallel()
+	var s settings
+	require.NoError(t, config.Load(func(string) string { return "" }, &s))
+	require.Equal(t, refunds.DefaultRetryAfter, s.RefundRetryAfter)
 }

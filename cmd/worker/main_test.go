@@ -9,12 +9,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceonly/checkout/internal/config"
 	"github.com/onceonly/checkout/internal/ids"
 	"github.com/onceonly/checkout/internal/notify"
 	"github.com/onceonly/checkout/internal/notify/smtpsink"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
 	"github.com/onceonly/checkout/internal/rabbitmq"
 	"github.com/onceonly/checkout/internal/rabbitmq/rabbitmqtest"
+	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/testenv"
 )
 
@@ -103,4 +105,14 @@ func TestRunNotifiesServesOpsAndDrainsOnSIGTERM(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("run did not drain within 20s")
 	}
+}
+
+// TestRefundRetryAfterDefault: REFUND_RETRY_AFTER's default is the refund
+// service's own (refunds.DefaultRetryAfter, the 24 hours Stripe keeps a
+// key's stored answer at least), so the two cannot drift apart.
+func TestRefundRetryAfterDefault(t *testing.T) {
+	t.Parallel()
+	var s settings
+	require.NoError(t, config.Load(func(string) string { return "" }, &s))
+	require.Equal(t, refunds.DefaultRetryAfter, s.RefundRetryAfter)
 }
