@@ -5,8 +5,12 @@
 // in the timed loop, and measures in the same run what this machine can do
 // with the same work: pgbench of the checkout's own SQL, of a minimal
 // durable checkout and of the worker's SQL, a bare gin handler under the
-// same load generator, and raw RabbitMQ publishing with a window of
-// confirms. It repeats that -runs times, writes the median of each figure
+// same load generator, raw RabbitMQ publishing with a window of confirms,
+// and a bare publisher's confirm latency under the paced checkouts of the
+// commit-to-confirm point. At the 16-client checkout point and during
+// pgbench of the checkout's SQL it also reads from /proc the CPU each
+// group of processes spent per checkout (cpu.go): where the machine's two
+// cores go. It repeats that -runs times, writes the median of each figure
 // and ratio to bench/results/latest.json and a dated copy, and prints them.
 //
 // `bench gin` is the bare gin handler, run by bench as its own process.
@@ -211,11 +215,25 @@ func oneRun(c *config, i int, large string) (map[string]float64, error) {
 		if !c.want("curve") && n != clients {
 			return nil
 		}
+		before, err := sampleCPU(s)
+		if err != nil {
+			return err
+		}
 		l, err := wrk(s.apiURL, n, c.dur, "new", id+"-hot"+fmt.Sprint(n), "0", "0")
 		if err != nil {
 			return err
 		}
+		after, err := sampleCPU(s)
+		if err != nil {
+			return err
+		}
 		logf("  checkout, one sku, %2d clients: %7.1f/s  p50 %6.1f ms  p99 %6.1f ms  errors %d", n, l.Rate, l.P50ms, l.P99ms, l.Errors)
+		if n == clients {
+			// Its events and emails are relayed and sent meanwhile, as
+			// those of the point before were: a steady state.
+			cpuPer(f, "cpu_checkout", before, after, l.Rate*c.dur.Seconds())
+			logf("    %s", cpuLine(f, "cpu_checkout"))
+		}
 		put(f, fmt.Sprintf("checkout_hot_c%d", n), l)
 		ceiling = max(ceiling, l.Rate)
 		return nil
@@ -332,6 +350,26 @@ func paced(c *config, s *stack, f map[string]float64, ceiling float64, id string
 	f["commit_to_publish_p99_ms"] = 1000 * histQuantile(0.99, lagBefore, lagAfter, "checkout_outbox_publish_lag_seconds")
 	logf("  commit to confirm at %.0f checkouts/s (ceiling %.0f/s): p50 %.1f ms, p99 %.1f ms", l.Rate, ceiling,
 		f["commit_to_publish_p50_ms"], f["commit_to_publish_p99_ms"])
+
+	// The broker's own share, under the same load: the same paced
+	// checkouts again while a bare publisher sends at the relay's rate of
+	// events (two per checkout), each message as it comes (no batch), to a
+	// queue of its own, and times each confirm. A relay's confirms can be
+	// no faster than these.
+	done := make(chan error, 1)
+	go func() {
+		_, err := wrk(s.apiURL, clients, c.dur, "new", id+"-paced2", "0", fmt.Sprintf("%.1f", rate/2))
+		done <- err
+	}()
+	p50, p99, err := rawConfirms(s, 2*l.Rate, c.dur)
+	if werr := <-done; err == nil {
+		err = werr
+	}
+	if err != nil {
+		return err
+	}
+	f["raw_confirm_p50_ms"], f["raw_confirm_p99_ms"] = p50, p99
+	logf("  a bare publisher's confirms meanwhile, %.0f messages/s: p50 %.1f ms, p99 %.1f ms", 2*l.Rate, p50, p99)
 	return nil
 }
 
@@ -509,11 +547,20 @@ func pgbenches(c *config, f map[string]float64, pgURL string, which ...string) e
 		if err := execSQL(context.Background(), pgURL, "CHECKPOINT"); err != nil {
 			return err
 		}
+		before, err := sampleCPU(nil)
+		if err != nil {
+			return err
+		}
 		tps, lat, txs, err := pgbench(pgURL, filepath.Join(c.root, scripts[name]), clients, c.dur, vars)
 		if err != nil {
 			return err
 		}
+		after, err := sampleCPU(nil)
+		if err != nil {
+			return err
+		}
 		if name == "pgbench_checkout" {
+			cpuPer(f, "cpu_pgbench_checkout", before, after, float64(txs))
 			if err := checkoutsDone(pgURL, txs); err != nil {
 				return err
 			}
@@ -525,6 +572,9 @@ func pgbenches(c *config, f map[string]float64, pgURL string, which ...string) e
 			continue
 		}
 		logf("  %s, %d clients: %.0f tps (latency %.1f ms)", scripts[name], clients, tps, lat)
+		if name == "pgbench_checkout" {
+			logf("    %s", cpuLine(f, "cpu_pgbench_checkout"))
+		}
 	}
 	return nil
 }
@@ -716,8 +766,15 @@ func report(c *config, runs []map[string]float64, before, after string, took tim
 	fmt.Printf("\n| figure | median |\n|---|---|\n")
 	for _, k := range []string{"checkout_hot_c16_per_s", "checkout_spread_per_s", "checkout_empty_per_s", "checkout_large_per_s", "pgbench_checkout_tps",
 		"pgbench_minimal_tps", "replay_per_s", "replay_p99_ms", "bare_gin_per_s", "relay_per_s", "raw_publish_per_s",
-		"paced_checkouts_per_s", "commit_to_publish_p50_ms", "worker_per_s", "pgbench_worker_events_per_s"} {
+		"paced_checkouts_per_s", "commit_to_publish_p50_ms", "raw_confirm_p50_ms", "raw_confirm_p99_ms", "worker_per_s", "pgbench_worker_events_per_s"} {
 		fmt.Printf("| %s | %.1f |\n", k, med[k])
+	}
+	fmt.Printf("\n| CPU ms per checkout (median) | the service, one sku, %d clients | pgbench of its SQL |\n|---|---|---|\n", clients)
+	for _, g := range append(cpuGroups, "total") {
+		a, b := med["cpu_checkout_"+g+"_ms"], med["cpu_pgbench_checkout_"+g+"_ms"]
+		if a != 0 || b != 0 {
+			fmt.Printf("| %s | %.2f | %.2f |\n", g, a, b)
+		}
 	}
 	b, err := json.MarshalIndent(out, "", "  ")
 	if err != nil {
