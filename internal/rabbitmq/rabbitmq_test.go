@@ -105,6 +105,36 @@ func TestPublishConfirmedAndConsumedWithProperties(t *testing.T) {
 	require.Equal(t, "evt_3", rec.msgs[1].MessageId)
 }
 
+// TestNotifyQueueTakesEachOrderEventOnce: the queue is bound to order.paid,
+// as the contract says, and to order.* for the worker's sequence; an
+// order.paid matches both bindings and must still arrive once, and an event
+// of anything else not at all.
+func TestNotifyQueueTakesEachOrderEventOnce(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	require.Contains(t, f.names.NotifyBindings, "order.paid")
+	pub := rabbitmq.NewPublisher(f.conn, rabbitmq.PublisherConfig{Exchange: f.names.Exchange})
+	defer pub.Close()
+	types := []string{"order.created", "order.paid", "order.payment_failed", "order.refunded", "order.canceled", "product.updated"}
+	msgs := make([]rabbitmq.Message, len(types))
+	for i, typ := range types {
+		msgs[i] = rabbitmq.Message{MessageID: "evt_" + typ, RoutingKey: typ, Body: []byte(`{}`)}
+	}
+	require.Equal(t, make([]error, len(msgs)), pub.Publish(context.Background(), msgs))
+
+	rec := &recorder{}
+	runConsumer(t, rabbitmq.NewConsumer(f.conn, rabbitmq.ConsumerConfig{Queue: f.names.NotifyQueue}, rec.handle))
+	eventually(t, 5*time.Second, func() bool { return rec.count() >= 5 }, "five order events delivered")
+	time.Sleep(300 * time.Millisecond) // room for a second copy to arrive
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	got := map[string]int{}
+	for _, d := range rec.msgs {
+		got[d.RoutingKey]++
+	}
+	require.Equal(t, map[string]int{"order.created": 1, "order.paid": 1, "order.payment_failed": 1, "order.refunded": 1, "order.canceled": 1}, got)
+}
+
 func TestFailingMessageIsDeadLetteredAfterFiveDeliveries(t *testing.T) {
 	t.Parallel()
 	f := setup(t)

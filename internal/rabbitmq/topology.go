@@ -15,7 +15,10 @@ type Names struct {
 	// NotifyQueue is the durable queue of the notification worker
 	// ("notify.order_paid"), bound with NotifyBindings.
 	NotifyQueue string
-	// NotifyBindings are the binding keys of NotifyQueue (["order.*"]).
+	// NotifyBindings are the binding keys of NotifyQueue (["order.paid",
+	// "order.*"]): the contract's binding, and every other event of an
+	// order. RabbitMQ routes a message to a queue once however many of its
+	// bindings match it, so an order.paid is not delivered twice.
 	//
 	// The worker takes every event of an order, not only the ones it
 	// emails about (order.paid, order.refunded): it applies an order's
@@ -38,7 +41,7 @@ func DefaultNames() Names {
 	return Names{
 		Exchange:       "checkout.events",
 		NotifyQueue:    "notify.order_paid",
-		NotifyBindings: []string{"order.*"},
+		NotifyBindings: []string{"order.paid", "order.*"},
 		NotifyDLQ:      "notify.order_paid.dlq",
 		DeliveryLimit:  5,
 	}
