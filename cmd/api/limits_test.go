@@ -57,6 +57,7 @@ func startAPI(t *testing.T, vars map[string]string) string {
 	case a := <-addr:
 		return "http://" + a
 	case err := <-done:
+		done <- err // for the cleanup, which would wait for it forever
 		t.Fatalf("run returned early: %v", err)
 	case <-time.After(30 * time.Second):
 		t.Fatal("api did not start")

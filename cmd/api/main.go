@@ -46,6 +46,7 @@ type settings struct {
 	DatabaseURL         string        `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable"`
 	DatabaseMaxConns    int           `env:"DATABASE_MAX_CONNS" envDefault:"20"`
 	RedisURL            string        `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
+	RedisCluster        bool          `env:"REDIS_CLUSTER" envDefault:"false"`
 	RedisKeyPrefix      string        `env:"REDIS_KEY_PREFIX" envDefault:"checkout:"`
 	StripeAPIBase       string        `env:"STRIPE_API_BASE" envDefault:"http://127.0.0.1:12111"`
 	StripeSecretKey     string        `env:"STRIPE_SECRET_KEY" envDefault:"sk_test_123" secret:"true"`
@@ -189,9 +190,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err := errors.Join(append(append([]error{err}, limitErrs...), serverErrs...)...); err != nil {
 		return err
 	}
-	redisOpts, err := redis.ParseURL(s.RedisURL)
+	newRedis, err := redisClient(s.RedisURL, s.RedisCluster)
 	if err != nil {
-		return fmt.Errorf("REDIS_URL: %w", err)
+		return err
 	}
 	// Every request is logged: batching the records into one write every
 	// 20ms instead of one a request takes a system call off each request
@@ -210,14 +211,8 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return err
 	}
 
-	// Short timeouts: Redis is an accelerator; a hung Redis must turn into
-	// DEDUP_FAILURE_MODE quickly, not into a hung checkout.
-	redisOpts.DialTimeout = time.Second
-	redisOpts.ReadTimeout = 500 * time.Millisecond
-	redisOpts.WriteTimeout = 500 * time.Millisecond
-	redisOpts.MaxRetries = 1
 	redis.SetLogger(telemetry.RedisLogger(logger))
-	rdb := redis.NewClient(redisOpts)
+	rdb := newRedis()
 	defer rdb.Close()
 
 	reg := telemetry.NewRegistry()

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -126,4 +127,93 @@ func Random(n int) string {
 		panic(fmt.Sprintf("testenv: random: %v", err))
 	}
 	return hex.EncodeToString(b)
+}
+
+// RedisCluster is a Redis Cluster of redis-server processes a test owns:
+// masters only, the 16384 slots split between them.
+type RedisCluster struct {
+	Addrs []string
+	cmds  []*exec.Cmd
+}
+
+// StartRedisCluster starts n redis-servers (n >= 3, the least
+// redis-cli --cluster create accepts) in cluster mode on free ports, each
+// with its cluster bus on another free port and its nodes.conf in a
+// directory of the test, joins them into one cluster without replicas and
+// waits until every node reports cluster_state:ok. They are killed in
+// t.Cleanup.
+func StartRedisCluster(t testing.TB, n int) *RedisCluster {
+	t.Helper()
+	dir := t.TempDir()
+	c := &RedisCluster{}
+	t.Cleanup(func() {
+		for _, cmd := range c.cmds {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	for i := range n {
+		port, bus := strconv.Itoa(FreePort(t)), strconv.Itoa(FreePort(t))
+		cmd := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--dir", dir,
+			"--cluster-enabled", "yes", "--cluster-port", bus,
+			"--cluster-config-file", fmt.Sprintf("nodes-%d.conf", i), "--cluster-node-timeout", "2000")
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("testenv: start redis-server (cluster): %v", err)
+		}
+		c.cmds = append(c.cmds, cmd)
+		c.Addrs = append(c.Addrs, "127.0.0.1:"+port)
+	}
+	for _, addr := range c.Addrs {
+		waitDial(t, addr)
+	}
+	args := append([]string{"--cluster", "create"}, c.Addrs...)
+	if out, err := exec.Command("redis-cli", append(args, "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput(); err != nil {
+		t.Fatalf("testenv: redis-cli --cluster create: %v\n%s", err, out)
+	}
+	ctx := context.Background()
+	deadline := time.Now().Add(20 * time.Second)
+	for _, addr := range c.Addrs {
+		rdb := redis.NewClient(&redis.Options{Addr: addr})
+		for {
+			info, err := rdb.ClusterInfo(ctx).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				rdb.Close()
+				t.Fatalf("testenv: redis cluster node %s not ok: %v %s", addr, err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		rdb.Close()
+	}
+	return c
+}
+
+// URL is the cluster's seed URL as REDIS_URL takes it with REDIS_CLUSTER=true
+// (redis.ParseClusterURL): the first node, the others as addr parameters.
+func (c *RedisCluster) URL() string {
+	u := "redis://" + c.Addrs[0]
+	for i, a := range c.Addrs[1:] {
+		sep := "&"
+		if i == 0 {
+			sep = "?"
+		}
+		u += sep + "addr=" + a
+	}
+	return u
+}
+
+func waitDial(t testing.TB, addr string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
+			c.Close()
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("testenv: redis-server on %s did not start", addr)
 }
