@@ -35,6 +35,11 @@ type Config struct {
 	// Setup runs on a fresh channel of every new connection before anyone
 	// else uses it, typically DeclareTopology, so that a broker that lost its
 	// definitions gets them back. An error fails that connection attempt.
+	//
+	// A queue can also vanish under a live connection (deleted by an
+	// operator or a policy), so Setup runs again without a reconnect: the
+	// Consumer runs it at the start of every session (the broker cancels a
+	// consumer whose queue is deleted). It must therefore be idempotent.
 	Setup func(ch *amqp.Channel) error
 	// MinBackoff and MaxBackoff bound the wait between dial attempts
 	// (defaults 100ms and 5s).
@@ -266,6 +271,18 @@ func (c *Conn) dial() (*amqp.Connection, *corkConn, error) {
 		ch.Close()
 	}
 	return conn, sock, nil
+}
+
+// setup runs Config.Setup, if any, on ch, an open channel of this Conn,
+// to declare again what may have been deleted under a live connection.
+func (c *Conn) setup(ch *amqp.Channel) error {
+	if c.cfg.Setup == nil {
+		return nil
+	}
+	if err := c.cfg.Setup(ch); err != nil {
+		return fmt.Errorf("rabbitmq: setup: %w", err)
+	}
+	return nil
 }
 
 // watch logs the connection's end. The NotifyClose channel is closed by

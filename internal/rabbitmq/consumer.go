@@ -36,7 +36,8 @@ type BatchHandler func(ctx context.Context, ds []amqp.Delivery) []error
 
 // ConsumerConfig configures a Consumer.
 type ConsumerConfig struct {
-	// Queue is consumed; it must exist (see DeclareTopology).
+	// Queue is consumed; it must exist (see DeclareTopology), or be
+	// declared by the Conn's Setup, which every session runs first.
 	Queue string
 	// Tag names the consumer on the broker (optional).
 	Tag string
@@ -53,14 +54,16 @@ type ConsumerConfig struct {
 	// (default 20s).
 	HandlerTimeout time.Duration
 	// MinBackoff and MaxBackoff bound the wait between resubscriptions after
-	// a channel or connection loss (defaults 100ms and 5s).
+	// a channel or connection loss or a cancel (defaults 100ms and 5s).
 	MinBackoff, MaxBackoff time.Duration
 	// Logger receives losses and handler errors (default: discard).
 	Logger *slog.Logger
 }
 
 // Consumer consumes one queue with manual acknowledgements and a prefetch
-// window, resubscribing after any channel or connection loss.
+// window, resubscribing after any channel or connection loss and after the
+// broker cancels its subscription (its queue was deleted), declaring the
+// topology again (Config.Setup of its Conn) before each subscription.
 //
 // Delivery is at least once and unordered: a message unacknowledged when a
 // channel dies is delivered again, and with Concurrency > 1 handlers finish
@@ -151,18 +154,36 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 }
 
-// session subscribes once and processes deliveries until the channel dies
-// or ctx ends.
+// ErrConsumerCanceled ends a session whose subscription the broker canceled
+// (basic.cancel): its queue was deleted, or it moved away from the node.
+var ErrConsumerCanceled = errors.New("rabbitmq: consumer canceled by the broker")
+
+// session declares the topology again (the Conn's Setup), subscribes once
+// and processes deliveries until the channel dies, the broker cancels the
+// subscription, or ctx ends.
+//
+// A canceled subscription leaves the channel open: amqp091 only closes the
+// deliveries channel, so a session that watched the channel alone would
+// wait forever on a queue that no longer exists, taking nothing and saying
+// nothing. A cancel therefore ends the session like a channel loss, once
+// the handlers have finished and settled what had been delivered, and Run
+// starts the next one, whose Setup declares the queue again.
 func (c *Consumer) session(ctx context.Context) error {
 	ch, err := c.conn.Channel(ctx)
 	if err != nil {
 		return err
 	}
 	defer ch.Close()
+	// Every session, not only a new connection's first: the previous one
+	// may have ended because the queue was deleted.
+	if err := c.conn.setup(ch); err != nil {
+		return err
+	}
 	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("qos: %w", err)
 	}
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	canceled := ch.NotifyCancel(make(chan string, 1))
 	deliveries, err := ch.Consume(c.cfg.Queue, c.cfg.Tag, false, false, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", c.cfg.Queue, err)
@@ -204,24 +225,59 @@ func (c *Consumer) session(ctx context.Context) error {
 			}
 		}()
 	}
+	// idle closes when every worker has returned: the deliveries ended.
+	idle := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(idle)
+	}()
 
 	var result error
 	select {
 	case <-ctx.Done():
 	case cerr := <-closed:
-		result = errors.New("channel closed")
-		if cerr != nil {
-			result = cerr
+		result = closeError(cerr)
+	case tag, ok := <-canceled:
+		if !ok {
+			// amqp091 closes its notification channels when the channel
+			// ends, the close's own first.
+			result = closeError(<-closed)
+			break
 		}
+		result = fmt.Errorf("%w (consumer tag %q)", ErrConsumerCanceled, tag)
+		c.logger.Warn("rabbitmq: broker canceled the consumer (queue deleted?); finishing the deliveries in hand, then resubscribing",
+			"tag", tag)
+		// amqp091 closes the deliveries channel right after the cancel: the
+		// workers handle and settle everything delivered before it (the
+		// channel is still open, so the acks go out), then return. Those
+		// messages left the queue with their delivery; dropping them here
+		// would lose them if the queue is gone.
+		select {
+		case <-idle:
+		case <-ctx.Done():
+		case <-closed:
+		}
+	case <-idle:
+		// The deliveries channel closed without a cancel or a close seen
+		// (neither should happen): nothing more will come on this one.
+		result = errors.New("deliveries channel closed")
 	}
 	close(stop)
-	wg.Wait()
+	<-idle
 	// What was received and not taken goes back to the queue with the
 	// channel, which also ends the forwarder's range.
 	close(done)
 	ch.Close()
 	<-forwarded
 	return result
+}
+
+// closeError is why a channel closed, from its NotifyClose.
+func closeError(cerr *amqp.Error) error {
+	if cerr != nil {
+		return cerr
+	}
+	return errors.New("channel closed")
 }
 
 // Transient marks a handler error as a passing condition of the consumer's

@@ -1,0 +1,108 @@
+package rabbitmq_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/checkout/internal/rabbitmq"
+	"github.com/onceonly/checkout/internal/rabbitmq/rabbitmqtest"
+)
+
+// declaringConn dials a Conn whose Setup declares f's topology and counts
+// its runs, as the dispatcher's and the worker's do.
+func declaringConn(t *testing.T, f fixture, setups *atomic.Int32) *rabbitmq.Conn {
+	t.Helper()
+	return rabbitmqtest.Dial(t, rabbitmqtest.URL(), func(c *rabbitmq.Config) {
+		c.Setup = func(ch *amqp.Channel) error {
+			setups.Add(1)
+			return rabbitmq.DeclareTopology(ch, f.names)
+		}
+	})
+}
+
+// deleteQueue deletes queue from a channel of its own, as an operator's
+// rabbitmqctl delete_queue would.
+func deleteQueue(t *testing.T, f fixture, queue string) {
+	t.Helper()
+	ch, err := f.conn.Channel(context.Background())
+	require.NoError(t, err)
+	defer ch.Close()
+	_, err = ch.QueueDelete(queue, false, false, false)
+	require.NoError(t, err)
+}
+
+// consumers is how many consumers queue has, or -1 if it does not exist.
+func consumers(t *testing.T, f fixture, queue string) int {
+	t.Helper()
+	ch, err := f.conn.Channel(context.Background())
+	require.NoError(t, err)
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		return -1 // 404 NOT_FOUND, which also closes ch
+	}
+	return q.Consumers
+}
+
+// TestConsumerResubscribesAfterItsQueueIsDeleted: deleting the queue makes
+// the broker cancel its consumer, which amqp091 reports by closing the
+// deliveries channel only, the channel itself staying open. The consumer
+// must take that as the end of its session: the handler in flight finishes,
+// and the next session declares the queue again and consumes it, so a
+// message published afterwards is handled. Before, the session waited for
+// the channel to close, forever, and the queue stayed gone.
+func TestConsumerResubscribesAfterItsQueueIsDeleted(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	var setups atomic.Int32
+	conn := declaringConn(t, f, &setups)
+	// The publisher is on the fixture's Conn, which has no Setup: only the
+	// consumer can bring the queue back.
+	pub := rabbitmq.NewPublisher(f.conn, rabbitmq.PublisherConfig{Exchange: f.names.Exchange})
+	defer pub.Close()
+
+	started, release := make(chan struct{}), make(chan struct{})
+	var finished atomic.Bool
+	rec := &recorder{fail: func(d amqp.Delivery) error {
+		if d.MessageId == "evt_in_flight" {
+			close(started)
+			<-release
+			finished.Store(true)
+		}
+		return nil
+	}}
+	runConsumer(t, rabbitmq.NewConsumer(conn, rabbitmq.ConsumerConfig{
+		Queue: f.names.NotifyQueue, Concurrency: 2, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
+	}, rec.handle))
+	require.Equal(t, []error{nil}, pub.Publish(context.Background(), []rabbitmq.Message{paid("evt_in_flight")}))
+	<-started
+
+	deleteQueue(t, f, f.names.NotifyQueue)
+	// The session waits for its handler before it ends: the queue stays
+	// gone (nobody else declares it) while the handler holds the session.
+	time.Sleep(200 * time.Millisecond)
+	require.Equal(t, -1, consumers(t, f, f.names.NotifyQueue), "no new session while a handler is in flight")
+	close(release)
+
+	eventually(t, 10*time.Second, func() bool { return consumers(t, f, f.names.NotifyQueue) == 1 },
+		"the queue declared again and consumed")
+	require.True(t, finished.Load(), "the handler in flight finished before the session ended")
+	require.GreaterOrEqual(t, setups.Load(), int32(2), "Setup ran again without a reconnect")
+
+	require.Equal(t, []error{nil}, pub.Publish(context.Background(), []rabbitmq.Message{paid("evt_after")}))
+	eventually(t, 10*time.Second, func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		for _, d := range rec.msgs {
+			if d.MessageId == "evt_after" {
+				return true
+			}
+		}
+		return false
+	}, "the message published after the deletion handled")
+}
