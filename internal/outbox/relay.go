@@ -21,8 +21,11 @@ import (
 // the implementation.
 //
 // Publish returns one error per message, in order. nil means the broker
-// confirmed the message and is now responsible for it; anything else means
-// it may or may not have arrived, and the relay publishes it again later.
+// confirmed the message and is now responsible for it, having routed it to
+// a queue; anything else means it may or may not have arrived, or reached
+// no queue (rabbitmq.ErrUnroutable: the queue was deleted), and the relay
+// publishes it again later. A Publisher that confirmed an unroutable
+// message would have the relay mark an event published that nobody got.
 // Publish must return within a bounded time even if the broker goes silent.
 type Publisher interface {
 	Publish(ctx context.Context, msgs []rabbitmq.Message) []error
@@ -157,7 +160,7 @@ func NewRelay(db *gorm.DB, pub Publisher, cfg RelayConfig) (*Relay, error) {
 		}),
 		failures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "checkout_outbox_publish_failures_total",
-			Help: "Publish attempts that got a nack, a timeout or a channel error; the row is retried later.",
+			Help: "Publish attempts that got a nack, a timeout, a channel error or a return (no queue); the row is retried later.",
 		}),
 	}
 	if cfg.Registerer != nil {

@@ -6,7 +6,10 @@
 // Conn redials with exponential backoff whenever a caller asks for a channel
 // and the current connection is gone, and Publisher and Consumer watch their
 // channel's NotifyClose and ask again, so a broker restart or a cut
-// connection heals without a process restart.
+// connection heals without a process restart. A queue deleted under a live
+// connection heals too: the broker cancels its consumer, which resubscribes,
+// and returns what is published to it, which fails; both run Config.Setup
+// again first.
 package rabbitmq
 
 import (
@@ -39,7 +42,9 @@ type Config struct {
 	// A queue can also vanish under a live connection (deleted by an
 	// operator or a policy), so Setup runs again without a reconnect: the
 	// Consumer runs it at the start of every session (the broker cancels a
-	// consumer whose queue is deleted). It must therefore be idempotent.
+	// consumer whose queue is deleted), and the Publisher before its next
+	// send after the broker returned a message as unroutable. It must
+	// therefore be idempotent and safe to run on a channel already in use.
 	Setup func(ch *amqp.Channel) error
 	// MinBackoff and MaxBackoff bound the wait between dial attempts
 	// (defaults 100ms and 5s).

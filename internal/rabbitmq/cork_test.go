@@ -102,11 +102,14 @@ func TestSendWhoseBatchCannotBeWrittenFailsEveryMessage(t *testing.T) {
 	conn, err := Dial(context.Background(), Config{URL: url})
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
-	// The default exchange, to no queue: confirmed and dropped.
+	// The default exchange, to no queue: returned, on a channel that stays
+	// open, which is all this first publish is for.
 	p := NewPublisher(conn, PublisherConfig{Exchange: "", ConfirmTimeout: 5 * time.Second})
 	t.Cleanup(func() { p.Close() })
 	msg := Message{MessageID: "m", RoutingKey: "no.such.queue." + t.Name(), Body: []byte("{}")}
-	require.Equal(t, []error{nil}, p.Publish(context.Background(), []Message{msg}))
+	errs := p.Publish(context.Background(), []Message{msg})
+	require.Len(t, errs, 1)
+	require.ErrorIs(t, errs[0], ErrUnroutable)
 
 	cut := errors.New("connection reset")
 	p.mu.Lock()

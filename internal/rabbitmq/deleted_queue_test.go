@@ -2,6 +2,7 @@ package rabbitmq_test
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -105,4 +106,62 @@ func TestConsumerResubscribesAfterItsQueueIsDeleted(t *testing.T) {
 		}
 		return false
 	}, "the message published after the deletion handled")
+}
+
+// TestPublishToADeletedQueueFailsUntilTheTopologyIsBack: with the queue
+// gone, a publish is returned by the broker (mandatory) and fails instead
+// of being confirmed into nothing; the Publisher then declares the topology
+// again (its Conn's Setup) before its next send, so the same publish
+// succeeds and reaches the queue, without a reconnect.
+func TestPublishToADeletedQueueFailsUntilTheTopologyIsBack(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	var setups atomic.Int32
+	conn := declaringConn(t, f, &setups)
+	pub := rabbitmq.NewPublisher(conn, rabbitmq.PublisherConfig{Exchange: f.names.Exchange})
+	defer pub.Close()
+	require.Equal(t, []error{nil}, pub.Publish(context.Background(), []rabbitmq.Message{paid("evt_before")}))
+	require.Equal(t, int32(1), setups.Load())
+
+	deleteQueue(t, f, f.names.NotifyQueue)
+	errs := pub.Publish(context.Background(), []rabbitmq.Message{paid("evt_lost")})
+	require.Len(t, errs, 1)
+	require.ErrorIs(t, errs[0], rabbitmq.ErrUnroutable, "returned, not confirmed into nothing")
+	require.ErrorContains(t, errs[0], "312 NO_ROUTE")
+	require.Equal(t, -1, consumers(t, f, f.names.NotifyQueue), "still gone: nothing declared it yet")
+
+	require.Equal(t, []error{nil}, pub.Publish(context.Background(), []rabbitmq.Message{paid("evt_lost")}),
+		"the same publish succeeds once the Publisher declared the topology again")
+	require.Equal(t, int32(2), setups.Load(), "declared again on the same connection")
+	require.Equal(t, 1, queueDepth(t, f, f.names.NotifyQueue), "the re-published message is in the new queue")
+}
+
+// TestReturnedMessagesFailAloneInABatch: in one batch to an exchange where
+// only some routing keys have a queue, exactly the returned messages fail,
+// however the returns and confirms interleave.
+func TestReturnedMessagesFailAloneInABatch(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	pub := rabbitmq.NewPublisher(f.conn, rabbitmq.PublisherConfig{Exchange: f.names.Exchange})
+	defer pub.Close()
+	var msgs []rabbitmq.Message
+	for i := range 300 {
+		id := fmt.Sprintf("evt_%03d", i)
+		if i%3 == 1 {
+			msgs = append(msgs, rabbitmq.Message{MessageID: id, RoutingKey: "product.updated", Body: []byte(`{}`)})
+		} else {
+			msgs = append(msgs, paid(id))
+		}
+	}
+	for round := range 3 {
+		errs := pub.Publish(context.Background(), msgs)
+		for i, err := range errs {
+			if msgs[i].RoutingKey == "product.updated" {
+				require.ErrorIs(t, err, rabbitmq.ErrUnroutable, "round %d message %d", round, i)
+			} else {
+				require.NoError(t, err, "round %d message %d", round, i)
+			}
+		}
+	}
+	require.Equal(t, 3*200, queueDepth(t, f, f.names.NotifyQueue))
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -35,6 +36,11 @@ var (
 	// ErrConfirmTimeout means no confirm arrived in time: the message may or
 	// may not have been taken; publish again.
 	ErrConfirmTimeout = errors.New("rabbitmq: confirm timed out")
+	// ErrUnroutable means the broker returned the message (basic.return):
+	// no queue is bound for its routing key, so no one received it. The
+	// Publisher declares the topology again before its next send; publish
+	// again.
+	ErrUnroutable = errors.New("rabbitmq: unroutable")
 )
 
 // PublisherConfig configures a Publisher.
@@ -56,8 +62,15 @@ type PublisherConfig struct {
 // connection dies, whichever comes first. A confirmed message is the
 // broker's responsibility: it has been routed to every bound queue and, the
 // queues being durable and the message persistent, written to disk.
-// Unroutable messages (no queue bound for the routing key) are confirmed and
-// dropped, which is what a topic exchange without subscribers means.
+//
+// Messages are published mandatory: one that no queue is bound for is
+// returned (basic.return) and fails with ErrUnroutable, although the broker
+// confirms it too. Every event has a consumer (the notification queue binds
+// order.*), so a message without a queue means the queue was deleted (an
+// operator, a policy), and confirming it would mark the outbox row
+// published with the event gone. The caller publishes it again later, and
+// the Publisher runs its Conn's Setup (DeclareTopology) before its next
+// send, so a deleted queue comes back without waiting for a reconnect.
 //
 // Publisher is safe for concurrent use. Sends are serialised on one
 // channel, which is reopened (reconnecting if needed) after any failure;
@@ -70,15 +83,44 @@ type Publisher struct {
 
 	mu      sync.Mutex // guards ch; held while sending
 	ch      *pubChannel
-	closing sync.WaitGroup // background channel closes, see reset
+	closing sync.WaitGroup // background channel closes and trackers, see reset
+
+	// redeclare is set when a message came back unroutable: the next send
+	// runs the Conn's Setup first.
+	redeclare atomic.Bool
 }
 
-// pubChannel is a confirm-mode channel and what tells its waiters it died.
+// pubChannel is a confirm-mode channel, the messages it has sent and not
+// yet settled, and what tells its waiters it died.
 type pubChannel struct {
 	ch   *amqp.Channel
 	sock *corkConn     // the connection's socket, corked while a batch is sent; may be nil
 	dead chan struct{} // closed when the channel closes
 	err  *amqp.Error   // why, when the broker said; set before dead closes
+
+	mu      sync.Mutex
+	pending map[uint64]*sent // by delivery tag (publish sequence number)
+}
+
+// sent is one message published on a pubChannel and its outcome, which
+// the channel's tracker writes before it closes done.
+type sent struct {
+	id       string
+	done     chan struct{} // closed at its ack or nack
+	acked    bool
+	returned *amqp.Return // the broker returned it: it reached no queue
+}
+
+// result is sent's outcome once done is closed.
+func (m *sent) result() error {
+	switch {
+	case m.returned != nil:
+		return fmt.Errorf("%w: %d %s", ErrUnroutable, m.returned.ReplyCode, m.returned.ReplyText)
+	case m.acked:
+		return nil
+	default:
+		return ErrNacked
+	}
 }
 
 // NewPublisher returns a Publisher on conn. It opens its channel lazily.
@@ -125,7 +167,21 @@ func (p *Publisher) Send(ctx context.Context, msgs []Message) (wait func() []err
 		}
 		return func() []error { return errs }
 	}
-	confirms := make([]*amqp.DeferredConfirmation, len(msgs))
+	if p.redeclare.CompareAndSwap(true, false) {
+		// A message came back unroutable: its queue may have been deleted.
+		// Declaring is idempotent; this send would otherwise fail the same.
+		if err := p.conn.setup(pc.ch); err != nil {
+			p.redeclare.Store(true)
+			p.reset(pc) // a failed declare closes the channel
+			p.mu.Unlock()
+			for i := range errs {
+				errs[i] = err
+			}
+			return func() []error { return errs }
+		}
+		p.logger.Info("rabbitmq: declared the topology again after an unroutable message")
+	}
+	confirms := make([]*sent, len(msgs))
 	// One write for the batch instead of one a message (see corkConn).
 	if pc.sock != nil {
 		pc.sock.cork()
@@ -139,7 +195,13 @@ func (p *Publisher) Send(ctx context.Context, msgs []Message) (wait func() []err
 		if contentType == "" {
 			contentType = "application/json"
 		}
-		confirms[i], err = pc.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, m.RoutingKey, false, false, amqp.Publishing{
+		// Tracked before it is sent, since its return and confirm may
+		// arrive before the publish call returns; p.mu makes this channel's
+		// next sequence number this message's.
+		tag := pc.ch.GetNextPublishSeqNo()
+		confirms[i] = pc.track(tag, m.MessageID)
+		var dc *amqp.DeferredConfirmation
+		dc, err = pc.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, m.RoutingKey, true, false, amqp.Publishing{
 			MessageId:    m.MessageID,
 			Type:         m.RoutingKey,
 			ContentType:  contentType,
@@ -147,7 +209,12 @@ func (p *Publisher) Send(ctx context.Context, msgs []Message) (wait func() []err
 			Timestamp:    m.Timestamp,
 			Body:         m.Body,
 		})
+		if err == nil && (dc == nil || dc.DeliveryTag != tag) {
+			err = errors.New("confirm sequence number out of step") // cannot happen while p.mu is held
+		}
 		if err != nil {
+			pc.untrack(tag)
+			confirms[i] = nil
 			err = fmt.Errorf("publish %s: %w", m.MessageID, err)
 			errs[i] = err
 		}
@@ -173,30 +240,27 @@ func (p *Publisher) Send(ctx context.Context, msgs []Message) (wait func() []err
 		timer := time.NewTimer(time.Until(deadline))
 		defer timer.Stop()
 		var giveUp error // set once the wait has ended for all remaining confirms
-		for i, dc := range confirms {
-			if dc == nil {
+		for i, m := range confirms {
+			if m == nil {
 				continue
 			}
 			if giveUp == nil {
 				select {
-				case <-dc.Done():
+				case <-m.done:
 				case <-timer.C:
 					giveUp = ErrConfirmTimeout
 				case <-pc.dead:
-					// amqp091 resolves pending confirms as nacks when the
-					// channel shuts down; this case makes the wait end even
-					// if it did not.
+					// A confirm that did not come before the channel died
+					// never will.
 					giveUp = errors.New("rabbitmq: channel closed before confirm")
 					if pc.err != nil {
 						giveUp = fmt.Errorf("channel closed before confirm: %w", pc.err)
 					}
 				}
 			}
-			switch {
-			case isResolved(dc) && dc.Acked():
-			case isResolved(dc):
-				errs[i] = ErrNacked
-			default:
+			if isDone(m.done) {
+				errs[i] = m.result()
+			} else {
 				errs[i] = giveUp
 			}
 		}
@@ -211,13 +275,99 @@ func (p *Publisher) Send(ctx context.Context, msgs []Message) (wait func() []err
 	}
 }
 
-// isResolved reports whether dc has its ack or nack.
-func isResolved(dc *amqp.DeferredConfirmation) bool {
+// isDone reports whether done is closed.
+func isDone(done <-chan struct{}) bool {
 	select {
-	case <-dc.Done():
+	case <-done:
 		return true
 	default:
 		return false
+	}
+}
+
+// track registers a message about to be sent with tag.
+func (pc *pubChannel) track(tag uint64, id string) *sent {
+	m := &sent{id: id, done: make(chan struct{})}
+	pc.mu.Lock()
+	pc.pending[tag] = m
+	pc.mu.Unlock()
+	return m
+}
+
+// untrack forgets the message of tag, whose send failed: amqp091 gives its
+// sequence number to the next publish.
+func (pc *pubChannel) untrack(tag uint64) {
+	pc.mu.Lock()
+	delete(pc.pending, tag)
+	pc.mu.Unlock()
+}
+
+// returned records a basic.return. The broker sends it before the confirm
+// of its message, but it names the message only by its properties, so it
+// is matched by message_id: every unsettled message with that id is marked
+// returned. Two unsettled publishes of one id (a re-publish while the first
+// is still unconfirmed) both fail then, which costs a duplicate publish
+// later, never a message reported delivered that was not.
+func (pc *pubChannel) returned(r amqp.Return) (matched int) {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	for _, m := range pc.pending {
+		if m.id == r.MessageId {
+			m.returned = &r
+			matched++
+		}
+	}
+	return matched
+}
+
+// confirmed settles the message of c's tag.
+func (pc *pubChannel) confirmed(c amqp.Confirmation) {
+	pc.mu.Lock()
+	m := pc.pending[c.DeliveryTag]
+	delete(pc.pending, c.DeliveryTag)
+	pc.mu.Unlock()
+	if m != nil {
+		m.acked = c.Ack
+		close(m.done)
+	}
+}
+
+// trackConfirms settles pc's messages from its confirms and returns until
+// the channel closes them. amqp091 delivers both from the connection's one
+// reader goroutine, each listener send completing before the next frame is
+// handled, so a message's return is in returns before its confirm is in
+// confirms: taking every return already there before each confirm applies
+// them in the broker's order whatever the buffers hold.
+func (p *Publisher) trackConfirms(pc *pubChannel, confirms <-chan amqp.Confirmation, returns <-chan amqp.Return) {
+	take := func(r amqp.Return, ok bool) {
+		if !ok {
+			returns = nil
+			return
+		}
+		p.redeclare.Store(true)
+		if pc.returned(r) == 0 {
+			p.logger.Warn("rabbitmq: a returned message matches no message in flight", "message_id", r.MessageId)
+		}
+	}
+	for {
+		select {
+		case r, ok := <-returns:
+			take(r, ok)
+		case c, ok := <-confirms:
+			if !ok {
+				return // the channel is closed; its waiters see dead
+			}
+		drain:
+			for returns != nil {
+				select {
+				case r, ok := <-returns:
+					take(r, ok)
+				default:
+					break drain
+				}
+			}
+			pc.confirmed(c)
+		}
 	}
 }
 
@@ -234,7 +384,16 @@ func (p *Publisher) channel(ctx context.Context) (*pubChannel, error) {
 		ch.Close()
 		return nil, fmt.Errorf("rabbitmq: confirm mode: %w", err)
 	}
-	pc := &pubChannel{ch: ch, sock: sock, dead: make(chan struct{})}
+	pc := &pubChannel{ch: ch, sock: sock, dead: make(chan struct{}), pending: map[uint64]*sent{}}
+	// Buffered so that the connection's reader goroutine rarely waits for
+	// the tracker (amqp091 drops a notification that waits 5s).
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1024))
+	returns := ch.NotifyReturn(make(chan amqp.Return, 256))
+	p.closing.Add(1)
+	go func() {
+		defer p.closing.Done()
+		p.trackConfirms(pc, confirms, returns)
+	}()
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	go func() {
 		for e := range closed { // amqp091 closes it when the channel ends

@@ -85,10 +85,14 @@ func TestPublishConfirmedAndConsumedWithProperties(t *testing.T) {
 
 	errs := pub.Publish(context.Background(), []rabbitmq.Message{
 		paid("evt_1"),
-		{MessageID: "evt_2", RoutingKey: "product.updated", Body: []byte(`{}`)}, // unroutable: confirmed, dropped
+		{MessageID: "evt_2", RoutingKey: "product.updated", Body: []byte(`{}`)}, // no queue: returned, an error
 		paid("evt_3"),
 	})
-	require.Equal(t, []error{nil, nil, nil}, errs)
+	require.Len(t, errs, 3)
+	require.NoError(t, errs[0])
+	require.ErrorIs(t, errs[1], rabbitmq.ErrUnroutable)
+	require.ErrorContains(t, errs[1], "312 NO_ROUTE")
+	require.NoError(t, errs[2])
 
 	rec := &recorder{}
 	runConsumer(t, rabbitmq.NewConsumer(f.conn, rabbitmq.ConsumerConfig{Queue: f.names.NotifyQueue, Concurrency: 1}, rec.handle))
@@ -108,7 +112,7 @@ func TestPublishConfirmedAndConsumedWithProperties(t *testing.T) {
 // TestNotifyQueueTakesEachOrderEventOnce: the queue is bound to order.paid,
 // as the contract says, and to order.* for the worker's sequence; an
 // order.paid matches both bindings and must still arrive once, and an event
-// of anything else not at all.
+// of anything else not at all (it is returned to the publisher).
 func TestNotifyQueueTakesEachOrderEventOnce(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
@@ -120,7 +124,14 @@ func TestNotifyQueueTakesEachOrderEventOnce(t *testing.T) {
 	for i, typ := range types {
 		msgs[i] = rabbitmq.Message{MessageID: "evt_" + typ, RoutingKey: typ, Body: []byte(`{}`)}
 	}
-	require.Equal(t, make([]error, len(msgs)), pub.Publish(context.Background(), msgs))
+	errs := pub.Publish(context.Background(), msgs)
+	for i, typ := range types {
+		if typ == "product.updated" {
+			require.ErrorIs(t, errs[i], rabbitmq.ErrUnroutable, "no queue takes %s", typ)
+		} else {
+			require.NoError(t, errs[i], typ)
+		}
+	}
 
 	rec := &recorder{}
 	runConsumer(t, rabbitmq.NewConsumer(f.conn, rabbitmq.ConsumerConfig{Queue: f.names.NotifyQueue}, rec.handle))
