@@ -165,3 +165,39 @@ func TestReturnedMessagesFailAloneInABatch(t *testing.T) {
 	}
 	require.Equal(t, 3*200, queueDepth(t, f, f.names.NotifyQueue))
 }
+
+// TestPublishHealsAfterItsBindingsOrExchangeAreDeleted: a queue unbound
+// from the exchange is the same as a deleted one to the publisher (its
+// messages are returned, then the topology is declared again); a deleted
+// exchange makes the broker close the channel with 404 NOT_FOUND, and the
+// Publisher declares the topology on its next channel, so the publish after
+// succeeds without a reconnect.
+func TestPublishHealsAfterItsBindingsOrExchangeAreDeleted(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	var setups atomic.Int32
+	conn := declaringConn(t, f, &setups)
+	pub := rabbitmq.NewPublisher(conn, rabbitmq.PublisherConfig{Exchange: f.names.Exchange})
+	defer pub.Close()
+	require.Equal(t, []error{nil}, pub.Publish(context.Background(), []rabbitmq.Message{paid("evt_1")}))
+
+	ch, err := f.conn.Channel(context.Background())
+	require.NoError(t, err)
+	for _, key := range f.names.NotifyBindings {
+		require.NoError(t, ch.QueueUnbind(f.names.NotifyQueue, key, f.names.Exchange, nil))
+	}
+	require.NoError(t, ch.Close())
+	errs := pub.Publish(context.Background(), []rabbitmq.Message{paid("evt_2")})
+	require.ErrorIs(t, errs[0], rabbitmq.ErrUnroutable, "unbound: returned")
+	require.Equal(t, []error{nil}, pub.Publish(context.Background(), []rabbitmq.Message{paid("evt_2")}), "bound again")
+
+	ch, err = f.conn.Channel(context.Background())
+	require.NoError(t, err)
+	require.NoError(t, ch.ExchangeDelete(f.names.Exchange, false, false))
+	require.NoError(t, ch.Close())
+	errs = pub.Publish(context.Background(), []rabbitmq.Message{paid("evt_3")})
+	require.Error(t, errs[0], "no exchange: the channel is closed")
+	require.Equal(t, []error{nil}, pub.Publish(context.Background(), []rabbitmq.Message{paid("evt_3")}), "exchange declared again")
+	require.Equal(t, int32(3), setups.Load(), "declared at the dial, after the return, after the 404; one connection")
+	require.Equal(t, 3, queueDepth(t, f, f.names.NotifyQueue), "evt_1, evt_2 and evt_3 reached the queue")
+}

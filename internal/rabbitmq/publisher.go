@@ -70,7 +70,9 @@ type PublisherConfig struct {
 // operator, a policy), and confirming it would mark the outbox row
 // published with the event gone. The caller publishes it again later, and
 // the Publisher runs its Conn's Setup (DeclareTopology) before its next
-// send, so a deleted queue comes back without waiting for a reconnect.
+// send, so a deleted queue comes back without waiting for a reconnect. So
+// does a deleted exchange: a publish to it closes the channel with 404
+// NOT_FOUND, and the next channel runs Setup before it sends.
 //
 // Publisher is safe for concurrent use. Sends are serialised on one
 // channel, which is reopened (reconnecting if needed) after any failure;
@@ -85,8 +87,9 @@ type Publisher struct {
 	ch      *pubChannel
 	closing sync.WaitGroup // background channel closes and trackers, see reset
 
-	// redeclare is set when a message came back unroutable: the next send
-	// runs the Conn's Setup first.
+	// redeclare is set when a message came back unroutable or the channel
+	// closed with 404 NOT_FOUND (no exchange): the next send runs the
+	// Conn's Setup first.
 	redeclare atomic.Bool
 }
 
@@ -168,7 +171,8 @@ func (p *Publisher) Send(ctx context.Context, msgs []Message) (wait func() []err
 		return func() []error { return errs }
 	}
 	if p.redeclare.CompareAndSwap(true, false) {
-		// A message came back unroutable: its queue may have been deleted.
+		// A message came back unroutable (its queue may have been deleted)
+		// or the exchange was missing.
 		// Declaring is idempotent; this send would otherwise fail the same.
 		if err := p.conn.setup(pc.ch); err != nil {
 			p.redeclare.Store(true)
@@ -179,7 +183,7 @@ func (p *Publisher) Send(ctx context.Context, msgs []Message) (wait func() []err
 			}
 			return func() []error { return errs }
 		}
-		p.logger.Info("rabbitmq: declared the topology again after an unroutable message")
+		p.logger.Info("rabbitmq: declared the topology again (a message was returned or the exchange was missing)")
 	}
 	confirms := make([]*sent, len(msgs))
 	// One write for the batch instead of one a message (see corkConn).
@@ -398,6 +402,12 @@ func (p *Publisher) channel(ctx context.Context) (*pubChannel, error) {
 	go func() {
 		for e := range closed { // amqp091 closes it when the channel ends
 			pc.err = e
+			if e != nil && e.Code == amqp.NotFound {
+				// The exchange is gone (a publish to it closes the
+				// channel): the next channel declares it first, else
+				// it would meet the same 404 until a reconnect.
+				p.redeclare.Store(true)
+			}
 		}
 		close(pc.dead)
 	}()
