@@ -148,6 +148,9 @@ func (s *settings) check() (*auth.Keys, idempotency.FailureMode, error) {
 	if s.IdempotencyTTL <= s.IdempotencyLease {
 		errs = append(errs, fmt.Errorf("IDEMPOTENCY_TTL: %s must exceed IDEMPOTENCY_LEASE (%s)", s.IdempotencyTTL, s.IdempotencyLease))
 	}
+	if err := payments.CheckAPIBase(s.StripeAPIBase); err != nil {
+		errs = append(errs, fmt.Errorf("STRIPE_API_BASE: %w", err))
+	}
 	if s.StripeSettle < 0 {
 		errs = append(errs, fmt.Errorf("STRIPE_SEARCH_SETTLE: must not be negative, got %s", s.StripeSettle))
 	}

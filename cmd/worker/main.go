@@ -99,6 +99,9 @@ func (s *settings) check() error {
 	if s.SequenceWait <= 0 {
 		errs = append(errs, errors.New("NOTIFY_SEQUENCE_WAIT: must be positive"))
 	}
+	if err := payments.CheckAPIBase(s.StripeAPIBase); err != nil {
+		errs = append(errs, fmt.Errorf("STRIPE_API_BASE: %w", err))
+	}
 	if s.StripeSettle < 0 {
 		errs = append(errs, fmt.Errorf("STRIPE_SEARCH_SETTLE: must not be negative, got %s", s.StripeSettle))
 	}

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -52,6 +53,25 @@ const (
 	DefaultTimeout    = 10 * time.Second
 	DefaultMaxElapsed = 20 * time.Second
 )
+
+// CheckAPIBase reports whether s can be a Config.APIBase: an absolute http
+// or https URL with a host (a path prefix is kept; a query or fragment could
+// not be, as each request's path is appended to it).
+func CheckAPIBase(s string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return fmt.Errorf("%q is not a URL: %w", s, err)
+	}
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		return fmt.Errorf("%q must be an http or https URL, e.g. %s", s, DefaultAPIBase)
+	case u.Host == "" || u.Hostname() == "":
+		return fmt.Errorf("%q has no host", s)
+	case u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
+		return fmt.Errorf("%q must not have a query or fragment", s)
+	}
+	return nil
+}
 
 // Config configures a Client. Zero fields take the Default* values.
 type Config struct {

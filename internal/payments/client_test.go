@@ -388,3 +388,17 @@ func TestNewClientSharesMetricsOnOneRegistry(t *testing.T) {
 	})
 	require.Equal(t, 0, calls(t, reg, "create", "succeeded"))
 }
+
+// TestCheckAPIBase: STRIPE_API_BASE must be an absolute http or https URL
+// with a host.
+func TestCheckAPIBase(t *testing.T) {
+	t.Parallel()
+	for _, ok := range []string{payments.DefaultAPIBase, "http://127.0.0.1:12111", "http://stripe-emulator:12111/",
+		"https://proxy.internal/stripe"} {
+		require.NoError(t, payments.CheckAPIBase(ok), ok)
+	}
+	for _, bad := range []string{"", "notaurl", "ftp://x", "api.stripe.com", "https://", "http://:12111",
+		"//api.stripe.com", "https://api.stripe.com?x=1", "https://api.stripe.com/#frag", "http://[::1"} {
+		require.Error(t, payments.CheckAPIBase(bad), bad)
+	}
+}
