@@ -39,6 +39,12 @@ func main() {
 	}
 }
 
+// APP_ENV's values; unset or empty is development.
+const (
+	appEnvDevelopment = "development"
+	appEnvProduction  = "production"
+)
+
 // settings are the API's environment variables (CONTRACT.md).
 type settings struct {
 	AppEnv              string        `env:"APP_ENV" envDefault:"development"`
@@ -139,7 +145,14 @@ func (s *settings) check() (*auth.Keys, idempotency.FailureMode, error) {
 	if err != nil {
 		errs = append(errs, fmt.Errorf("CHECKOUT_API_KEYS: %w", err))
 	}
-	if s.AppEnv == "production" && keys != nil && keys.UsesDevelopmentKey() {
+	switch s.AppEnv {
+	case appEnvDevelopment, appEnvProduction:
+	default:
+		// Closed set: a near miss (prod, Production) must not run with
+		// the development keys and secret.
+		errs = append(errs, fmt.Errorf("APP_ENV: %q is not one of %s, %s", s.AppEnv, appEnvDevelopment, appEnvProduction))
+	}
+	if s.AppEnv == appEnvProduction && keys != nil && keys.UsesDevelopmentKey() {
 		errs = append(errs, errors.New("CHECKOUT_API_KEYS: the development keys (sk_test_acme, sk_test_globex) are not allowed with APP_ENV=production"))
 	}
 	if s.IdempotencyLease < 300*time.Millisecond {
@@ -170,7 +183,7 @@ func (s *settings) check() (*auth.Keys, idempotency.FailureMode, error) {
 	if !strings.HasPrefix(s.StripeWebhookSecret, "whsec_") || len(s.StripeWebhookSecret) <= len("whsec_") {
 		errs = append(errs, errors.New("STRIPE_WEBHOOK_SECRET: must be an endpoint signing secret, whsec_… (Stripe dashboard, Developers > Webhooks, or the one `stripe listen` prints)"))
 	}
-	if s.AppEnv == "production" && s.StripeWebhookSecret == webhooks.DefaultSecret {
+	if s.AppEnv == appEnvProduction && s.StripeWebhookSecret == webhooks.DefaultSecret {
 		errs = append(errs, errors.New("STRIPE_WEBHOOK_SECRET: the development secret is not allowed with APP_ENV=production"))
 	}
 	if s.DatabaseMaxConns < 1 {

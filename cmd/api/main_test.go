@@ -43,6 +43,10 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"Stripe API base over ftp", map[string]string{"STRIPE_API_BASE": "ftp://x"}, "STRIPE_API_BASE"},
 		{"Stripe API base without a host", map[string]string{"STRIPE_API_BASE": "https://"}, "STRIPE_API_BASE"},
 		{"Stripe API base without a scheme", map[string]string{"STRIPE_API_BASE": "api.stripe.com"}, "STRIPE_API_BASE"},
+		{"APP_ENV abbreviated", map[string]string{"APP_ENV": "prod"}, `APP_ENV: "prod" is not one of development, production`},
+		{"APP_ENV capitalised", map[string]string{"APP_ENV": "Production"}, "APP_ENV"},
+		{"APP_ENV with a space", map[string]string{"APP_ENV": "production "}, "APP_ENV"},
+		{"APP_ENV unknown", map[string]string{"APP_ENV": "staging"}, "APP_ENV"},
 		{"zero Stripe timeout", map[string]string{"STRIPE_TIMEOUT": "0s"}, "STRIPE_TIMEOUT"},
 		{"an attempt longer than all retries", map[string]string{"STRIPE_TIMEOUT": "30s", "STRIPE_MAX_ELAPSED": "1s"}, "STRIPE_TIMEOUT"},
 		{"work cut off before Stripe gives up", map[string]string{"WORK_TIMEOUT": "1s"}, "WORK_TIMEOUT"},
@@ -71,6 +75,28 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 			require.Error(t, err)
 			require.Contains(t, err.Error(), tc.want)
 		})
+	}
+}
+
+// TestAppEnvValues: APP_ENV is development (also when unset or empty) or
+// production, and production refuses the development keys and secret.
+func TestAppEnvValues(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{}, "development"},
+		{map[string]string{"APP_ENV": ""}, "development"},
+		{map[string]string{"APP_ENV": "development"}, "development"},
+		{map[string]string{"APP_ENV": "production", "CHECKOUT_API_KEYS": "acme:sk_live_real",
+			"STRIPE_WEBHOOK_SECRET": "whsec_real"}, "production"},
+	} {
+		var s settings
+		require.NoError(t, config.Load(env(tc.env), &s))
+		require.Equal(t, tc.want, s.AppEnv)
+		_, _, err := s.check()
+		require.NoError(t, err, "%v", tc.env)
 	}
 }
 
