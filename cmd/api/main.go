@@ -10,9 +10,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -261,6 +263,14 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return fmt.Errorf("HTTP_ADDR: %w", err)
 	}
 	srv := serverLimits.Server(app.Handler)
+	// Requests in flight, for the log line of a drain that runs out of time.
+	var inFlight atomic.Int64
+	handler := srv.Handler
+	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inFlight.Add(1)
+		defer inFlight.Add(-1)
+		handler.ServeHTTP(w, r)
+	})
 	logger.Info("listening", "addr", ln.Addr().String())
 
 	serveErr := make(chan error, 1)
@@ -272,12 +282,21 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 
 	// Stop accepting, let in-flight checkouts finish (their work runs on
-	// detached contexts), then close.
+	// detached contexts), then close. A drain that outlasts
+	// SHUTDOWN_TIMEOUT is not a failure (CONTRACT.md: exit 0): each request
+	// still running holds its key at a recovery point, from which a retry
+	// with the same key, or the worker's completer once the lease expires,
+	// resumes it.
 	logger.Info("shutting down", "timeout", s.ShutdownTimeout.String())
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(shutdownCtx); err != nil {
-		return fmt.Errorf("shutdown: %w", err)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("shutdown: %w", err)
+		}
+		logger.Warn("shutdown timeout: requests still in flight are cut off; their keys stay at their recovery point, and a retry or the completer resumes them",
+			"in_flight", inFlight.Load(), "timeout", s.ShutdownTimeout.String())
+		srv.Close()
 	}
 	logger.Info("stopped")
 	return nil

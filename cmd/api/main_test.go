@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	checkoutpkg "github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/config"
 	"github.com/onceonly/checkout/internal/payments/stripeemu"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
@@ -177,4 +179,107 @@ func TestRefundRetryAfterDefault(t *testing.T) {
 	var s settings
 	require.NoError(t, config.Load(func(string) string { return "" }, &s))
 	require.Equal(t, refunds.DefaultRetryAfter, s.RefundRetryAfter)
+}
+
+// TestShutdownTimeoutExitsZeroAndLeavesTheKeyResumable: a checkout that
+// outlasts SHUTDOWN_TIMEOUT (Stripe slower than the drain) does not make the
+// api fail: run returns nil (exit 0) after logging a warning with the
+// requests still in flight. The cut-off checkout wrote nothing half-way: its
+// key is unfinished at its recovery point with its order pending, and a
+// retry with the same key on another api, once the lease expired, finishes
+// it with the one PaymentIntent.
+func TestShutdownTimeoutExitsZeroAndLeavesTheKeyResumable(t *testing.T) {
+	t.Parallel()
+	db, dbURL := pgtest.NewDB(t)
+	_, prefix := testenv.Redis(t)
+	emu := stripeemu.New()
+	require.NoError(t, emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultDelay, Count: 1, Before: 3 * time.Second}))
+	emuSrv := httptest.NewServer(emu)
+	t.Cleanup(emuSrv.Close)
+	vars := env(map[string]string{
+		"HTTP_ADDR":         "127.0.0.1:0",
+		"DATABASE_URL":      dbURL,
+		"REDIS_URL":         testenv.RedisURL(),
+		"REDIS_KEY_PREFIX":  prefix,
+		"STRIPE_API_BASE":   emuSrv.URL,
+		"SHUTDOWN_TIMEOUT":  "300ms",
+		"IDEMPOTENCY_LEASE": "1s",
+	})
+	start := func(ctx context.Context, out *testenv.Output) (string, chan error) {
+		done := make(chan error, 1)
+		go func() { done <- run(ctx, vars, out) }()
+		return "http://" + testenv.LogValue(t, out, "listening", "addr"), done
+	}
+	const body = `{"email":"buyer@example.com","items":[{"sku":"sku_mug","quantity":1}],"payment_method":"pm_card_visa"}`
+	checkout := func(base string) (int, error) {
+		req, _ := http.NewRequest(http.MethodPost, base+"/v1/checkouts", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer sk_test_acme")
+		req.Header.Set("Idempotency-Key", "drain-timeout-1")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	out := &testenv.Output{}
+	base, done := start(ctx, out)
+	result := make(chan error, 1)
+	go func() {
+		status, err := checkout(base)
+		if err == nil {
+			err = fmt.Errorf("answered %d", status)
+		}
+		result <- err
+	}()
+	require.Eventually(t, func() bool { return emu.InFlight() == 1 }, 10*time.Second, 10*time.Millisecond)
+	stop() // SIGTERM
+	select {
+	case err := <-done:
+		require.NoError(t, err, "exit 0 when the drain outlasts SHUTDOWN_TIMEOUT")
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not return after SHUTDOWN_TIMEOUT")
+	}
+	require.Regexp(t, `"level":"WARN","msg":"shutdown timeout: [^"]*","in_flight":1,`, out.String())
+	require.Error(t, <-result, "the cut-off checkout got no answer")
+
+	// The first create reaches Stripe after the api stopped; whatever the
+	// cut-off request does next, it cannot write any more.
+	require.Eventually(t, func() bool { return emu.InFlight() == 0 }, 10*time.Second, 10*time.Millisecond)
+	var key struct {
+		RecoveryPoint  string
+		OrderID        *string
+		ResponseStatus *int
+	}
+	require.NoError(t, db.Raw(`SELECT recovery_point, order_id, response_status FROM idempotency_keys
+		WHERE key = 'drain-timeout-1'`).Scan(&key).Error)
+	require.Equal(t, checkoutpkg.RecoveryPointOrderCreated, key.RecoveryPoint, "unfinished, at its recovery point")
+	require.Nil(t, key.ResponseStatus, "no response stored")
+	require.NotNil(t, key.OrderID)
+	var orders []struct{ ID, Status string }
+	require.NoError(t, db.Raw(`SELECT id, status FROM orders`).Scan(&orders).Error)
+	require.Len(t, orders, 1)
+	require.Equal(t, *key.OrderID, orders[0].ID)
+	require.Equal(t, "pending_payment", orders[0].Status)
+
+	// Another api resumes it once the lease has expired.
+	ctx2, stop2 := context.WithCancel(context.Background())
+	base2, done2 := start(ctx2, &testenv.Output{})
+	var status int
+	require.Eventually(t, func() bool {
+		var err error
+		status, err = checkout(base2)
+		return err == nil && status != http.StatusConflict
+	}, 20*time.Second, 200*time.Millisecond)
+	require.Equal(t, http.StatusCreated, status, "resumed")
+	require.Equal(t, 1, emu.TotalCreated(), "one PaymentIntent")
+	require.NoError(t, db.Raw(`SELECT id, status FROM orders`).Scan(&orders).Error)
+	require.Len(t, orders, 1)
+	require.Equal(t, "paid", orders[0].Status)
+	stop2()
+	require.NoError(t, <-done2)
 }
