@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -124,16 +125,32 @@ type Check struct {
 	Ping func(context.Context) error
 }
 
+// ReadyTimeout is how long each readiness check may take.
+const ReadyTimeout = 2 * time.Second
+
 // Ready returns the /readyz handler: 200 {"status":"ready"} when every check
-// passes within 2s, else 503 {"status":"unavailable","failing":{name: error}}.
+// passes within ReadyTimeout, else 503
+// {"status":"unavailable","failing":{name: error}}. The checks run at once,
+// each under its own timeout, so that a stalled dependency neither delays
+// the others nor makes them fail: each error is its own dependency's.
 func Ready(checks ...Check) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
+		errs := make([]error, len(checks))
+		var wg sync.WaitGroup
+		for i, ch := range checks {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(r.Context(), ReadyTimeout)
+				defer cancel()
+				errs[i] = ch.Ping(ctx)
+			}()
+		}
+		wg.Wait()
 		failing := map[string]string{}
-		for _, ch := range checks {
-			if err := ch.Ping(ctx); err != nil {
-				failing[ch.Name] = err.Error()
+		for i, ch := range checks {
+			if errs[i] != nil {
+				failing[ch.Name] = errs[i].Error()
 			}
 		}
 		w.Header().Set("Content-Type", "application/json")

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
@@ -79,6 +80,40 @@ func TestReady(t *testing.T) {
 	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &body))
 	require.Equal(t, "unavailable", body.Status)
 	require.Equal(t, map[string]string{"redis": "connection refused"}, body.Failing)
+}
+
+// TestReadyChecksHaveTheirOwnTimeout: a dependency that stalls is reported
+// failing, and only it: a healthy one checked after it is not cut off by the
+// stalled one's time. The checks run at once, so the answer comes after
+// about one ReadyTimeout, not one per stalled check.
+func TestReadyChecksHaveTheirOwnTimeout(t *testing.T) {
+	t.Parallel()
+	stalled := func(name string) telemetry.Check {
+		return telemetry.Check{Name: name, Ping: func(ctx context.Context) error {
+			<-ctx.Done()
+			return ctx.Err()
+		}}
+	}
+	// Like a real client, the healthy check fails if its context is over.
+	healthy := telemetry.Check{Name: "redis", Ping: func(ctx context.Context) error { return ctx.Err() }}
+
+	w := httptest.NewRecorder()
+	start := time.Now()
+	telemetry.Ready(stalled("postgres"), stalled("rabbitmq"), healthy)(w, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	elapsed := time.Since(start)
+	require.Equal(t, 503, w.Code)
+	var body struct {
+		Status  string            `json:"status"`
+		Failing map[string]string `json:"failing"`
+	}
+	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &body))
+	require.Equal(t, "unavailable", body.Status)
+	require.Equal(t, map[string]string{
+		"postgres": context.DeadlineExceeded.Error(),
+		"rabbitmq": context.DeadlineExceeded.Error(),
+	}, body.Failing, "only the stalled dependencies fail")
+	// Loose: one timeout, with room for a loaded machine.
+	require.Less(t, elapsed, 3*telemetry.ReadyTimeout)
 }
 
 // TestHealthProbesAreNotLoggedAtInfo: docker compose probes /readyz every few
