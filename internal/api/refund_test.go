@@ -99,6 +99,25 @@ func requireReplay(t testing.TB, first, again reply) {
 	require.Empty(t, first.header.Get(idempotency.ReplayedHeader))
 }
 
+// TestRefundWithAnEmptyBody: both of a refund's fields are optional, so an
+// empty body, with or without a Content-Type, refunds the rest like {}: one
+// refund at Stripe, and the same key with {} or with nothing is its replay.
+func TestRefundWithAnEmptyBody(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	orderID, pi := h.paidOrder()
+	req, err := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/orders/"+orderID+"/refunds", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer sk_test_acme")
+	req.Header.Set("Idempotency-Key", "refund-empty")
+	first := h.send(req)
+	rf := decodeRefund(t, first)
+	require.Equal(t, int64(5000), rf.Amount, "the rest of what was paid")
+	requireReplay(t, first, h.refund(orderID, "refund-empty", ""))
+	requireReplay(t, first, h.refund(orderID, "refund-empty", "{}"))
+	require.Len(t, h.stripeRefunds(pi), 1)
+}
+
 // TestRefundPartialThenFull: a partial refund, its replay, then the rest;
 // the order follows (partially_refunded, refunded), Stripe holds exactly two
 // refunds with our ids, one order.refunded per refund, sequenced after

@@ -96,9 +96,11 @@ type Handler struct {
 }
 
 // Register mounts POST /v1/orders/:id/refunds on r, guarded by gateway
-// under its own route scope (Route).
+// under its own route scope (Route). Both fields are optional, so an empty
+// body (with or without a Content-Type) is the object {}: a refund of the
+// rest, as a cancel's empty body is.
 func (h *Handler) Register(r gin.IRoutes, gateway *idempotency.Gateway) {
-	r.POST("/v1/orders/:id/refunds", gateway.Middleware(Route), h.create)
+	r.POST("/v1/orders/:id/refunds", gateway.Middleware(Route, idempotency.EmptyBodyIsObject), h.create)
 }
 
 func (h *Handler) create(c *gin.Context) {
