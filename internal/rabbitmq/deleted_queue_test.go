@@ -40,14 +40,21 @@ func deleteQueue(t *testing.T, f fixture, queue string) {
 // consumers is how many consumers queue has, or -1 if it does not exist.
 func consumers(t *testing.T, f fixture, queue string) int {
 	t.Helper()
-	ch, err := f.conn.Channel(context.Background())
-	require.NoError(t, err)
-	defer ch.Close()
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	if err != nil {
-		return -1 // 404 NOT_FOUND, which also closes ch
+	q, ok := inspectQueue(t, f, queue)
+	if !ok {
+		return -1
 	}
 	return q.Consumers
+}
+
+// declaringPublisher is a Publisher on a declaringConn of f whose first
+// message, evt_before, has been confirmed: the topology declared once.
+func declaringPublisher(t *testing.T, f fixture, setups *atomic.Int32) *rabbitmq.Publisher {
+	t.Helper()
+	pub := rabbitmq.NewPublisher(declaringConn(t, f, setups), rabbitmq.PublisherConfig{Exchange: f.names.Exchange})
+	t.Cleanup(func() { pub.Close() })
+	require.Equal(t, []error{nil}, pub.Publish(context.Background(), []rabbitmq.Message{paid("evt_before")}))
+	return pub
 }
 
 // TestConsumerResubscribesAfterItsQueueIsDeleted: deleting the queue makes
@@ -117,10 +124,7 @@ func TestPublishToADeletedQueueFailsUntilTheTopologyIsBack(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	var setups atomic.Int32
-	conn := declaringConn(t, f, &setups)
-	pub := rabbitmq.NewPublisher(conn, rabbitmq.PublisherConfig{Exchange: f.names.Exchange})
-	defer pub.Close()
-	require.Equal(t, []error{nil}, pub.Publish(context.Background(), []rabbitmq.Message{paid("evt_before")}))
+	pub := declaringPublisher(t, f, &setups)
 	require.Equal(t, int32(1), setups.Load())
 
 	deleteQueue(t, f, f.names.NotifyQueue)
@@ -176,10 +180,7 @@ func TestPublishHealsAfterItsBindingsOrExchangeAreDeleted(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	var setups atomic.Int32
-	conn := declaringConn(t, f, &setups)
-	pub := rabbitmq.NewPublisher(conn, rabbitmq.PublisherConfig{Exchange: f.names.Exchange})
-	defer pub.Close()
-	require.Equal(t, []error{nil}, pub.Publish(context.Background(), []rabbitmq.Message{paid("evt_1")}))
+	pub := declaringPublisher(t, f, &setups)
 
 	ch, err := f.conn.Channel(context.Background())
 	require.NoError(t, err)
@@ -199,5 +200,5 @@ func TestPublishHealsAfterItsBindingsOrExchangeAreDeleted(t *testing.T) {
 	require.Error(t, errs[0], "no exchange: the channel is closed")
 	require.Equal(t, []error{nil}, pub.Publish(context.Background(), []rabbitmq.Message{paid("evt_3")}), "exchange declared again")
 	require.Equal(t, int32(3), setups.Load(), "declared at the dial, after the return, after the 404; one connection")
-	require.Equal(t, 3, queueDepth(t, f, f.names.NotifyQueue), "evt_1, evt_2 and evt_3 reached the queue")
+	require.Equal(t, 3, queueDepth(t, f, f.names.NotifyQueue), "evt_before, evt_2 and evt_3 reached the queue")
 }

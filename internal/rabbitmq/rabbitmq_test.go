@@ -331,12 +331,22 @@ func TestTransientFailureIsRetriedInPlace(t *testing.T) {
 	require.Eventually(t, func() bool { return queueDepth(t, f, f.names.NotifyQueue) == 0 }, 5*time.Second, 20*time.Millisecond, "acked")
 }
 
+// queueDepth is how many messages queue holds; it must exist.
 func queueDepth(t *testing.T, f fixture, queue string) int {
+	t.Helper()
+	q, ok := inspectQueue(t, f, queue)
+	require.True(t, ok, "queue %s exists", queue)
+	return q.Messages
+}
+
+// inspectQueue reads queue's counts (a passive declare, from a channel of
+// its own); ok is false when the queue does not exist (404 NOT_FOUND,
+// which also closes that channel).
+func inspectQueue(t *testing.T, f fixture, queue string) (q amqp.Queue, ok bool) {
 	t.Helper()
 	ch, err := f.conn.Channel(context.Background())
 	require.NoError(t, err)
 	defer ch.Close()
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	require.NoError(t, err)
-	return q.Messages
+	q, err = ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	return q, err == nil
 }
