@@ -1,0 +1,175 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Code is a problem's machine-readable code (the "code" member of the
+// service's RFC 9457 problem details).
+type Code string
+
+// The codes of schema Problem.code. Only CodeIdempotencyKeyInUse and
+// CodeRateLimited (besides 502, 503 and 504, whatever their code) are
+// retried; every other one is final for its key and body.
+const (
+	CodeUnauthorized               Code = "unauthorized"
+	CodeUnsupportedMediaType       Code = "unsupported_media_type"
+	CodePayloadTooLarge            Code = "payload_too_large"
+	CodeIdempotencyKeyMissing      Code = "idempotency_key_missing"
+	CodeIdempotencyKeyInvalid      Code = "idempotency_key_invalid"
+	CodeMalformedJSON              Code = "malformed_json"
+	CodeIdempotencyKeyReused       Code = "idempotency_key_reused"
+	CodeIdempotencyKeyInUse        Code = "idempotency_key_in_use"
+	CodeValidationError            Code = "validation_error"
+	CodeCardDeclined               Code = "card_declined"
+	CodePaymentRejected            Code = "payment_rejected"
+	CodeOutOfStock                 Code = "out_of_stock"
+	CodeOrderNotCancelable         Code = "order_not_cancelable"
+	CodePaymentProviderUnavailable Code = "payment_provider_unavailable"
+	CodeInvalidSignature           Code = "invalid_signature"
+	CodeMalformedEvent             Code = "malformed_event"
+	CodeUnavailable                Code = "unavailable"
+	CodeNotFound                   Code = "not_found"
+	CodeMethodNotAllowed           Code = "method_not_allowed"
+	CodeInternal                   Code = "internal"
+	CodeOrderNotRefundable         Code = "order_not_refundable"
+	CodeRefundExceedsPayment       Code = "refund_exceeds_payment"
+	CodeRateLimited                Code = "rate_limited"
+)
+
+// Problem is an RFC 9457 problem details object as the service sends it
+// (schema Problem), with the extension members it uses.
+type Problem struct {
+	// Type is a URI naming the problem type.
+	Type string `json:"type"`
+	// Title is a short human-readable summary.
+	Title string `json:"title"`
+	// Status is the HTTP status code.
+	Status int `json:"status"`
+	// Detail explains this occurrence.
+	Detail string `json:"detail,omitempty"`
+	// Code is the machine-readable code.
+	Code Code `json:"code"`
+	// Errors are the invalid fields of a validation_error.
+	Errors []FieldError `json:"errors,omitempty"`
+	// OrderID is the order of a 402 (card_declined, payment_rejected) or a
+	// 409 about a refund.
+	OrderID string `json:"order_id,omitempty"`
+	// DeclineCode is Stripe's decline_code of a card_declined, if any.
+	DeclineCode string `json:"decline_code,omitempty"`
+	// AmountRefundable is what is left to refund, in minor units, in a
+	// refund_exceeds_payment.
+	AmountRefundable *int64 `json:"amount_refundable,omitempty"`
+}
+
+// FieldError is one invalid field of a validation_error.
+type FieldError struct {
+	// Field is the JSON path of the field, e.g. "items[0].quantity".
+	Field string `json:"field"`
+	// Message says what is wrong with it.
+	Message string `json:"message"`
+}
+
+// Call says how an operation's answer was obtained. Results embed it, and
+// so does *Error.
+type Call struct {
+	// IdempotencyKey is the key every attempt carried, the caller's or the
+	// one the client made; "" for reads. Send it again to resume or
+	// replay the same operation.
+	IdempotencyKey string
+	// Attempts is how many HTTP requests were sent (1 when the first
+	// answer was final).
+	Attempts int
+	// Replayed reports Idempotent-Replayed: true on the final answer: the
+	// service replayed the answer stored under the key by an earlier
+	// request (of this call or another), and executed nothing new.
+	Replayed bool
+	// StatusCode is the final answer's HTTP status, 0 when there was none
+	// (a transport error).
+	StatusCode int
+	// Location is the final answer's Location header, e.g.
+	// "/v1/orders/ord_…" on a 201 or 202 checkout.
+	Location string
+}
+
+// Error is a call that did not succeed: a final error answer, or the last
+// transient answer (or transport error) when retrying stopped. Use
+// errors.As to get it.
+type Error struct {
+	// Problem is the answer's problem details; for an answer that was not
+	// problem+json (a gateway's 504 page) only Status is set, and Body
+	// holds what came.
+	Problem
+	// RetryAfter is the answer's Retry-After (RFC 9110 section 10.2.3) as
+	// a duration, 0 when absent.
+	RetryAfter time.Duration
+	// Body is the answer's body, as received.
+	Body []byte
+	// Call is how the answer was obtained; Call.StatusCode is 0 when no
+	// answer came at all.
+	Call
+	// Transport is the error of the last attempt when it got no answer
+	// (a refused, reset or cut connection, an attempt timeout).
+	Transport error
+	// Stopped is why retrying stopped before a final answer: the
+	// context's error (or context.DeadlineExceeded when the next wait
+	// would have passed the context's deadline) or ErrTooManyAttempts. It
+	// is nil when the answer was final.
+	Stopped error
+}
+
+// ErrTooManyAttempts is Error.Stopped when RetryPolicy.MaxAttempts
+// attempts all got transient answers.
+var ErrTooManyAttempts = errors.New("client: too many attempts")
+
+// Error describes the answer, its code and the attempts.
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString("checkout api: ")
+	switch {
+	case e.StatusCode == 0 && e.Transport != nil:
+		fmt.Fprintf(&b, "no answer: %v", e.Transport)
+	case e.Code != "":
+		fmt.Fprintf(&b, "%d %s", e.StatusCode, e.Code)
+		if e.Detail != "" {
+			fmt.Fprintf(&b, ": %s", e.Detail)
+		}
+	default:
+		fmt.Fprintf(&b, "%d", e.StatusCode)
+	}
+	fmt.Fprintf(&b, " (after %d attempt", e.Attempts)
+	if e.Attempts != 1 {
+		b.WriteString("s")
+	}
+	if e.Stopped != nil {
+		fmt.Fprintf(&b, "; stopped: %v", e.Stopped)
+	}
+	b.WriteString(")")
+	return b.String()
+}
+
+// Unwrap returns Stopped and Transport, so errors.Is(err,
+// context.DeadlineExceeded) tells a call that ran out of time.
+func (e *Error) Unwrap() []error {
+	var errs []error
+	for _, err := range []error{e.Stopped, e.Transport} {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+// Temporary reports whether the answer was transient (see the package
+// doc): the operation may still succeed when sent again later with the
+// same key (Call.IdempotencyKey) and body.
+func (e *Error) Temporary() bool { return transient(e.StatusCode, e.Code) }
+
+// IsCode reports whether err is an *Error with code c.
+func IsCode(err error, c Code) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == c
+}
