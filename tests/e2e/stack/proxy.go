@@ -91,6 +91,14 @@ func (p *Proxy) Jitter(latency, jitter int) error {
 	return p.addToxic("jitter_up", "upstream", "latency", fmt.Sprintf(`{"latency":%d,"jitter":%d}`, latency, jitter))
 }
 
+// DropAnswers lets requests through but resets each connection on the
+// first byte of its answer, until Heal: the server has done the work and
+// answered, and the client gets no answer (a connection reset), as when a
+// load balancer or a NAT drops a connection mid-request.
+func (p *Proxy) DropAnswers() error {
+	return p.addToxic("drop_answers", "downstream", "reset_peer", `{"timeout":0}`)
+}
+
 // Heal removes every toxic (Stall, Latency); it does not undo Cut.
 func (p *Proxy) Heal() {
 	p.mu.Lock()

@@ -429,6 +429,16 @@ func (s *Stack) Client() *Client {
 	return &Client{BaseURL: s.Gateway.URL, APIKey: "sk_test_acme", HTTP: &http30}
 }
 
+// AddProxy starts a toxiproxy link named name in front of upstream
+// (host:port), e.g. in front of the api (HostPort(s.APIURL)) for a test
+// that drops its answers. It is closed in the TB's cleanup.
+func (s *Stack) AddProxy(name, upstream string) (*Proxy, error) {
+	return s.proxies.Add(name, upstream)
+}
+
+// HostPort returns the host:port of an absolute URL such as s.APIURL.
+func HostPort(rawURL string) (string, error) { return hostPort(rawURL) }
+
 // DirectClient returns a client of tenant acme that calls the api itself.
 func (s *Stack) DirectClient() *Client {
 	return &Client{BaseURL: s.APIURL, APIKey: "sk_test_acme", HTTP: &http30}
