@@ -48,9 +48,9 @@ createdb:
 run: build createdb
 	./scripts/run.sh
 
-## demo: a scripted checkout against the running stack (make run in another terminal)
+## demo: the Go client against the running stack (make run, or docker compose up)
 demo:
-	./scripts/demo.sh
+	$(GO) run ./cmd/demo
 
 ## chaos: N checkouts under random faults, then an invariant check (N=2000 by default)
 chaos: build
