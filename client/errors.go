@@ -81,7 +81,10 @@ type Call struct {
 	// replay the same operation.
 	IdempotencyKey string
 	// Attempts is how many HTTP requests were sent (1 when the first
-	// answer was final).
+	// answer was final). net/http may also resend a request itself, on a
+	// kept-alive connection the server closed before answering (it treats
+	// a request with an Idempotency-Key as replayable): that resend is
+	// inside one attempt, and as safe, the key being the same.
 	Attempts int
 	// Replayed reports Idempotent-Replayed: true on the final answer: the
 	// service replayed the answer stored under the key by an earlier
