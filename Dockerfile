@@ -1,5 +1,8 @@
-# One image with the service's binaries; docker-compose.yml picks the process
-# with `command`. Build: docker build -t checkout .
+# One image with the service's binaries; docker-compose.yml and the
+# Kubernetes manifests (deploy/k8s) pick the process with `command`.
+# Build: docker build -t checkout .  (target all: api, dispatcher, worker)
+# With the Stripe emulator, for compose and the dev overlay:
+#   docker build --target dev -t checkout-emulator .
 # A single binary: docker build --build-arg BIN=worker --target single -t checkout-worker .
 # Needs BuildKit (the default builder since Docker Engine 23) for the cache mounts.
 # .dockerignore lets in only what the build reads: go.mod, go.sum, cmd/,
@@ -28,9 +31,19 @@ COPY --from=build /out/${BIN} /usr/local/bin/app
 USER app
 ENTRYPOINT ["/usr/local/bin/app"]
 
-# all (default): every binary on PATH; busybox wget serves the healthchecks.
-FROM alpine:3.22 AS all
+# dev: every binary, the Stripe emulator included (compose's stripe-emulator,
+# the dev overlay); busybox wget serves the healthchecks.
+FROM alpine:3.22 AS dev
 RUN adduser -D -u 10001 app
 COPY --from=build /out/ /usr/local/bin/
+USER app
+CMD ["api"]
+
+# all (default, the last stage): the three production processes only. The
+# emulator answers any key and moves no money: an image that ships it lets a
+# misconfigured STRIPE_API_BASE take orders without charging (issue 20).
+FROM alpine:3.22 AS all
+RUN adduser -D -u 10001 app
+COPY --from=build /out/api /out/dispatcher /out/worker /usr/local/bin/
 USER app
 CMD ["api"]

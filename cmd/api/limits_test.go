@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -109,4 +110,36 @@ func TestLimitsFromEnvironment(t *testing.T) {
 	jsonHeader := http.Header{"Content-Type": {"application/json"}, "Idempotency-Key": {"big-body"}}
 	require.Equal(t, http.StatusRequestEntityTooLarge,
 		do("POST", "sk_test_globex", jsonHeader, `{"email":"`+strings.Repeat("a", 3000)+`"}`).StatusCode)
+}
+
+// TestMetricsAddr: unset, /metrics is on HTTP_ADDR; set, /metrics (with
+// /healthz and /readyz, for probes that stay off the public port) is on
+// its own port and the public one answers 404 for it.
+func TestMetricsAddr(t *testing.T) {
+	t.Parallel()
+	t.Run("unset", func(t *testing.T) {
+		t.Parallel()
+		base := startAPI(t, nil)
+		status, _ := testenv.Get(t, base+"/healthz") // one request to count
+		require.Equal(t, http.StatusOK, status)
+		status, body := testenv.Get(t, base+"/metrics")
+		require.Equal(t, http.StatusOK, status)
+		require.Contains(t, body, "checkout_http_request_duration_seconds")
+	})
+	t.Run("set", func(t *testing.T) {
+		t.Parallel()
+		metrics := "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))
+		base := startAPI(t, map[string]string{"METRICS_ADDR": metrics})
+		status, _ := testenv.Get(t, base+"/healthz") // one request to count
+		require.Equal(t, http.StatusOK, status)
+		status, _ = testenv.Get(t, base+"/metrics")
+		require.Equal(t, http.StatusNotFound, status, "not on the public port")
+		status, body := testenv.Get(t, "http://"+metrics+"/metrics")
+		require.Equal(t, http.StatusOK, status)
+		require.Contains(t, body, "checkout_http_request_duration_seconds")
+		for _, probe := range []string{"/healthz", "/readyz"} {
+			status, body = testenv.Get(t, "http://"+metrics+probe)
+			require.Equal(t, http.StatusOK, status, "%s: %s", probe, body)
+		}
+	})
 }

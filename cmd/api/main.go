@@ -25,6 +25,7 @@ import (
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/config"
 	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/ops"
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/ratelimit"
@@ -49,8 +50,11 @@ const (
 
 // settings are the API's environment variables (CONTRACT.md).
 type settings struct {
-	AppEnv              string        `env:"APP_ENV" envDefault:"development"`
-	HTTPAddr            string        `env:"HTTP_ADDR" envDefault:":8080"`
+	AppEnv   string `env:"APP_ENV" envDefault:"development"`
+	HTTPAddr string `env:"HTTP_ADDR" envDefault:":8080"`
+	// MetricsAddr, when set, serves /metrics (with /healthz and /readyz)
+	// on its own port and takes /metrics off HTTP_ADDR's.
+	MetricsAddr         string        `env:"METRICS_ADDR"`
 	DatabaseURL         string        `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable"`
 	DatabaseMaxConns    int           `env:"DATABASE_MAX_CONNS" envDefault:"20"`
 	RedisURL            string        `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
@@ -188,6 +192,11 @@ func (s *settings) check() (*auth.Keys, idempotency.FailureMode, error) {
 	if s.AppEnv == appEnvProduction && s.StripeWebhookSecret == webhooks.DefaultSecret {
 		errs = append(errs, errors.New("STRIPE_WEBHOOK_SECRET: the development secret is not allowed with APP_ENV=production"))
 	}
+	if s.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(s.MetricsAddr); err != nil {
+			errs = append(errs, fmt.Errorf("METRICS_ADDR: %w", err))
+		}
+	}
 	if s.DatabaseMaxConns < 1 {
 		errs = append(errs, fmt.Errorf("DATABASE_MAX_CONNS: must be at least 1"))
 	}
@@ -254,9 +263,24 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 			UnknownAfter:  s.UnknownAfter,
 			ActionTimeout: s.ActionTimeout,
 		},
-		RateLimits:   rateLimits,
-		MaxBodyBytes: s.HTTPMaxBodyBytes,
+		RateLimits:       rateLimits,
+		MaxBodyBytes:     s.HTTPMaxBodyBytes,
+		MetricsElsewhere: s.MetricsAddr != "",
 	}, api.Deps{DB: db, Redis: rdb, Payments: pay, Keys: keys, Logger: logger, Registry: reg})
+
+	if s.MetricsAddr != "" {
+		metricsSrv, err := ops.Serve(s.MetricsAddr, reg, app.Checks...)
+		if err != nil {
+			return fmt.Errorf("METRICS_ADDR: %w", err)
+		}
+		logger.Info("metrics listening", "addr", metricsSrv.Addr())
+		defer func() {
+			// After the drain: readiness stays answerable while it runs.
+			shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			metricsSrv.Shutdown(shutdownCtx)
+		}()
+	}
 
 	ln, err := net.Listen("tcp", s.HTTPAddr)
 	if err != nil {

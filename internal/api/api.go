@@ -61,6 +61,11 @@ type Config struct {
 	// MaxBodyBytes is the largest request body (HTTP_MAX_BODY_BYTES, 64 KiB
 	// when 0); a larger one is 413 payload_too_large.
 	MaxBodyBytes int64
+	// MetricsElsewhere keeps /metrics off Handler: METRICS_ADDR is set and
+	// cmd/api serves the registry on that port, out of the public one's
+	// reach (a scrape needs no route through the load balancer, and the
+	// internet sees no process internals).
+	MetricsElsewhere bool
 }
 
 // API is the assembled service.
@@ -69,6 +74,11 @@ type API struct {
 	Service  *checkout.Service
 	Refunds  *refunds.Service
 	KeyStore *idempotency.Store
+	// Checks are what /readyz tests: Postgres, and Redis when FailureMode
+	// is closed (CONTRACT.md, "Deployment"). An open API takes checkouts
+	// on Postgres alone while Redis is down, so failing its readiness then
+	// would take every replica out of the load balancer for nothing.
+	Checks []telemetry.Check
 }
 
 // New wires the API.
@@ -129,18 +139,19 @@ func New(cfg Config, d Deps) *API {
 			"This route does not accept "+c.Request.Method+"; the Allow header lists the methods it does."))
 	})
 
+	checks := []telemetry.Check{{Name: "postgres", Ping: func(ctx context.Context) error {
+		sqlDB, err := d.DB.DB()
+		if err != nil {
+			return err
+		}
+		return sqlDB.PingContext(ctx)
+	}}}
+	if cfg.FailureMode != idempotency.FailOpen {
+		checks = append(checks, telemetry.Check{Name: "redis", Ping: func(ctx context.Context) error { return d.Redis.Ping(ctx).Err() }})
+	}
 	r.GET("/healthz", gin.WrapF(telemetry.Healthy))
-	r.GET("/readyz", gin.WrapF(telemetry.Ready(
-		telemetry.Check{Name: "postgres", Ping: func(ctx context.Context) error {
-			sqlDB, err := d.DB.DB()
-			if err != nil {
-				return err
-			}
-			return sqlDB.PingContext(ctx)
-		}},
-		telemetry.Check{Name: "redis", Ping: func(ctx context.Context) error { return d.Redis.Ping(ctx).Err() }},
-	)))
-	if d.Registry != nil {
+	r.GET("/readyz", gin.WrapF(telemetry.Ready(checks...)))
+	if d.Registry != nil && !cfg.MetricsElsewhere {
 		r.GET("/metrics", gin.WrapH(telemetry.MetricsHandler(d.Registry)))
 	}
 
@@ -176,7 +187,7 @@ func New(cfg Config, d Deps) *API {
 	if stripeRefunds != nil {
 		(&refunds.Handler{Service: refundSvc, Logger: d.Logger}).Register(v1, gateway)
 	}
-	return &API{Handler: r, Service: svc, Refunds: refundSvc, KeyStore: store}
+	return &API{Handler: r, Service: svc, Refunds: refundSvc, KeyStore: store, Checks: checks}
 }
 
 // recovery turns a panic into a logged generic 500 problem.

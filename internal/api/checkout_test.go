@@ -472,8 +472,9 @@ func TestKeyReusableAfterTTL(t *testing.T) {
 	require.Equal(t, 2, h.emu.TotalCreated(), "a new order gets a new Stripe key")
 }
 
-// TestRedisDown: with Redis unreachable, closed mode answers 503 and runs
-// nothing; open mode still executes once per key on Postgres alone.
+// TestRedisDown: with Redis unreachable, closed mode answers 503, runs
+// nothing and is not ready; open mode still executes once per key on
+// Postgres alone and stays ready.
 func TestRedisDown(t *testing.T) {
 	t.Parallel()
 	t.Run("closed", func(t *testing.T) {
@@ -503,6 +504,10 @@ func TestRedisDown(t *testing.T) {
 		rs := testenv.StartRedis(t)
 		h := setup(t, func(o *options) { o.redisURL = rs.URL(); o.failureMode = idempotency.FailOpen })
 		rs.Stop()
+		// Ready all the same: an open API serves on Postgres alone, so a
+		// Redis outage must not take it out of the load balancer.
+		ready := h.get("", "/readyz")
+		require.Equal(t, http.StatusOK, ready.status, "%s", ready.body)
 		var wg sync.WaitGroup
 		replies := make([]reply, 20)
 		for i := range replies {

@@ -63,6 +63,7 @@ func TestDockerfileBuildsWhatComposeRuns(t *testing.T) {
 	run := goBuild(t, instructions)
 	require.Contains(t, run, `go build -trimpath -ldflags="-s -w" -o /out/ `)
 	require.Contains(t, instructions, "FROM alpine:3.22 AS all")
+	require.Contains(t, instructions, "FROM alpine:3.22 AS dev")
 	require.Contains(t, instructions, "FROM alpine:3.22 AS single")
 
 	// The image ships exactly the binaries the compose file runs: each one
@@ -79,6 +80,86 @@ func TestDockerfileBuildsWhatComposeRuns(t *testing.T) {
 	}
 	require.ElementsMatch(t, commands, builtPackages(run))
 	require.Error(t, shipsOnly(`RUN go build -o /out/ ./cmd/...`, commands), "the issue's build")
+}
+
+// TestDefaultImageLeavesOutTheEmulator (issue 20): the default target, all
+// (the last stage), ships the api, the dispatcher and the worker and not the
+// Stripe emulator, which answers any key and moves no money; the dev target
+// ships it, and each compose service builds the stage that has its binary.
+func TestDefaultImageLeavesOutTheEmulator(t *testing.T) {
+	t.Parallel()
+	instructions := dockerfile(t)
+	require.Equal(t, "all", lastStage(instructions), "the default target")
+	require.NoError(t, productionImage(t, instructions))
+	for _, s := range loadProject(t).Services {
+		if s.Build == nil {
+			continue
+		}
+		require.Contains(t, shipped(t, instructions, s.Build.Target), s.Command[0],
+			"%s builds %s, which ships its binary", s.Name, s.Build.Target)
+	}
+	require.Contains(t, shipped(t, instructions, "dev"), "stripe-emulator")
+
+	// The check itself: the Dockerfile of issue 20 fails it.
+	old := append(slices.Clone(instructions),
+		"FROM alpine:3.22 AS all", "COPY --from=build /out/ /usr/local/bin/", `CMD ["api"]`)
+	require.ErrorContains(t, productionImage(t, old), "stripe-emulator")
+}
+
+// productionImage fails a default target that ships a binary other than the
+// three production processes.
+func productionImage(t *testing.T, instructions []string) error {
+	got := shipped(t, instructions, lastStage(instructions))
+	if want := []string{"api", "dispatcher", "worker"}; !slices.Equal(got, want) {
+		return fmt.Errorf("the default target ships %v, not %v", got, want)
+	}
+	return nil
+}
+
+// lastStage names the Dockerfile's last stage, the default target.
+func lastStage(instructions []string) string {
+	name := ""
+	for _, in := range instructions {
+		if f := strings.Fields(in); len(f) == 4 && f[0] == "FROM" && strings.EqualFold(f[2], "AS") {
+			name = f[3]
+		}
+	}
+	return name
+}
+
+// shipped lists, sorted, the binaries a stage copies from the build stage's
+// /out/ (every binary the go build makes for "/out/"), in the stage's last
+// definition.
+func shipped(t *testing.T, instructions []string, stage string) []string {
+	t.Helper()
+	var bins []string
+	in := false
+	for _, ins := range instructions {
+		f := strings.Fields(ins)
+		if len(f) > 0 && f[0] == "FROM" {
+			in = len(f) == 4 && f[3] == stage
+			if in {
+				bins = nil
+			}
+			continue
+		}
+		if !in || len(f) < 3 || f[0] != "COPY" || f[1] != "--from=build" {
+			continue
+		}
+		for _, src := range f[2 : len(f)-1] {
+			if src == "/out/" {
+				for _, pkg := range builtPackages(goBuild(t, instructions)) {
+					bins = append(bins, path.Base(pkg))
+				}
+				continue
+			}
+			if b, ok := strings.CutPrefix(src, "/out/"); ok {
+				bins = append(bins, b)
+			}
+		}
+	}
+	slices.Sort(bins)
+	return bins
 }
 
 func builtPackages(run string) []string {

@@ -63,13 +63,14 @@ func TestComposeMatchesTheContract(t *testing.T) {
 		env       map[string]string
 		dependsOn map[string]string // service -> condition
 		readyURL  string            // what the healthcheck probes, "" for images' own probes
+		target    string            // the Dockerfile's stage, for the services built here
 	}{
 		{service: "postgres"},
 		{service: "redis"},
 		{service: "rabbitmq"},
 		{service: "mailpit", ports: []uint32{8025}},
 		{
-			service: "stripe-emulator", ports: []uint32{12111}, command: []string{"stripe-emulator"},
+			service: "stripe-emulator", ports: []uint32{12111}, command: []string{"stripe-emulator"}, target: "dev",
 			env: map[string]string{
 				"STRIPE_EMULATOR_ADDR": ":12111", "STRIPE_WEBHOOK_SECRET": "whsec_test_checkout",
 				"STRIPE_EMULATOR_WEBHOOK_URL": "http://api:8080/v1/webhooks/stripe",
@@ -77,7 +78,7 @@ func TestComposeMatchesTheContract(t *testing.T) {
 			readyURL: "http://127.0.0.1:12111/healthz",
 		},
 		{
-			service: "api", ports: []uint32{8080}, command: []string{"api"},
+			service: "api", ports: []uint32{8080}, command: []string{"api"}, target: "all",
 			env: map[string]string{
 				"HTTP_ADDR": ":8080", "DATABASE_URL": databaseURL, "REDIS_URL": "redis://redis:6379/0",
 				"REDIS_KEY_PREFIX": "checkout:", "STRIPE_API_BASE": "http://stripe-emulator:12111",
@@ -90,13 +91,13 @@ func TestComposeMatchesTheContract(t *testing.T) {
 			readyURL:  "http://127.0.0.1:8080/readyz",
 		},
 		{
-			service: "dispatcher", ports: []uint32{9091}, command: []string{"dispatcher"},
+			service: "dispatcher", ports: []uint32{9091}, command: []string{"dispatcher"}, target: "all",
 			env:       map[string]string{"DATABASE_URL": databaseURL, "AMQP_URL": amqpURL, "METRICS_ADDR": ":9091", "LOG_LEVEL": "info"},
 			dependsOn: map[string]string{"postgres": "service_healthy", "rabbitmq": "service_healthy", "api": "service_healthy"},
 			readyURL:  "http://127.0.0.1:9091/readyz",
 		},
 		{
-			service: "worker", ports: []uint32{9092}, command: []string{"worker"},
+			service: "worker", ports: []uint32{9092}, command: []string{"worker"}, target: "all",
 			env: map[string]string{
 				"DATABASE_URL": databaseURL, "AMQP_URL": amqpURL, "SMTP_ADDR": "mailpit:1025",
 				"SMTP_FROM": "orders@checkout.local", "METRICS_ADDR": ":9092", "LOG_LEVEL": "info",
@@ -133,7 +134,7 @@ func TestComposeMatchesTheContract(t *testing.T) {
 			if tt.command != nil {
 				require.Equal(t, tt.command, []string(s.Command))
 				require.NotNil(t, s.Build, "built from this repository")
-				require.Equal(t, "all", s.Build.Target)
+				require.Equal(t, tt.target, s.Build.Target)
 			}
 			if tt.env != nil {
 				require.Equal(t, tt.env, env(s))

@@ -1,9 +1,19 @@
-// Package deploy holds no code: its tests check docker-compose.yml, the
-// Dockerfile and .dockerignore at the repository root against CONTRACT.md
-// (services, ports, healthchecks, dependency conditions and environment
-// variables) and against the defects of issue 8: no host port a local
-// PostgreSQL, Redis or RabbitMQ holds, a fixed hostname and named volumes for
-// the stateful services, a build context of only what the build reads, cache
-// mounts and a Go image that satisfies go.mod, supported image lines, and
-// healthchecks that mean ready (Postgres over TCP) without flooding the logs.
+// Package deploy holds no code: its tests check what the repository ships to
+// run the service.
+//
+// docker-compose.yml, the Dockerfile and .dockerignore at the repository
+// root, against CONTRACT.md (services, ports, healthchecks, dependency
+// conditions and environment variables) and against the defects of issues 8
+// and 20: no host port a local PostgreSQL, Redis or RabbitMQ holds, a fixed
+// hostname and named volumes for the stateful services, a build context of
+// only what the build reads, cache mounts and a Go image that satisfies
+// go.mod, supported image lines, healthchecks that mean ready (Postgres over
+// TCP) without flooding the logs, and no Stripe emulator in the default image.
+//
+// deploy/k8s, rendered in-process with kustomize's library: every object of
+// every overlay, the built-in kinds decoded strictly into k8s.io/api's types
+// and the custom resources validated against their operators' CRDs
+// (testdata/crds); the wiring CONTRACT.md's Deployment section asks for; the
+// PrometheusRule generated from deploy/prometheus/alerts.yml; and no
+// development key in the production overlay.
 package deploy
