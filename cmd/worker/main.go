@@ -51,6 +51,10 @@ type settings struct {
 	Prefetch      int           `env:"NOTIFY_PREFETCH" envDefault:"128"`
 	SweepInterval time.Duration `env:"NOTIFY_SWEEP_INTERVAL" envDefault:"1s"`
 	SequenceWait  time.Duration `env:"NOTIFY_SEQUENCE_WAIT" envDefault:"30s"`
+	// Temporary SMTP failures are retried for RetryFor from the first,
+	// waiting at most RetryMaxInterval between tries (CONTRACT.md v3).
+	RetryFor         time.Duration `env:"NOTIFY_RETRY_FOR" envDefault:"72h"`
+	RetryMaxInterval time.Duration `env:"NOTIFY_RETRY_MAX_INTERVAL" envDefault:"1m"`
 
 	// The completer and the reconciler run the checkout's payment saga, so
 	// they need what the API needs to call Stripe with the same keys,
@@ -119,6 +123,7 @@ func (s *settings) check() error {
 		"COMPLETER_INTERVAL": s.CompleterInterval, "REAPER_INTERVAL": s.ReaperInterval,
 		"REFUND_RETRY_AFTER": s.RefundRetryAfter, "REFUND_POLL_INTERVAL": s.RefundPoll,
 		"INBOX_RETENTION": s.InboxRetention, "OUTBOX_RETENTION": s.OutboxRetention,
+		"NOTIFY_RETRY_FOR": s.RetryFor, "NOTIFY_RETRY_MAX_INTERVAL": s.RetryMaxInterval,
 	} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s: must be positive", name))
@@ -171,6 +176,8 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 			From:          s.SMTPFrom,
 			Concurrency:   s.SMTPConns,
 			SweepInterval: s.SweepInterval,
+			RetryFor:      s.RetryFor,
+			MaxRetry:      s.RetryMaxInterval,
 		},
 		Logger:     logger,
 		Registerer: reg,

@@ -26,21 +26,23 @@ func getenv(m map[string]string) func(string) string { return func(k string) str
 func TestBadValueStopsStartNamingTheVariable(t *testing.T) {
 	t.Parallel()
 	tests := map[string]map[string]string{
-		"LOG_LEVEL":              {"LOG_LEVEL": "loud"},
-		"AMQP_URL":               {"AMQP_URL": "http://rabbit"},
-		"SMTP_ADDR":              {"SMTP_ADDR": "mailpit"},
-		"SMTP_FROM":              {"SMTP_FROM": "not an address"},
-		"SMTP_CONCURRENCY":       {"SMTP_CONCURRENCY": "0"},
-		"METRICS_ADDR":           {"METRICS_ADDR": "9092"},
-		"STRIPE_TIMEOUT":         {"STRIPE_TIMEOUT": "30s", "STRIPE_MAX_ELAPSED": "1s"},
-		"STRIPE_API_BASE":        {"STRIPE_API_BASE": "notaurl"},
-		"STRIPE_API_BASE ftp":    {"STRIPE_API_BASE": "ftp://x"},
-		"STRIPE_MAX_ELAPSED":     {"STRIPE_MAX_ELAPSED": "soon"},
-		"STRIPE_SEARCH_SETTLE":   {"STRIPE_SEARCH_SETTLE": "-1s"},
-		"PAYMENT_UNKNOWN_AFTER":  {"PAYMENT_UNKNOWN_AFTER": "0s"},
-		"PAYMENT_ACTION_TIMEOUT": {"PAYMENT_ACTION_TIMEOUT": "never"},
-		"RECONCILER_INTERVAL":    {"RECONCILER_INTERVAL": "0s"},
-		"WORK_TIMEOUT":           {"WORK_TIMEOUT": "1s"},
+		"LOG_LEVEL":                 {"LOG_LEVEL": "loud"},
+		"AMQP_URL":                  {"AMQP_URL": "http://rabbit"},
+		"SMTP_ADDR":                 {"SMTP_ADDR": "mailpit"},
+		"SMTP_FROM":                 {"SMTP_FROM": "not an address"},
+		"SMTP_CONCURRENCY":          {"SMTP_CONCURRENCY": "0"},
+		"METRICS_ADDR":              {"METRICS_ADDR": "9092"},
+		"STRIPE_TIMEOUT":            {"STRIPE_TIMEOUT": "30s", "STRIPE_MAX_ELAPSED": "1s"},
+		"STRIPE_API_BASE":           {"STRIPE_API_BASE": "notaurl"},
+		"STRIPE_API_BASE ftp":       {"STRIPE_API_BASE": "ftp://x"},
+		"STRIPE_MAX_ELAPSED":        {"STRIPE_MAX_ELAPSED": "soon"},
+		"STRIPE_SEARCH_SETTLE":      {"STRIPE_SEARCH_SETTLE": "-1s"},
+		"PAYMENT_UNKNOWN_AFTER":     {"PAYMENT_UNKNOWN_AFTER": "0s"},
+		"PAYMENT_ACTION_TIMEOUT":    {"PAYMENT_ACTION_TIMEOUT": "never"},
+		"RECONCILER_INTERVAL":       {"RECONCILER_INTERVAL": "0s"},
+		"WORK_TIMEOUT":              {"WORK_TIMEOUT": "1s"},
+		"NOTIFY_RETRY_FOR":          {"NOTIFY_RETRY_FOR": "0s"},
+		"NOTIFY_RETRY_MAX_INTERVAL": {"NOTIFY_RETRY_MAX_INTERVAL": "soon"},
 	}
 	for name, env := range tests {
 		t.Run(name, func(t *testing.T) {
