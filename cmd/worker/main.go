@@ -5,6 +5,9 @@
 // reconciler (refunds Stripe keeps pending) and the reaper (retention).
 // Any number may run at once. It does not migrate: it waits until the API
 // has created the schema.
+//
+// `worker requeue-notifications [-order ID]` sends failed notifications
+// again (see requeue) and exits.
 package main
 
 import (
@@ -35,7 +38,7 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	if err := run(ctx, os.Getenv, os.Stdout); err != nil {
+	if err := dispatch(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		os.Exit(1)
 	}
