@@ -1,14 +1,17 @@
 package api_test
 
 import (
+	"context"
 	"net/http"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"github.com/stripe/stripe-go/v76"
 
 	"github.com/onceonly/checkout/internal/checkout"
+	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/payments/stripeemu"
 )
 
@@ -78,4 +81,58 @@ func TestDeclineBehindAConfirmThatSucceededFirst(t *testing.T) {
 	require.Equal(t, before-2, h.stock("sku_tee"))
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.paid'`, o.ID))
 	require.Zero(t, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.payment_failed'`, o.ID))
+}
+
+// strayTotal reads checkout_payments_stray_total{result}.
+func (h *harness) strayTotal(result string) int {
+	return int(testutil.ToFloat64(gathered{h.registry.Registry, "checkout_payments_stray_total", map[string]string{"result": result}}))
+}
+
+// TestStrayPaymentRefunded: a PaymentIntent that moves money for an order
+// that is not paid (here: one made for a declined order behind the
+// service's back, which the lifecycle makes impossible for its own) is
+// refunded in full when its payment_intent.succeeded webhook arrives,
+// counted once, and the order stays payment_failed. The reconciler's path
+// seeing it again refunds nothing more and counts nothing more.
+func TestStrayPaymentRefunded(t *testing.T) {
+	t.Parallel()
+	h := setup(t, func(o *options) { o.webhooks = true })
+	r := h.checkout("stray-1", declinedBody)
+	require.Equal(t, http.StatusPaymentRequired, r.status, "%s", r.body)
+	id := h.orderOfKey("stray-1")
+
+	c := payments.NewClient(payments.Config{APIBase: h.emuURL, SecretKey: "sk_test_123"}, nil, nil)
+	pi, err := c.CreatePaymentIntent(t.Context(), checkout.CreateIntentRequest{IdempotencyKey: "behind-our-back",
+		Amount: 5000, Currency: "usd", PaymentMethod: "pm_card_visa", OrderID: id, TenantID: "acme"})
+	require.NoError(t, err)
+	pi, err = c.ConfirmPaymentIntent(t.Context(), checkout.ConfirmIntentRequest{IdempotencyKey: "behind-our-back/confirm", PaymentIntentID: pi.ID})
+	require.NoError(t, err)
+	require.Equal(t, checkout.PISucceeded, pi.Status)
+
+	refundsOf := func() []*stripe.Refund {
+		var out []*stripe.Refund
+		for _, rf := range h.emu.Refunds() {
+			if rf.PaymentIntent != nil && rf.PaymentIntent.ID == pi.ID {
+				out = append(out, rf)
+			}
+		}
+		return out
+	}
+	eventually(t, "the stray payment refunded", func() bool { return len(refundsOf()) == 1 })
+	rf := refundsOf()[0]
+	require.EqualValues(t, 5000, rf.Amount, "refunded in full")
+	require.Equal(t, stripe.RefundStatusSucceeded, rf.Status)
+	require.Equal(t, 1, h.strayTotal(checkout.StrayRefunded))
+	require.Equal(t, checkout.StatusPaymentFailed, h.order(id).Status, "a stray payment pays no order")
+
+	changed, err := h.api.Service.ApplyPaymentIntent(context.Background(), pi)
+	require.NoError(t, err)
+	require.False(t, changed)
+	require.Len(t, refundsOf(), 1, "refunded once")
+	require.Equal(t, 1, h.strayTotal(checkout.StrayRefunded), "counted once")
+	for _, rq := range h.emu.Requests() {
+		if rq.Op == stripeemu.OpRefundCreate {
+			require.Equal(t, checkout.StrayRefundKey(id, pi.ID), rq.IdempotencyKey)
+		}
+	}
 }

@@ -807,8 +807,12 @@ func (r *run) cancelOrphans(ctx context.Context, found []PaymentIntentState, kee
 	for _, pi := range found {
 		if pi.ID == keep || pi.Status == PICanceled || MovesMoney(pi.Status) {
 			if pi.ID != keep && MovesMoney(pi.Status) {
-				r.s.Logger.ErrorContext(ctx, "a second PaymentIntent of the order moves money",
-					"order_id", r.o.ID, "payment_intent", pi.ID, "status", pi.Status, "kept", keep)
+				// A second one moving money: stray, refunded.
+				o := *r.o
+				o.Payment.PaymentIntentID = keep
+				if err := r.s.settleStray(ctx, &o, pi); err != nil {
+					r.s.Logger.WarnContext(ctx, "refund a stray payment", "order_id", r.o.ID, "payment_intent", pi.ID, "err", err)
+				}
 			}
 			continue
 		}
