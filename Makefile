@@ -4,6 +4,8 @@ GO ?= go
 GOBIN := $(shell $(GO) env GOPATH)/bin
 BIN := bin
 STRIPE_MOCK_VERSION := v0.203.0
+# staticcheck v0.8.2 (2026.2.2): a release built for the go1.26 this module uses.
+STATICCHECK_VERSION := v0.8.2
 
 .PHONY: all build test test-race fuzz lint tools run demo chaos bench services createdb clean
 
@@ -13,10 +15,16 @@ all: build
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 
-## tools: install stripe-mock (Stripe's official mock, used by one contract test)
-tools: $(GOBIN)/stripe-mock
+## tools: install stripe-mock (Stripe's official mock, used by one contract test) and staticcheck
+tools: $(GOBIN)/stripe-mock $(GOBIN)/staticcheck
 $(GOBIN)/stripe-mock:
 	$(GO) install github.com/stripe/stripe-mock@$(STRIPE_MOCK_VERSION)
+# Reinstalled when the version it reports is not STATICCHECK_VERSION.
+$(GOBIN)/staticcheck: Makefile
+	@if ! $(GOBIN)/staticcheck -version 2>/dev/null | grep -qF '($(STATICCHECK_VERSION:v%=%))'; then \
+		echo $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION); \
+		$(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION); \
+	fi
 
 ## test: every test, against the local PostgreSQL, Redis and RabbitMQ
 test: tools lint
@@ -30,11 +38,13 @@ test-race: tools
 fuzz:
 	FUZZTIME=$${FUZZTIME:-30s} ./scripts/fuzz.sh
 
-## lint: gofmt and go vet
-lint:
+## lint: gofmt, go vet, staticcheck, and go.mod/go.sum exactly as go mod tidy leaves them
+lint: $(GOBIN)/staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GOBIN)/staticcheck ./...
+	$(GO) mod tidy -diff
 
 ## services: start PostgreSQL, Redis and RabbitMQ when they are down (this machine's packages)
 services:
