@@ -449,6 +449,15 @@ func TestDeploymentWiring(t *testing.T) {
 			decode(t, byKind["batch/v1/Job"][0], &job)
 			migrate := job.Spec.Template.Spec.Containers[0]
 			require.Equal(t, []string{"migrate"}, migrate.Command)
+			// The image's default target (what `docker build -t checkout .`
+			// makes) ships the binary each process of the image runs.
+			image := shipped(t, dockerfile(t), lastStage(dockerfile(t)))
+			require.Contains(t, image, migrate.Command[0], "the default image ships migrate")
+			for _, d := range deps {
+				if c := d.Spec.Template.Spec.Containers[0]; c.Image == migrate.Image {
+					require.Contains(t, image, c.Command[0], "the default image ships %s", c.Command[0])
+				}
+			}
 			require.Equal(t, "secret:checkout-db-app/uri", effectiveEnv(t, objs, migrate)["DATABASE_URL"],
 				"the migrate Job connects to the primary (checkout-db-rw), not through PgBouncer")
 
