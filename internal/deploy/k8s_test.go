@@ -468,7 +468,9 @@ func TestDeploymentWiring(t *testing.T) {
 				require.True(t, ok, name)
 				c := d.Spec.Template.Spec.Containers[0]
 				env := effectiveEnv(t, objs, c)
-				require.Equal(t, "postgres://checkout-db-pooler-rw:5432/checkout?sslmode=require", env["DATABASE_URL"], name)
+				// cache_describe: pgx sends every statement unnamed, which any
+				// PgBouncer in transaction pooling passes (README, "PgBouncer").
+				require.Equal(t, "postgres://checkout-db-pooler-rw:5432/checkout?sslmode=require&default_query_exec_mode=cache_describe", env["DATABASE_URL"], name)
 				require.Equal(t, "secret:checkout-db-app/password", env["PGPASSWORD"], name)
 				require.Equal(t, "/readyz", c.ReadinessProbe.HTTPGet.Path, name)
 				require.Equal(t, "/healthz", c.LivenessProbe.HTTPGet.Path, name)

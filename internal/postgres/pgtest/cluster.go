@@ -3,6 +3,7 @@ package pgtest
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/user"
@@ -14,7 +15,9 @@ import (
 	"testing"
 	"time"
 
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
 
 	"github.com/onceonly/checkout/internal/testenv"
 )
@@ -36,6 +39,12 @@ type ClusterOptions struct {
 	// (synchronous_standby_names names the standby, synchronous_commit=on):
 	// a commit returns once the standby has flushed its WAL.
 	Async bool
+	// ReplicationLatency delays the WAL the primary streams to the
+	// standby (a toxiproxy link between them; 0: none). With an
+	// asynchronous standby it opens a window of that length in which a
+	// commit the primary acknowledged is not on the standby yet; a
+	// synchronous standby makes each commit wait for it instead.
+	ReplicationLatency time.Duration
 }
 
 // Cluster is a PostgreSQL primary and a streaming-replication standby, each
@@ -121,8 +130,12 @@ func StartCluster(t testing.TB, opts ClusterOptions) *Cluster {
 
 	runTool(t, cred, "pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(c.Primary.Port), "-U", "postgres",
 		"-D", c.Standby.DataDir, "-R", "-X", "stream", "-c", "fast", "--no-sync")
+	upstream := c.Primary.Port
+	if opts.ReplicationLatency > 0 {
+		upstream = replicationLink(t, c.Primary.Addr(), opts.ReplicationLatency)
+	}
 	c.Standby.args = append([]string{"-D", c.Standby.DataDir, "-c", "port=" + strconv.Itoa(c.Standby.Port),
-		"-c", fmt.Sprintf("primary_conninfo=host=127.0.0.1 port=%d user=postgres application_name=standby", c.Primary.Port)},
+		"-c", fmt.Sprintf("primary_conninfo=host=127.0.0.1 port=%d user=postgres application_name=standby", upstream)},
 		common...)
 	c.Standby.logPath = filepath.Join(base, "standby.log")
 	c.Standby.start(cred)
@@ -146,6 +159,24 @@ func StartCluster(t testing.TB, opts ClusterOptions) *Cluster {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return c
+}
+
+// replicationLink starts a toxiproxy link to primary that delays what the
+// primary sends by latency, and returns its port.
+func replicationLink(t testing.TB, primary string, latency time.Duration) int {
+	t.Helper()
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.New(io.Discard))
+	port := testenv.FreePort(t)
+	p := toxiproxy.NewProxy(srv, "replication", "127.0.0.1:"+strconv.Itoa(port), primary)
+	if err := srv.Collection.Add(p, true); err != nil {
+		t.Fatalf("pgtest: replication link: %v", err)
+	}
+	t.Cleanup(func() { _ = srv.Collection.Clear() })
+	body := fmt.Sprintf(`{"name":"wal_latency","stream":"downstream","type":"latency","toxicity":1,"attributes":{"latency":%d}}`, latency.Milliseconds())
+	if _, err := p.Toxics.AddToxicJson(strings.NewReader(body)); err != nil {
+		t.Fatalf("pgtest: replication latency: %v", err)
+	}
+	return port
 }
 
 // URL returns a libpq multi-host URL of database db naming the primary and
@@ -255,18 +286,48 @@ func (s *Server) queryRow(sql string, dst ...any) error {
 }
 
 // serverCredential is the postgres user's when the test runs as root
-// (initdb and postgres refuse root), else nil: the current user.
-func serverCredential(t testing.TB) *syscall.Credential {
+// (initdb, postgres and pgbouncer refuse root), else nil: the current user.
+func serverCredential(t TB) *syscall.Credential {
+	cred, err := credential()
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	return cred
+}
+
+func credential() (*syscall.Credential, error) {
 	if os.Getuid() != 0 {
-		return nil
+		return nil, nil
 	}
 	u, err := user.Lookup("postgres")
 	if err != nil {
-		t.Fatalf("pgtest: running as root needs a postgres user to run the servers as: %v", err)
+		return nil, fmt.Errorf("running as root needs a postgres user to run the servers as: %w", err)
 	}
 	uid, _ := strconv.Atoi(u.Uid)
 	gid, _ := strconv.Atoi(u.Gid)
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
+// tailBuffer keeps what a process writes, for an error message.
+type tailBuffer struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (b *tailBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.b = append(b.b, p...)
+	if len(b.b) > 8192 {
+		b.b = b.b[len(b.b)-8192:]
+	}
+	return len(p), nil
+}
+
+func (b *tailBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.b)
 }
 
 // runTool runs one of the PostgreSQL binaries to completion.
