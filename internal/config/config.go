@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"regexp"
 	"strings"
 
 	"github.com/caarlos0/env/v11"
@@ -96,12 +97,19 @@ func masked(v reflect.Value) []any {
 		case strings.Contains(val, "://") && strings.Contains(val, "@"):
 			val = redactURL(val)
 		}
+		val = passwordParam.ReplaceAllString(val, "${1}***")
 		out = append(out, name, val)
 	}
 	return out
 }
 
-// redactURL hides the password in scheme://user:password@host.
+// passwordParam matches a password given as a parameter: in a URL's query
+// (postgres://h1,h2/db?password=…) or in a libpq keyword/value string
+// (host=h1,h2 password='…'), quoted or not.
+var passwordParam = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]+)`)
+
+// redactURL hides the password in scheme://user:password@host, whatever
+// follows the @ (one host or a libpq list of them, h1:5432,h2:5432).
 func redactURL(s string) string {
 	scheme, rest, ok := strings.Cut(s, "://")
 	if !ok {
