@@ -5,7 +5,7 @@ GOBIN := $(shell $(GO) env GOPATH)/bin
 BIN := bin
 STRIPE_MOCK_VERSION := v0.203.0
 
-.PHONY: all build test test-race fuzz lint tools run demo chaos bench services createdb clean
+.PHONY: all build test test-failover test-race fuzz lint tools run demo chaos bench services createdb clean
 
 all: build
 
@@ -21,6 +21,12 @@ $(GOBIN)/stripe-mock:
 ## test: every test, against the local PostgreSQL, Redis and RabbitMQ
 test: tools lint
 	PATH="$(GOBIN):$$PATH" $(GO) test -count=1 -timeout 9m ./...
+
+## test-failover: the failover tests, on clusters of real servers started on this machine
+## (TEST_FAILOVER=1; RabbitMQ: 3 nodes, Redis Cluster and Sentinel); make test skips them
+test-failover:
+	TEST_FAILOVER=1 $(GO) test -count=1 -p 1 -timeout 25m -run 'TestCluster$$|TestRabbitMQNodeAndLeaderLoss' \
+		./internal/rabbitmq/rabbitmqtest ./tests/e2e
 
 ## test-race: the same with the race detector (slower)
 test-race: tools
