@@ -124,7 +124,7 @@ func TestRabbitMQNodeAndLeaderLoss(t *testing.T) {
 
 // connectedTo reports whether p logged a connection to node n.
 func connectedTo(p *stack.Process, n *rabbitmqtest.Node) bool {
-	for _, line := range strings.Split(p.LogTail(1 << 20), "\n") {
+	for _, line := range strings.Split(p.LogTail(1<<20), "\n") {
 		if strings.Contains(line, `"msg":"rabbitmq: connected"`) && strings.Contains(line, `"node":"127.0.0.1:`+strconv.Itoa(n.Port)+`"`) {
 			return true
 		}
