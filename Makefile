@@ -31,9 +31,11 @@ test: tools lint
 	PATH="$(GOBIN):$$PATH" $(GO) test -count=1 -timeout 9m ./...
 
 ## test-failover: the failover tests, on clusters of real servers started on this machine
-## (TEST_FAILOVER=1; PostgreSQL: a primary and a synchronous standby); make test skips them
+## (TEST_FAILOVER=1; PostgreSQL: a primary and a synchronous standby; RabbitMQ: 3 nodes;
+## Redis Cluster and Sentinel); make test skips them
 test-failover:
-	TEST_FAILOVER=1 $(GO) test -count=1 -p 1 -timeout 25m -run 'TestFailoverToSynchronousStandby' -v ./tests/e2e
+	TEST_FAILOVER=1 $(GO) test -count=1 -p 1 -timeout 25m -run 'TestCluster$$|TestRabbitMQNodeAndLeaderLoss|TestFailoverToSynchronousStandby' \
+		-v ./internal/rabbitmq/rabbitmqtest ./tests/e2e
 
 ## test-pgbouncer: the e2e suite with every process behind PgBouncer in transaction pooling
 test-pgbouncer:
