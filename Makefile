@@ -56,7 +56,7 @@ demo:
 chaos: build
 	$(GO) run ./tests/chaos -n $${N:-2000}
 
-## bench: the benchmark of record (real processes, wrk, pgbench, raw publish); RUNS=3 DUR=5
+## bench: the benchmark of record (real processes, wrk, pgbench, raw publish); RUNS=5 DUR=5 [BASELINE=rev]
 bench:
 	./scripts/bench.sh
 

@@ -3,7 +3,9 @@
 # wrk, against this machine's own limits measured in the same run (pgbench of
 # the same SQL, a bare gin handler, raw RabbitMQ publishing). See
 # tests/bench/main.go. Writes bench/results/latest.json and a dated copy.
-# RUNS (3) runs, DUR (5) seconds per point; extra arguments go to tests/bench.
+# RUNS (5) runs, DUR (5) seconds per point; extra arguments go to tests/bench.
+# BASELINE=<git revision>: also builds that revision's binaries and, in each
+# run, times its 16-client checkout beside this build's (checkout_over_baseline).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v wrk >/dev/null; then
@@ -12,4 +14,14 @@ if ! command -v wrk >/dev/null; then
 fi
 go build -o bin/ ./cmd/...
 go build -o bin/bench ./tests/bench
-exec bin/bench -runs "${RUNS:-3}" -dur "${DUR:-5}s" "$@"
+extra=()
+if [ -n "${BASELINE:-}" ]; then
+  src=tmp/baseline-src
+  rm -rf "$src" tmp/baseline-bin && mkdir -p "$src"
+  git archive "$BASELINE" | tar -x -C "$src"
+  (cd "$src" && go build -o ../baseline-bin/ ./cmd/...)
+  export BENCH_BASELINE_REV
+  BENCH_BASELINE_REV=$(git rev-parse --short "$BASELINE")
+  extra=(-baseline tmp/baseline-bin)
+fi
+exec bin/bench -runs "${RUNS:-5}" -dur "${DUR:-5}s" "${extra[@]}" "$@"

@@ -5,6 +5,9 @@
 // reconciler (refunds Stripe keeps pending) and the reaper (retention).
 // Any number may run at once. It does not migrate: it waits until the API
 // has created the schema.
+//
+// `worker requeue-notifications [-order ID]` sends failed notifications
+// again (see requeue) and exits.
 package main
 
 import (
@@ -35,7 +38,7 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	if err := run(ctx, os.Getenv, os.Stdout); err != nil {
+	if err := dispatch(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		os.Exit(1)
 	}
@@ -51,6 +54,10 @@ type settings struct {
 	Prefetch      int           `env:"NOTIFY_PREFETCH" envDefault:"128"`
 	SweepInterval time.Duration `env:"NOTIFY_SWEEP_INTERVAL" envDefault:"1s"`
 	SequenceWait  time.Duration `env:"NOTIFY_SEQUENCE_WAIT" envDefault:"30s"`
+	// Temporary SMTP failures are retried for RetryFor from the first,
+	// waiting at most RetryMaxInterval between tries (CONTRACT.md v3).
+	RetryFor         time.Duration `env:"NOTIFY_RETRY_FOR" envDefault:"72h"`
+	RetryMaxInterval time.Duration `env:"NOTIFY_RETRY_MAX_INTERVAL" envDefault:"1m"`
 
 	// The completer and the reconciler run the checkout's payment saga, so
 	// they need what the API needs to call Stripe with the same keys,
@@ -119,6 +126,7 @@ func (s *settings) check() error {
 		"COMPLETER_INTERVAL": s.CompleterInterval, "REAPER_INTERVAL": s.ReaperInterval,
 		"REFUND_RETRY_AFTER": s.RefundRetryAfter, "REFUND_POLL_INTERVAL": s.RefundPoll,
 		"INBOX_RETENTION": s.InboxRetention, "OUTBOX_RETENTION": s.OutboxRetention,
+		"NOTIFY_RETRY_FOR": s.RetryFor, "NOTIFY_RETRY_MAX_INTERVAL": s.RetryMaxInterval,
 	} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s: must be positive", name))
@@ -171,6 +179,8 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 			From:          s.SMTPFrom,
 			Concurrency:   s.SMTPConns,
 			SweepInterval: s.SweepInterval,
+			RetryFor:      s.RetryFor,
+			MaxRetry:      s.RetryMaxInterval,
 		},
 		Logger:     logger,
 		Registerer: reg,

@@ -26,21 +26,23 @@ func getenv(m map[string]string) func(string) string { return func(k string) str
 func TestBadValueStopsStartNamingTheVariable(t *testing.T) {
 	t.Parallel()
 	tests := map[string]map[string]string{
-		"LOG_LEVEL":              {"LOG_LEVEL": "loud"},
-		"AMQP_URL":               {"AMQP_URL": "http://rabbit"},
-		"SMTP_ADDR":              {"SMTP_ADDR": "mailpit"},
-		"SMTP_FROM":              {"SMTP_FROM": "not an address"},
-		"SMTP_CONCURRENCY":       {"SMTP_CONCURRENCY": "0"},
-		"METRICS_ADDR":           {"METRICS_ADDR": "9092"},
-		"STRIPE_TIMEOUT":         {"STRIPE_TIMEOUT": "30s", "STRIPE_MAX_ELAPSED": "1s"},
-		"STRIPE_API_BASE":        {"STRIPE_API_BASE": "notaurl"},
-		"STRIPE_API_BASE ftp":    {"STRIPE_API_BASE": "ftp://x"},
-		"STRIPE_MAX_ELAPSED":     {"STRIPE_MAX_ELAPSED": "soon"},
-		"STRIPE_SEARCH_SETTLE":   {"STRIPE_SEARCH_SETTLE": "-1s"},
-		"PAYMENT_UNKNOWN_AFTER":  {"PAYMENT_UNKNOWN_AFTER": "0s"},
-		"PAYMENT_ACTION_TIMEOUT": {"PAYMENT_ACTION_TIMEOUT": "never"},
-		"RECONCILER_INTERVAL":    {"RECONCILER_INTERVAL": "0s"},
-		"WORK_TIMEOUT":           {"WORK_TIMEOUT": "1s"},
+		"LOG_LEVEL":                 {"LOG_LEVEL": "loud"},
+		"AMQP_URL":                  {"AMQP_URL": "http://rabbit"},
+		"SMTP_ADDR":                 {"SMTP_ADDR": "mailpit"},
+		"SMTP_FROM":                 {"SMTP_FROM": "not an address"},
+		"SMTP_CONCURRENCY":          {"SMTP_CONCURRENCY": "0"},
+		"METRICS_ADDR":              {"METRICS_ADDR": "9092"},
+		"STRIPE_TIMEOUT":            {"STRIPE_TIMEOUT": "30s", "STRIPE_MAX_ELAPSED": "1s"},
+		"STRIPE_API_BASE":           {"STRIPE_API_BASE": "notaurl"},
+		"STRIPE_API_BASE ftp":       {"STRIPE_API_BASE": "ftp://x"},
+		"STRIPE_MAX_ELAPSED":        {"STRIPE_MAX_ELAPSED": "soon"},
+		"STRIPE_SEARCH_SETTLE":      {"STRIPE_SEARCH_SETTLE": "-1s"},
+		"PAYMENT_UNKNOWN_AFTER":     {"PAYMENT_UNKNOWN_AFTER": "0s"},
+		"PAYMENT_ACTION_TIMEOUT":    {"PAYMENT_ACTION_TIMEOUT": "never"},
+		"RECONCILER_INTERVAL":       {"RECONCILER_INTERVAL": "0s"},
+		"WORK_TIMEOUT":              {"WORK_TIMEOUT": "1s"},
+		"NOTIFY_RETRY_FOR":          {"NOTIFY_RETRY_FOR": "0s"},
+		"NOTIFY_RETRY_MAX_INTERVAL": {"NOTIFY_RETRY_MAX_INTERVAL": "soon"},
 	}
 	for name, env := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -124,4 +126,65 @@ func TestRefundRetryAfterDefault(t *testing.T) {
 	var s settings
 	require.NoError(t, config.Load(func(string) string { return "" }, &s))
 	require.Equal(t, refunds.DefaultRetryAfter, s.RefundRetryAfter)
+}
+
+// TestRequeueCommandSendsARejectedEmailOnce: the mail server refuses an
+// order's email with a 550, which fails its notification (counted in
+// /metrics); `worker requeue-notifications --order ID`, run while the
+// worker runs, makes the running worker send it, once, with the same
+// Message-ID. Run again, it finds nothing to requeue and sends nothing.
+func TestRequeueCommandSendsARejectedEmailOnce(t *testing.T) {
+	t.Parallel()
+	db, dbURL := pgtest.NewDB(t)
+	names := rabbitmqtest.NewNames(t)
+	sink, err := smtpsink.Start("127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { sink.Close() })
+	sink.RejectWith(550, 1)
+	env := map[string]string{
+		"DATABASE_URL": dbURL, "AMQP_URL": rabbitmqtest.URL(), "METRICS_ADDR": "127.0.0.1:0",
+		"AMQP_EXCHANGE": names.Exchange, "NOTIFY_QUEUE": names.NotifyQueue,
+		"SMTP_ADDR": sink.Addr(), "NOTIFY_SWEEP_INTERVAL": "50ms",
+	}
+	out := &testenv.Output{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- dispatch(ctx, nil, getenv(env), out) }()
+	t.Cleanup(func() { cancel(); <-done })
+	base := opsAddr(t, out)
+
+	orderID := ids.New("ord")
+	require.NoError(t, db.Exec(`INSERT INTO orders (id, tenant_id, status, email, currency, amount_total, payment_method, created_at, updated_at)
+		VALUES (?, 'acme', 'paid', 'buyer@example.com', 'usd', 1200, 'pm_card_visa', now(), now())`, orderID).Error)
+	ntfID := ids.New("ntf")
+	require.NoError(t, db.Exec(`INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind)
+		VALUES (?, ?, 'acme', 'email', 'buyer@example.com', 'pending', 'order_paid')`, ntfID, orderID).Error)
+	status := func() string {
+		var s string
+		require.NoError(t, db.Raw(`SELECT status FROM notifications WHERE id = ?`, ntfID).Scan(&s).Error)
+		return s
+	}
+	require.Eventually(t, func() bool { return status() == "failed" }, 10*time.Second, 20*time.Millisecond, "550 fails the notification")
+	_, metrics := testenv.Get(t, base+"/metrics")
+	require.Contains(t, metrics, `checkout_notify_notifications_failed_total{reason="rejected"} 1`)
+	require.Zero(t, sink.Len())
+
+	var cmdOut strings.Builder
+	require.NoError(t, dispatch(context.Background(), []string{"requeue-notifications", "--order", orderID}, getenv(env), &cmdOut))
+	require.Equal(t, "requeued 1 failed notifications of order "+orderID+"\n", cmdOut.String())
+	require.Eventually(t, func() bool { return status() == "sent" }, 10*time.Second, 20*time.Millisecond, "requeued notification sent")
+	require.Equal(t, map[string]int{notify.MessageID(ntfID): 1}, sink.CountByMessageID())
+
+	cmdOut.Reset()
+	require.NoError(t, dispatch(context.Background(), []string{"requeue-notifications"}, getenv(env), &cmdOut))
+	require.Equal(t, "requeued 0 failed notifications\n", cmdOut.String())
+	require.Equal(t, map[string]int{notify.MessageID(ntfID): 1}, sink.CountByMessageID())
+}
+
+func TestUnknownCommandIsRefused(t *testing.T) {
+	t.Parallel()
+	err := dispatch(context.Background(), []string{"requeue"}, getenv(nil), io.Discard)
+	require.ErrorContains(t, err, `unknown command "requeue"`)
+	err = dispatch(context.Background(), []string{"requeue-notifications", "extra"}, getenv(nil), io.Discard)
+	require.ErrorContains(t, err, "unexpected arguments")
 }

@@ -311,28 +311,6 @@ func TestRefusedSendIsRetriedWithBackoffThenSent(t *testing.T) {
 	require.Equal(t, 1, f.sink.Len())
 }
 
-func TestSendRefusedMaxAttemptsTimesIsMarkedFailed(t *testing.T) {
-	t.Parallel()
-	f := setup(t)
-	orderID, msg := f.paidOrder(t)
-	f.sink.Reject(100)
-	cfg := f.senderConfig()
-	cfg.MaxAttempts = 3
-	f.consume(t, f.newConsumer(t).Handle)
-	run(t, f.newSender(t, cfg).Run)
-	f.publish(t, msg)
-
-	waitFor(t, func() bool {
-		rows := f.notifications(t, orderID)
-		return len(rows) == 1 && rows[0].Status == "failed"
-	}, "notification failed")
-	rows := f.notifications(t, orderID)
-	require.Equal(t, 3, rows[0].Attempts)
-	require.NotNil(t, rows[0].LastError)
-	require.Contains(t, *rows[0].LastError, "451")
-	require.Equal(t, 0, f.sink.Len())
-}
-
 func TestExpiredSendingClaimIsTakenOver(t *testing.T) {
 	t.Parallel()
 	f := setup(t)

@@ -2,6 +2,7 @@ package notify
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -37,11 +38,16 @@ type SenderConfig struct {
 	// another sender may take it over (60s). It must exceed SendTimeout, or
 	// a slow send could be taken over and sent twice.
 	ClaimTTL time.Duration
-	// MaxAttempts is how many sends are tried before the notification is
-	// marked failed (8).
-	MaxAttempts int
-	// MinRetry and MaxRetry bound the exponential delay between attempts
-	// (2s, 10m): MinRetry·2^(attempts-1).
+	// RetryFor is how long a notification whose sends fail temporarily (a
+	// 4xx reply, a refused or dropped connection, a timeout; see Mailer) is
+	// retried, from its first failure, before it is marked failed
+	// (NOTIFY_RETRY_FOR, 72h: a mail provider down over a weekend loses no
+	// email). A permanent refusal (ErrRejected) fails it at once.
+	RetryFor time.Duration
+	// MinRetry and MaxRetry bound the wait between two tries (2s,
+	// NOTIFY_RETRY_MAX_INTERVAL 1m): it grows exponentially from MinRetry
+	// (cenkalti/backoff/v5, with jitter) and never exceeds MaxRetry, so
+	// mail flows again within MaxRetry of the server's return.
 	MinRetry, MaxRetry time.Duration
 	// Logger (default: discard).
 	Logger *slog.Logger
@@ -56,8 +62,10 @@ type SenderConfig struct {
 // claim is one committed UPDATE … FOR UPDATE SKIP LOCKED that sets status
 // sending, claimed_until and attempts+1, so senders in any number of
 // processes never send the same row at the same time. After the send the row
-// becomes sent (with sent_at), or pending again with a backoff, or failed
-// after MaxAttempts. Each outcome is written only if the claim is still the
+// becomes sent (with sent_at); or, after a temporary failure, pending again
+// with a backoff, recording in failing_since when its failures began, and
+// failed once they have lasted RetryFor; or failed at once after a
+// permanent refusal (ErrRejected). Each outcome is written only if the claim is still the
 // sender's (same attempts), so a sender that lost its claim cannot overwrite
 // the newer owner's result.
 type Sender struct {
@@ -68,9 +76,23 @@ type Sender struct {
 	wake   chan struct{}
 
 	sent     prometheus.Counter
-	failures prometheus.Counter
-	failed   prometheus.Counter
+	failures *prometheus.CounterVec
+	failed   *prometheus.CounterVec
 }
+
+// Labels of checkout_notify_send_failures_total (kind) and
+// checkout_notify_notifications_failed_total (reason).
+const (
+	// FailureTemporary is a send that failed temporarily: retried.
+	FailureTemporary = "temporary"
+	// FailurePermanent is a send the server refused for good (ErrRejected).
+	FailurePermanent = "permanent"
+	// FailedRejected is a notification failed by a permanent refusal.
+	FailedRejected = "rejected"
+	// FailedRetryExpired is a notification whose temporary failures
+	// lasted RetryFor.
+	FailedRetryExpired = "retry_expired"
+)
 
 // NewSender returns a Sender of db's notifications through mailer. It
 // returns an error if the metrics cannot be registered or ClaimTTL does not
@@ -101,15 +123,16 @@ func NewSender(db *gorm.DB, mailer Mailer, cfg SenderConfig) (*Sender, error) {
 	if cfg.ClaimTTL <= cfg.SendTimeout {
 		return nil, fmt.Errorf("notify: claim ttl %s must exceed send timeout %s", cfg.ClaimTTL, cfg.SendTimeout)
 	}
-	if cfg.MaxAttempts <= 0 {
-		cfg.MaxAttempts = 8
+	if cfg.RetryFor <= 0 {
+		cfg.RetryFor = 72 * time.Hour
 	}
 	if cfg.MinRetry <= 0 {
 		cfg.MinRetry = 2 * time.Second
 	}
 	if cfg.MaxRetry <= 0 {
-		cfg.MaxRetry = 10 * time.Minute
+		cfg.MaxRetry = time.Minute
 	}
+	cfg.MinRetry = min(cfg.MinRetry, cfg.MaxRetry)
 	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -120,14 +143,20 @@ func NewSender(db *gorm.DB, mailer Mailer, cfg SenderConfig) (*Sender, error) {
 			Name: "checkout_notify_emails_sent_total",
 			Help: "Emails accepted by the SMTP server and marked sent.",
 		}),
-		failures: prometheus.NewCounter(prometheus.CounterOpts{
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "checkout_notify_send_failures_total",
-			Help: "SMTP send attempts that failed; the notification is retried or marked failed.",
-		}),
-		failed: prometheus.NewCounter(prometheus.CounterOpts{
+			Help: "SMTP send attempts that failed, by kind: temporary (retried for NOTIFY_RETRY_FOR) or permanent (a 5xx refusal of the message).",
+		}, []string{"kind"}),
+		failed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "checkout_notify_notifications_failed_total",
-			Help: "Notifications given up after the maximum number of attempts.",
-		}),
+			Help: "Notifications marked failed, by reason: rejected (a 5xx refusal) or retry_expired (temporary failures for NOTIFY_RETRY_FOR). `worker requeue-notifications` sends them again.",
+		}, []string{"reason"}),
+	}
+	for _, k := range []string{FailureTemporary, FailurePermanent} {
+		s.failures.WithLabelValues(k) // exported at 0 from the start
+	}
+	for _, r := range []string{FailedRejected, FailedRetryExpired} {
+		s.failed.WithLabelValues(r)
 	}
 	if cfg.Registerer != nil {
 		for _, col := range []prometheus.Collector{s.sent, s.failures, s.failed} {
@@ -284,21 +313,42 @@ func (s *Sender) send(ctx context.Context, n due) {
 		return
 	}
 
-	s.failures.Inc()
-	final := n.Attempts >= s.cfg.MaxAttempts
+	s.recordFailure(ctx, n, err)
+}
+
+// recordFailure records a failed send of claimed notification n: failed at
+// once after a permanent refusal; otherwise pending again after a backoff,
+// or failed when its failures, counted from failing_since (set at the
+// first), have lasted RetryFor.
+func (s *Sender) recordFailure(ctx context.Context, n due, sendErr error) {
+	permanent := errors.Is(sendErr, ErrRejected)
+	kind, reason := FailureTemporary, FailedRetryExpired
+	if permanent {
+		kind, reason = FailurePermanent, FailedRejected
+	}
+	s.failures.WithLabelValues(kind).Inc()
 	delay := s.retryDelay(n.Attempts)
-	s.logger.Warn("notify: send failed", "notification", n.ID, "attempts", n.Attempts, "final", final, "err", err)
-	res := s.db.WithContext(ctx).Exec(`UPDATE notifications
-		SET status = CASE WHEN attempts >= ? THEN 'failed' ELSE 'pending' END,
+	// SET reads the row as it was before the update: failing_since in the
+	// CASE is the old value, NULL at the first failure.
+	var status []string
+	err := s.db.WithContext(ctx).Raw(`UPDATE notifications
+		SET failing_since = coalesce(failing_since, now()),
+		    status = CASE WHEN ? OR coalesce(failing_since, now()) <= now() - ?::interval THEN 'failed' ELSE 'pending' END,
 		    last_error = ?, claimed_until = NULL, next_attempt_at = now() + ?::interval
-		WHERE id = ? AND status = 'sending' AND attempts = ?`,
-		s.cfg.MaxAttempts, truncate(err.Error(), 1000), delay.String(), n.ID, n.Attempts)
-	if res.Error != nil {
-		s.logger.Error("notify: record send failure", "notification", n.ID, "err", res.Error)
+		WHERE id = ? AND status = 'sending' AND attempts = ?
+		RETURNING status`,
+		permanent, s.cfg.RetryFor.String(), truncate(sendErr.Error(), 1000), delay.String(), n.ID, n.Attempts).Scan(&status).Error
+	if err != nil {
+		s.logger.Error("notify: record send failure", "notification", n.ID, "err", err)
 		return
 	}
-	if final && res.RowsAffected == 1 {
-		s.failed.Inc()
+	final := len(status) == 1 && status[0] == "failed"
+	s.logger.Warn("notify: send failed", "notification", n.ID, "order", n.OrderID, "attempts", n.Attempts,
+		"permanent", permanent, "final", final, "retry_in", delay, "err", sendErr)
+	if final {
+		s.failed.WithLabelValues(reason).Inc()
+		s.logger.Error("notify: notification failed; `worker requeue-notifications` sends it again",
+			"notification", n.ID, "order", n.OrderID, "reason", reason, "err", sendErr)
 	}
 }
 
@@ -366,11 +416,22 @@ func (s *Sender) email(n due) Email {
 	}
 }
 
-// retryDelay is MinRetry·2^(attempts-1), capped at MaxRetry.
+// retryDelay is the wait after the attempts-th try failed: the
+// attempts-th interval of an exponential backoff (cenkalti/backoff/v5,
+// multiplier 2, jitter ±50%) from MinRetry, whose intervals are capped so
+// that with the jitter none exceeds MaxRetry.
 func (s *Sender) retryDelay(attempts int) time.Duration {
-	d := s.cfg.MinRetry
-	for i := 1; i < attempts && d < s.cfg.MaxRetry; i++ {
-		d *= 2
+	const jitter = 0.5
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     s.cfg.MinRetry,
+		RandomizationFactor: jitter,
+		Multiplier:          2,
+		MaxInterval:         time.Duration(float64(s.cfg.MaxRetry) / (1 + jitter)),
+	}
+	d := b.NextBackOff()
+	// Doubling reaches any cap well within 64 steps.
+	for i := 1; i < min(attempts, 64); i++ {
+		d = b.NextBackOff()
 	}
 	return min(d, s.cfg.MaxRetry)
 }

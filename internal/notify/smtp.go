@@ -27,9 +27,53 @@ type Email struct {
 
 // Mailer delivers emails. Send returns nil once the server has accepted the
 // message (SMTP 250 after DATA), and an error otherwise, in which case the
-// message may or may not have been delivered.
+// message may or may not have been delivered. An error that wraps
+// ErrRejected is the server's permanent refusal of this message: sending it
+// again cannot succeed. Any other error is temporary (a 4xx reply, a
+// refused, dropped or timed-out connection, a failed login or TLS
+// handshake) and worth retrying.
 type Mailer interface {
 	Send(ctx context.Context, e Email) error
+}
+
+// ErrRejected marks a Send error that is the mail server's permanent
+// refusal of the message: a 5xx reply to MAIL, RCPT or DATA (RFC 5321,
+// 4.2.1: "the SMTP client SHOULD NOT repeat the exact request"). Match it
+// with errors.Is; the error also wraps go-smtp's *smtp.SMTPError.
+//
+// Some 5xx replies are not about the message and stay temporary: a 5xx
+// before the transaction (at the greeting, EHLO, STARTTLS or AUTH, such as
+// 535 for a wrong password), a reply that the session must log in or start
+// TLS first (530, 538, or 5.7.0 at MAIL: RFC 4954, 6), and 552 to RCPT,
+// which RFC 5321 (4.5.3.1.10) tells clients to treat as the temporary 452.
+// Those are the configuration's or the server's to fix, and the email goes
+// once they are fixed.
+var ErrRejected = errors.New("smtp: message rejected")
+
+// Stages of a transaction whose failure rejected reports about.
+const (
+	stageMail = "mail"
+	stageRcpt = "rcpt"
+	stageData = "data"
+)
+
+// rejected wraps err with ErrRejected when it is a permanent refusal of
+// the message at stage (see ErrRejected), and returns it as it is
+// otherwise.
+func rejected(stage string, err error) error {
+	var reply *smtp.SMTPError
+	if !errors.As(err, &reply) || reply.Code < 500 || reply.Code > 599 {
+		return err
+	}
+	switch {
+	case reply.Code == 530 || reply.Code == 538:
+		return err // authentication or encryption required (RFC 4954, 6)
+	case stage == stageMail && reply.EnhancedCode == smtp.EnhancedCode{5, 7, 0}:
+		return err // go-smtp's "Please authenticate first" (502 5.7.0)
+	case stage == stageRcpt && reply.Code == 552:
+		return err // RFC 5321, 4.5.3.1.10: treat as 452
+	}
+	return fmt.Errorf("%w: %w", ErrRejected, err)
 }
 
 // SMTPMailer sends through one SMTP server without authentication or TLS
@@ -121,20 +165,20 @@ func transact(c *smtp.Client, e Email) (atMail bool, err error) {
 		opts = &smtp.MailOptions{UTF8: true} // RFC 6531
 	}
 	if err := c.Mail(e.From, opts); err != nil {
-		return true, fmt.Errorf("smtp: send %s: mail: %w", e.MessageID, err)
+		return true, fmt.Errorf("smtp: send %s: mail: %w", e.MessageID, rejected(stageMail, err))
 	}
 	if err := c.Rcpt(to, nil); err != nil {
-		return false, fmt.Errorf("smtp: send %s: rcpt: %w", e.MessageID, err)
+		return false, fmt.Errorf("smtp: send %s: rcpt: %w", e.MessageID, rejected(stageRcpt, err))
 	}
 	w, err := c.Data()
 	if err != nil {
-		return false, fmt.Errorf("smtp: send %s: data: %w", e.MessageID, err)
+		return false, fmt.Errorf("smtp: send %s: data: %w", e.MessageID, rejected(stageData, err))
 	}
 	if _, err := w.Write(Format(e, time.Now())); err != nil {
 		return false, fmt.Errorf("smtp: send %s: %w", e.MessageID, err)
 	}
 	if err := w.Close(); err != nil {
-		return false, fmt.Errorf("smtp: send %s: %w", e.MessageID, err)
+		return false, fmt.Errorf("smtp: send %s: %w", e.MessageID, rejected(stageData, err))
 	}
 	return false, nil
 }

@@ -162,7 +162,9 @@ func freeAddr() string {
 	return ln.Addr().String()
 }
 
-func startStack(cfg *config, dbURL, id string) (*stack, error) {
+// startStack starts the stack's processes from the binaries in binDir (this
+// build's, or -baseline's) on dbURL.
+func startStack(cfg *config, binDir, dbURL, id string) (*stack, error) {
 	addr := map[string]string{}
 	for _, n := range []string{"api", "emulator", "smtp", "sink", "dispatcher", "worker"} {
 		addr[n] = freeAddr()
@@ -181,7 +183,7 @@ func startStack(cfg *config, dbURL, id string) (*stack, error) {
 		"AMQP_EXCHANGE=" + s.names.Exchange, "NOTIFY_QUEUE=" + s.names.NotifyQueue}
 	env := func(kv ...string) []string { return append(append([]string{}, base...), kv...) }
 	add := func(name, ready string, e []string) {
-		p := &proc{name: name, bin: filepath.Join(cfg.binDir, name), env: e, ready: ready,
+		p := &proc{name: name, bin: filepath.Join(binDir, name), env: e, ready: ready,
 			log: filepath.Join(cfg.logDir, id+"-"+name+".log")}
 		s.procs = append(s.procs, p)
 		s.byName[name] = p

@@ -1,6 +1,7 @@
 // Package smtpsink is an in-process SMTP server that accepts every message
 // and keeps it in memory, for tests and local runs. It can be told to refuse
-// the next messages, to exercise a sender's retries.
+// the next messages with a reply of choice, or to stop taking connections
+// for a while, to exercise a sender's retries.
 package smtpsink
 
 import (
@@ -40,49 +41,92 @@ type Message struct {
 // Sink is a running SMTP server that records messages. It is safe for
 // concurrent use.
 type Sink struct {
-	server *smtp.Server
-	ln     net.Listener
-	done   chan struct{}
+	addr string // host:port, fixed at Start so that Up listens there again
 
 	mu       sync.Mutex
+	server   *smtp.Server  // nil while down
+	done     chan struct{} // closed when server's Serve returns
 	msgs     []Message
 	reject   int // how many of the next messages to refuse
+	reply    smtp.SMTPError
 	sessions int // connections accepted
 }
 
 // Start listens on addr ("127.0.0.1:0" for a free port) and serves until
 // Close.
 func Start(addr string) (*Sink, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("smtpsink: listen %s: %w", addr, err)
+	s := &Sink{}
+	if err := s.listen(addr); err != nil {
+		return nil, err
 	}
-	s := &Sink{ln: ln, done: make(chan struct{})}
-	s.server = smtp.NewServer(s)
-	s.server.Domain = "smtp-sink.local"
-	s.server.ReadTimeout = 30 * time.Second
-	s.server.WriteTimeout = 30 * time.Second
-	s.server.MaxMessageBytes = 1 << 20
-	s.server.EnableSMTPUTF8 = true // RFC 6531 addresses, as Mailpit accepts them
-	s.server.ErrorLog = log.New(io.Discard, "", 0)
-	go func() {
-		defer close(s.done)
-		s.server.Serve(ln)
-	}()
 	return s, nil
 }
 
-// Addr is the address the sink listens on, host:port.
-func (s *Sink) Addr() string { return s.ln.Addr().String() }
+// listen starts a server on addr; s.mu is held or s not yet shared.
+func (s *Sink) listen(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("smtpsink: listen %s: %w", addr, err)
+	}
+	s.addr = ln.Addr().String()
+	server := smtp.NewServer(s)
+	server.Domain = "smtp-sink.local"
+	server.ReadTimeout = 30 * time.Second
+	server.WriteTimeout = 30 * time.Second
+	server.MaxMessageBytes = 1 << 20
+	server.EnableSMTPUTF8 = true // RFC 6531 addresses, as Mailpit accepts them
+	server.ErrorLog = log.New(io.Discard, "", 0)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		server.Serve(ln)
+	}()
+	s.server, s.done = server, done
+	return nil
+}
 
-// Close stops the server and its connections.
+// Addr is the address the sink listens on, host:port.
+func (s *Sink) Addr() string { return s.addr }
+
+// Close stops the server and its connections. The messages stay readable.
 func (s *Sink) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stop()
+}
+
+// stop closes the server, if up, and waits for it; s.mu is held.
+func (s *Sink) stop() error {
+	if s.server == nil {
+		return nil
+	}
 	err := s.server.Close()
 	<-s.done
+	s.server, s.done = nil, nil
 	if errors.Is(err, smtp.ErrServerClosed) {
 		return nil
 	}
 	return err
+}
+
+// Down stops listening and drops the open connections, so that senders
+// find the port refusing connections, as when a mail server is down. The
+// messages are kept. Up serves again on the same address.
+func (s *Sink) Down() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stop()
+}
+
+// Up serves again on the address Start took, after Down. It does nothing
+// when the sink is up.
+func (s *Sink) Up() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.server != nil {
+		return nil
+	}
+	return s.listen(s.addr)
 }
 
 // Messages returns a copy of the messages accepted so far, in order.
@@ -117,10 +161,20 @@ func (s *Sink) Count(messageID string) int {
 
 // Reject makes the sink refuse the next n messages at DATA with a
 // transient 451, as a full or failing mail server would.
-func (s *Sink) Reject(n int) {
+func (s *Sink) Reject(n int) { s.RejectWith(451, n) }
+
+// RejectWith makes the sink refuse the next n messages (0: none) at DATA
+// with reply code: a 4xx is temporary ("451 4.3.0"), a 5xx permanent
+// ("550 5.7.1", as a relay that refuses the content would answer; RFC 5321,
+// 4.2.1). The message is not kept.
+func (s *Sink) RejectWith(code, n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.reject = n
+	s.reply = smtp.SMTPError{Code: code, EnhancedCode: smtp.EnhancedCode{code / 100, 3, 0}, Message: "sink told to refuse"}
+	if code >= 500 {
+		s.reply.EnhancedCode = smtp.EnhancedCode{5, 7, 1}
+	}
 }
 
 // Handler serves GET /messages: the accepted messages as a JSON array of
@@ -180,7 +234,8 @@ func (ss *session) Data(r io.Reader) error {
 	defer s.mu.Unlock()
 	if s.reject > 0 {
 		s.reject--
-		return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "sink told to refuse"}
+		reply := s.reply
+		return &reply
 	}
 	m := Message{From: ss.from, To: append([]string(nil), ss.to...), Raw: string(raw), ReceivedAt: time.Now()}
 	if parsed, err := mail.ReadMessage(bytes.NewReader(raw)); err == nil {
