@@ -8,11 +8,13 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
+	"github.com/onceonly/checkout/migrations"
 )
 
 func TestErrorClasses(t *testing.T) {
@@ -115,8 +117,15 @@ func TestMigrateReplacesAnIndexAFailedConcurrentBuildLeft(t *testing.T) {
 	}
 	require.Equal(t, []bool{true}, valid())
 
-	// What a build interrupted after its catalog entry looks like: the index
+	// What a build interrupted after its catalog entry looks like, 00007
+	// being the last migration then: the later ones undone, the index
 	// marked invalid, and goose's record of 00007 missing.
+	sqlDB, err := db.DB()
+	require.NoError(t, err)
+	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.FS)
+	require.NoError(t, err)
+	_, err = provider.DownTo(ctx, 7)
+	require.NoError(t, err)
 	require.NoError(t, db.Exec(`UPDATE pg_index SET indisvalid = false
 		WHERE indexrelid = 'payment_attempts_recreated'::regclass`).Error)
 	require.NoError(t, db.Exec(`DELETE FROM goose_db_version WHERE version_id = 7`).Error)
