@@ -429,7 +429,7 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 			return nil, &waitError{reason: fmt.Sprintf("confirm of order %s: %d new attempts in one run", r.o.ID, newAttempts)}
 		}
 		newAttempts++
-		a := r.newAttempt(StepConfirm, maxN+1, pi.ID, ConfirmIntentRequest{PaymentIntentID: pi.ID})
+		a := r.newAttempt(StepConfirm, maxN+1, pi.ID, ConfirmIntentRequest{PaymentIntentID: pi.ID, ReturnURL: r.o.returnURL})
 		if err := r.begin(ctx, a); err != nil {
 			return nil, err
 		}
@@ -444,7 +444,7 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 // verdict, an error, or nil, nil after an indeterminate answer.
 func (r *run) confirmAttempt(ctx context.Context, piID string, a *attempt) (*verdict, error) {
 	got, err := r.s.Payments.ConfirmPaymentIntent(ctx, ConfirmIntentRequest{
-		IdempotencyKey: a.IdempotencyKey, PaymentIntentID: piID})
+		IdempotencyKey: a.IdempotencyKey, PaymentIntentID: piID, ReturnURL: r.o.returnURL})
 	return r.confirmAnswered(ctx, piID, a, got, err)
 }
 

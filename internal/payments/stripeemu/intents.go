@@ -135,10 +135,10 @@ func (e *Emulator) confirmLocked(s *storedIntent, p confirmParams) response {
 		// authentication for every payment"; the PaymentIntent waits in
 		// requires_action with a next_action (https://docs.stripe.com/payments/3d-secure/authentication-flow).
 		s.pi.Status = statusRequiresAction
+		s.returnURL = p.returnURL
 		if p.returnURL != "" {
 			s.pi.NextAction = &nextAction{Type: "redirect_to_url", RedirectToURL: &redirectToURL{
-				URL:       "https://hooks.stripe.com/3d_secure_2/hosted?payment_intent=" + s.pi.ID + "&payment_intent_client_secret=" + url.QueryEscape(s.pi.ClientSecret),
-				ReturnURL: p.returnURL}}
+				URL: e.redirectURL(s), ReturnURL: p.returnURL}}
 		} else {
 			s.pi.NextAction = &nextAction{Type: "use_stripe_sdk", UseStripeSDK: &useStripeSDK{
 				Type: "three_d_secure_redirect", ThreeDSSource: newID("payatt")}}
