@@ -136,3 +136,37 @@ func TestStrayPaymentRefunded(t *testing.T) {
 		}
 	}
 }
+
+// TestStripeCredentialsRefused: Stripe refuses our own secret key (401, as
+// after a rotation, then 403, a restricted key): that is not the
+// customer's payment being rejected. The checkout answers 503
+// payment_provider_unavailable with Retry-After, stores nothing, keeps the
+// order pending with its stock, (internal/payments counts the call as
+// credentials_refused); once the key works, the same Idempotency-Key resumes and pays, with one
+// PaymentIntent. Before the fix: 402 payment_rejected, stored for good.
+func TestStripeCredentialsRefused(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	before := h.stock("sku_tee")
+	for _, status := range []int{http.StatusUnauthorized, http.StatusForbidden} {
+		require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultFail, Status: status}))
+		r := h.checkout("rotated-key", teeBody)
+		require.Equal(t, http.StatusServiceUnavailable, r.status, "%d: %s", status, r.body)
+		require.Equal(t, "payment_provider_unavailable", decodeProblem(t, r).Code)
+		require.Equal(t, "30", r.header.Get("Retry-After"))
+		h.emu.ClearFaults()
+	}
+	id := h.orderOfKey("rotated-key")
+	require.Equal(t, checkout.StatusPendingPayment, h.order(id).Status)
+	require.Equal(t, before-2, h.stock("sku_tee"), "the stock stays reserved")
+	require.Zero(t, h.count(`SELECT count(*) FROM idempotency_keys WHERE key = 'rotated-key' AND recovery_point = 'finished'`), "nothing stored")
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM payment_attempts WHERE order_id = ? AND outcome IS NULL`, id), "the attempt stays open")
+
+	r := h.checkout("rotated-key", teeBody)
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+	o := decodeOrder(t, r)
+	require.Equal(t, id, o.ID, "the same order, resumed")
+	pis := h.requirePaymentInvariants(id, checkout.StatusPaid)
+	require.Len(t, pis, 1)
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM payment_attempts WHERE order_id = ? AND step = 'create'`, id), "the same create key, sent again")
+}
