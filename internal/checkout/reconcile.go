@@ -117,7 +117,8 @@ func (s *Service) cancelOrder(ctx context.Context, c *idempotency.Claim, o *Orde
 // order id, which waits in requires_action (the customer's 3D Secure
 // challenge), and applies it: paid, payment_failed, or still waiting. An
 // order still in requires_action PAYMENT_ACTION_TIMEOUT after it entered it
-// has its PaymentIntent canceled (reason abandoned), its stock released and
+// has its PaymentIntent canceled (reason abandoned), whatever the
+// PaymentIntent's status short of moving money, its stock released and
 // becomes payment_failed. It reports whether the order changed. Orders in
 // other statuses are left alone (false): those with an unfinished key are
 // resumed with Complete. The reconciler calls it.
@@ -134,7 +135,11 @@ func (s *Service) ReconcileOrder(ctx context.Context, tenantID, id string) (bool
 	if err != nil {
 		return false, fmt.Errorf("reconcile order %s: %w", id, err)
 	}
-	if pi.Status == PIRequiresAction && o.requiresActionAt != nil &&
+	// Whatever the PaymentIntent's status, as long as Stripe could still
+	// move money with it (requires_action, requires_payment_method,
+	// requires_confirmation: the customer's browser may have attached
+	// another payment method and stopped): only a cancel ends the wait.
+	if cancelable(pi.Status) && !MovesMoney(pi.Status) && o.requiresActionAt != nil &&
 		!s.Now().Before(o.requiresActionAt.Add(r.cfg.ActionTimeout)) {
 		s.Logger.InfoContext(ctx, "the customer did not complete the payment's next action in time; canceling",
 			"order_id", id, "payment_intent", pi.ID, "since", o.requiresActionAt)
