@@ -7,7 +7,7 @@ STRIPE_MOCK_VERSION := v0.203.0
 # staticcheck v0.8.2 (2026.2.2): a release built for the go1.26 this module uses.
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: all build test test-race fuzz lint tools run demo chaos bench services createdb clean
+.PHONY: all build test test-failover test-pgbouncer test-race fuzz lint tools run demo chaos bench services createdb clean
 
 all: build
 
@@ -29,6 +29,17 @@ $(GOBIN)/staticcheck: Makefile
 ## test: every test, against the local PostgreSQL, Redis and RabbitMQ
 test: tools lint
 	PATH="$(GOBIN):$$PATH" $(GO) test -count=1 -timeout 9m ./...
+
+## test-failover: the failover tests, on clusters of real servers started on this machine
+## (TEST_FAILOVER=1; PostgreSQL: a primary and a synchronous standby; RabbitMQ: 3 nodes;
+## Redis Cluster and Sentinel); make test skips them
+test-failover:
+	TEST_FAILOVER=1 $(GO) test -count=1 -p 1 -timeout 25m -run 'TestCluster$$|TestRabbitMQNodeAndLeaderLoss|TestFailoverToSynchronousStandby' \
+		-v ./internal/rabbitmq/rabbitmqtest ./tests/e2e
+
+## test-pgbouncer: the e2e suite with every process behind PgBouncer in transaction pooling
+test-pgbouncer:
+	E2E_PGBOUNCER=1 $(GO) test -count=1 -timeout 20m ./tests/e2e
 
 ## test-race: the same with the race detector (slower)
 test-race: tools

@@ -238,9 +238,10 @@ func decodeRequest(body []byte) (*Request, []FieldError) {
 	if err := json.Unmarshal(body, &top); err != nil || top == nil {
 		return &in, []FieldError{{Field: "", Message: "must be a JSON object"}}
 	}
-	errs := unknownFields("", top, "email", "items", "payment_method")
+	errs := unknownFields("", top, "email", "items", "payment_method", "return_url")
 	decodeString(top, "email", "email", &in.Email, &errs)
 	decodeString(top, "payment_method", "payment_method", &in.PaymentMethod, &errs)
+	decodeString(top, "return_url", "return_url", &in.ReturnURL, &errs)
 	if raw, ok := top["items"]; ok {
 		var items []json.RawMessage
 		if err := json.Unmarshal(raw, &items); err != nil || items == nil {
