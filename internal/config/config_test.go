@@ -82,3 +82,20 @@ func TestMaskedDatabaseURLs(t *testing.T) {
 		require.NotContains(t, got[1], "secret")
 	}
 }
+
+// TestMaskedURLList: every URL of a comma-separated list loses its
+// password, not only the first (AMQP_URL naming a cluster's nodes); a
+// libpq multi-host URL keeps its hosts.
+func TestMaskedURLList(t *testing.T) {
+	t.Parallel()
+	var s settings
+	env := map[string]string{"SOME_URL": "amqp://app:s3cret@node1:5672/,amqps://app:s3cret@node2:5671/vh,amqp://node3:5672/"}
+	require.NoError(t, config.Load(func(k string) string { return env[k] }, &s))
+	got := config.Masked(&s)
+	require.Equal(t, "amqp://app:***@node1:5672/,amqps://app:***@node2:5671/vh,amqp://node3:5672/", got[1])
+	require.NotContains(t, got[1], "s3cret")
+
+	env = map[string]string{"SOME_URL": "postgres://app:s3cret@db1:5432,db2:5432/checkout?target_session_attrs=read-write"}
+	require.NoError(t, config.Load(func(k string) string { return env[k] }, &s))
+	require.Equal(t, "postgres://app:***@db1:5432,db2:5432/checkout?target_session_attrs=read-write", config.Masked(&s)[1])
+}

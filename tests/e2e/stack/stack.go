@@ -105,6 +105,11 @@ type Options struct {
 	// shared Redis (under a key prefix of the stack's own). A test that
 	// kills or flushes Redis passes a server of its own (testenv.StartRedis).
 	RedisAddr string
+	// AMQPURL, when set, is the dispatcher's and the worker's AMQP_URL,
+	// used as it is (no proxy): e.g. a RabbitMQ cluster's nodes
+	// (rabbitmqtest.StartCluster). Empty: the shared broker, each process
+	// through a proxy of its own (AMQPDispatcher, AMQPWorker).
+	AMQPURL string
 	// GatewayTimeout is how long the gateway waits for the api before it
 	// answers 504 (default 5s).
 	GatewayTimeout time.Duration
@@ -224,7 +229,9 @@ func start(t TB, opts Options) (*Stack, error) {
 		return nil, err
 	}
 	s.Names = rabbitmq.DefaultNames().WithPrefix("e2e." + id + ".")
-	t.Cleanup(s.deleteTopology)
+	if opts.AMQPURL == "" {
+		t.Cleanup(s.deleteTopology) // a broker of the test's own goes with its topology
+	}
 
 	// With PostgresURL the processes connect directly and the PG proxies,
 	// unused, lead to the shared server.
@@ -299,6 +306,9 @@ func start(t TB, opts Options) (*Stack, error) {
 		return u
 	}
 	amqpVia := func(p *Proxy) string {
+		if opts.AMQPURL != "" {
+			return opts.AMQPURL
+		}
 		u := mustParse(rabbitmqtest.URL())
 		u.Host = p.Addr()
 		return u.String()
