@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -49,5 +51,66 @@ func redisClient(rawURL string, cluster bool) (func() redis.UniversalClient, err
 		}
 	}
 	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.MaxRetries = dial, readWrite, readWrite, maxRetries
-	return func() redis.UniversalClient { return redis.NewClusterClient(o) }, nil
+	return func() redis.UniversalClient {
+		cc := redis.NewClusterClient(o)
+		cc.AddHook(reloadOnNodeLoss{cc})
+		return cc
+	}, nil
+}
+
+// reloadOnNodeLoss makes a cluster client reload the cluster's slot map as
+// soon as a command fails for want of its node, instead of up to a minute
+// later.
+//
+// go-redis reloads the slot map on MOVED and ASK answers, and otherwise
+// only when it is older than ClusterStateReloadInterval (60s by default).
+// A master that dies answers nothing, so never MOVED: after its replica
+// took over, every command for its slots still went to the dead address
+// and failed, and with DEDUP_FAILURE_MODE=closed the api answered 503 to a
+// third of the keys for up to a minute after the failover had finished
+// (TestRedisClusterFailoverRecoversAtOnce). A reload is lazy and
+// coalesced (at most one CLUSTER SLOTS every 200ms), so calling it on every
+// such error costs nothing while a node is down.
+type reloadOnNodeLoss struct{ cc *redis.ClusterClient }
+
+func (h reloadOnNodeLoss) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h reloadOnNodeLoss) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if nodeLost(err) {
+			h.cc.ReloadState(ctx)
+		}
+		return err
+	}
+}
+
+func (h reloadOnNodeLoss) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		lost := nodeLost(err)
+		for _, cmd := range cmds {
+			lost = lost || nodeLost(cmd.Err())
+		}
+		if lost {
+			h.cc.ReloadState(ctx)
+		}
+		return err
+	}
+}
+
+// nodeLost reports whether err may mean that the cluster's shape changed
+// under the client: a network error or timeout (the node is gone or hung),
+// or CLUSTERDOWN (a failover is under way). A reply error of the command
+// itself (redis.Nil, NOSCRIPT, a script's error) and the caller's own
+// cancellation do not.
+func nodeLost(err error) bool {
+	if err == nil || errors.Is(err, redis.Nil) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	if redis.IsClusterDownError(err) {
+		return true
+	}
+	var reply redis.Error
+	return !errors.As(err, &reply)
 }
