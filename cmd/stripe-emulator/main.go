@@ -8,6 +8,9 @@
 //	STRIPE_EMULATOR_SEARCH_LAG  how long before a new object is searchable, default 2s
 //	STRIPE_EMULATOR_WEBHOOK_URL where signed webhook events go, default "" (none)
 //	STRIPE_WEBHOOK_SECRET       their signing secret, default whsec_test_checkout
+//	STRIPE_EMULATOR_PUBLIC_URL  the address browsers reach it at, for the 3D Secure
+//	                            challenge page next_action.redirect_to_url points to;
+//	                            default http://127.0.0.1:<the port it listens on>
 //
 // A bad value stops it at start with an error naming the variable. Besides
 // the emulator's routes (see package stripeemu) it serves GET /healthz. It logs JSON to
@@ -83,11 +86,22 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		secret = stripeemu.DefaultWebhookSecret
 	}
 	opts = append(opts, stripeemu.WithWebhookURL(hookURL), stripeemu.WithWebhookSecret(secret))
+	publicURL := getenv("STRIPE_EMULATOR_PUBLIC_URL")
+	if publicURL != "" {
+		u, err := url.Parse(publicURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
+			return fmt.Errorf("STRIPE_EMULATOR_PUBLIC_URL %q: want an absolute http(s) URL without a path, e.g. http://localhost:12111", publicURL)
+		}
+	}
 
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen on STRIPE_EMULATOR_ADDR %q: %w", addr, err)
 	}
+	if publicURL == "" {
+		publicURL = fmt.Sprintf("http://127.0.0.1:%d", ln.Addr().(*net.TCPAddr).Port)
+	}
+	opts = append(opts, stripeemu.WithPublicURL(publicURL))
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -103,7 +117,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 
 	logger.Info("stripe emulator listening", "addr", ln.Addr().String(), "key_ttl", keyTTL.String(),
-		"search_lag", searchLag.String(), "webhook_url", hookURL)
+		"search_lag", searchLag.String(), "webhook_url", hookURL, "public_url", publicURL)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 

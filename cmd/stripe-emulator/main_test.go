@@ -113,6 +113,7 @@ func TestRunRejectsBadDurations(t *testing.T) {
 		"STRIPE_EMULATOR_KEY_TTL":     "0s",
 		"STRIPE_EMULATOR_SEARCH_LAG":  "soon",
 		"STRIPE_EMULATOR_WEBHOOK_URL": "localhost:8080/v1/webhooks/stripe",
+		"STRIPE_EMULATOR_PUBLIC_URL":  "localhost:12111",
 	} {
 		env := map[string]string{"STRIPE_EMULATOR_ADDR": "127.0.0.1:0", name: val}
 		err := run(t.Context(), func(k string) string { return env[k] }, io.Discard)

@@ -33,6 +33,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/mail"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -42,14 +43,18 @@ import (
 
 // Order statuses (CONTRACT.md): pending_payment -> requires_action -> paid |
 // payment_failed; pending_payment -> payment_unknown -> paid |
-// payment_failed; requires_action -> canceled. No transition goes back.
+// payment_failed; paid -> partially_refunded -> refunded; requires_action
+// -> canceled. No transition goes back. The refund statuses are written by
+// internal/refunds as Stripe settles refunds.
 const (
-	StatusPendingPayment = "pending_payment"
-	StatusRequiresAction = "requires_action"
-	StatusPaymentUnknown = "payment_unknown"
-	StatusPaid           = "paid"
-	StatusPaymentFailed  = "payment_failed"
-	StatusCanceled       = "canceled"
+	StatusPendingPayment    = "pending_payment"
+	StatusRequiresAction    = "requires_action"
+	StatusPaymentUnknown    = "payment_unknown"
+	StatusPaid              = "paid"
+	StatusPaymentFailed     = "payment_failed"
+	StatusCanceled          = "canceled"
+	StatusPartiallyRefunded = "partially_refunded"
+	StatusRefunded          = "refunded"
 )
 
 // Recovery points stored with a key between its transactions.
@@ -102,6 +107,9 @@ type Order struct {
 
 	tenantID      string
 	paymentMethod string
+	// returnURL is the checkout's return_url, sent with every confirm of
+	// its PaymentIntent ("" for none).
+	returnURL string
 	// failureCode is why a payment_failed order failed: card_declined,
 	// payment_rejected, payment_action_timeout, payment_canceled.
 	failureCode string
@@ -150,6 +158,10 @@ type Request struct {
 	Email         string        `json:"email"`
 	Items         []RequestItem `json:"items"`
 	PaymentMethod string        `json:"payment_method"`
+	// ReturnURL (optional) is passed to Stripe's confirm: a card that needs
+	// 3D Secure then answers with next_action redirect_to_url, and Stripe
+	// sends the customer back to it (CONTRACT.md, (v3) Clients).
+	ReturnURL string `json:"return_url,omitempty"`
 }
 
 // RequestItem is one requested line.
@@ -218,7 +230,29 @@ func (r *Request) validate(decoded []FieldError) []FieldError {
 		}
 	}
 	check("payment_method", checkToken(r.PaymentMethod, 255))
+	check("return_url", checkReturnURL(r.ReturnURL))
 	return errs
+}
+
+// MaxReturnURL is the longest return_url accepted: Stripe's limit for
+// return_url ("Max length: 5000", docs.stripe.com/api/payment_intents/confirm).
+const MaxReturnURL = 5000
+
+// checkReturnURL checks an optional return_url: absent, or an absolute http
+// or https URL with a host, which Stripe can redirect a browser to.
+func checkReturnURL(s string) string {
+	if s == "" {
+		return ""
+	}
+	if len(s) > MaxReturnURL {
+		return fmt.Sprintf("must be at most %d characters", MaxReturnURL)
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
+		strings.ContainsFunc(s, func(r rune) bool { return r <= 0x20 || r == 0x7f }) {
+		return "must be an absolute http or https URL, like https://shop.example/orders/return"
+	}
+	return ""
 }
 
 // checkToken checks an identifier such as a sku or a PaymentMethod id:

@@ -118,7 +118,7 @@ func (r *run) payFirst(ctx context.Context, create *attempt) (*idempotency.Respo
 
 	// Phase 2.
 	keyID, owner := r.fence()
-	confirm := r.newAttempt(StepConfirm, 1, pi.ID, ConfirmIntentRequest{PaymentIntentID: pi.ID})
+	confirm := r.newAttempt(StepConfirm, 1, pi.ID, ConfirmIntentRequest{PaymentIntentID: pi.ID, ReturnURL: r.o.returnURL})
 	recorded, err := recordCreated(ctx, r.s.DB, create, pi, confirm, keyID, owner, r.now())
 	if err != nil {
 		return r.stop(ctx, err)
@@ -137,7 +137,7 @@ func (r *run) payFirst(ctx context.Context, create *attempt) (*idempotency.Respo
 	r.confirmed = 1
 
 	got, err := r.s.Payments.ConfirmPaymentIntent(ctx, ConfirmIntentRequest{
-		IdempotencyKey: confirm.IdempotencyKey, PaymentIntentID: pi.ID})
+		IdempotencyKey: confirm.IdempotencyKey, PaymentIntentID: pi.ID, ReturnURL: r.o.returnURL})
 	if err == nil && got.Status == PISucceeded {
 		// Phase 3.
 		if resp, err := r.settlePaid(ctx, confirm, got); resp != nil || err != nil {

@@ -181,8 +181,11 @@ func notCancelable(o *Order) *idempotency.Response {
 // its order's state, or nil when the order is not settled for that route
 // yet.
 //
-//	POST /v1/checkouts: paid 201, requires_action 202 (both with Location
-//	and the order), payment_failed or canceled 402 card_declined or
+//	POST /v1/checkouts: paid 201 (and partially_refunded or refunded: the
+//	payment succeeded, and the order has been refunded since, so the key
+//	finishes with the outcome of its payment and the order as it is,
+//	CONTRACT.md v3), requires_action 202 (both with Location and the
+//	order), payment_failed or canceled 402 card_declined or
 //	payment_rejected (problem with order_id).
 //	POST /v1/orders/{id}/cancel: canceled 200 with the order; paid,
 //	payment_failed, pending 409 order_not_cancelable.
@@ -204,7 +207,7 @@ func responseFor(route string, o *Order) *idempotency.Response {
 		return notCancelable(o)
 	}
 	switch o.Status {
-	case StatusPaid:
+	case StatusPaid, StatusPartiallyRefunded, StatusRefunded:
 		return idempotency.JSONResponse(http.StatusCreated, body(), "/v1/orders/"+o.ID)
 	case StatusRequiresAction:
 		return idempotency.JSONResponse(http.StatusAccepted, body(), "/v1/orders/"+o.ID)
@@ -235,9 +238,10 @@ func decodeRequest(body []byte) (*Request, []FieldError) {
 	if err := json.Unmarshal(body, &top); err != nil || top == nil {
 		return &in, []FieldError{{Field: "", Message: "must be a JSON object"}}
 	}
-	errs := unknownFields("", top, "email", "items", "payment_method")
+	errs := unknownFields("", top, "email", "items", "payment_method", "return_url")
 	decodeString(top, "email", "email", &in.Email, &errs)
 	decodeString(top, "payment_method", "payment_method", &in.PaymentMethod, &errs)
+	decodeString(top, "return_url", "return_url", &in.ReturnURL, &errs)
 	if raw, ok := top["items"]; ok {
 		var items []json.RawMessage
 		if err := json.Unmarshal(raw, &items); err != nil || items == nil {

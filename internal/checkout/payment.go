@@ -67,6 +67,10 @@ type CreateIntentRequest struct {
 type ConfirmIntentRequest struct {
 	IdempotencyKey  string `json:"-"`
 	PaymentIntentID string `json:"payment_intent"`
+	// ReturnURL, when set, is sent as return_url: a 3D Secure card then
+	// answers with next_action redirect_to_url instead of use_stripe_sdk
+	// (https://docs.stripe.com/api/payment_intents/confirm#confirm_payment_intent-return_url).
+	ReturnURL string `json:"return_url,omitempty"`
 }
 
 // CancelIntentRequest is POST /v1/payment_intents/{id}/cancel.

@@ -258,6 +258,7 @@ func (s *Service) newOrder(tenant string, in *Request, products map[string]Produ
 		CreatedAt:     s.Now().UTC().Truncate(time.Microsecond),
 		tenantID:      tenant,
 		paymentMethod: in.PaymentMethod,
+		returnURL:     in.ReturnURL,
 	}
 	for _, it := range in.Items {
 		p := products[it.SKU]

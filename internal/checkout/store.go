@@ -24,6 +24,7 @@ type orderRow struct {
 	Currency        string
 	AmountTotal     int64
 	PaymentMethod   string
+	ReturnURL       *string // migration 00008
 	PaymentIntentID *string
 	PaymentStatus   *string
 	// The payment saga's columns (migration 00002).
@@ -62,6 +63,9 @@ func (r *orderRow) order() *Order {
 		CreatedAt:     r.CreatedAt.UTC(),
 		tenantID:      r.TenantID,
 		paymentMethod: r.PaymentMethod,
+	}
+	if r.ReturnURL != nil {
+		o.returnURL = *r.ReturnURL
 	}
 	if r.PaymentIntentID != nil {
 		o.Payment.PaymentIntentID = *r.PaymentIntentID
@@ -201,8 +205,8 @@ func createOrderReserving(ctx context.Context, tx *gorm.DB, o *Order, want map[s
 // items' is over the order's CTE, o, so they exist only if it does.
 const (
 	insertOrderSQL = `
-			INSERT INTO orders (id, tenant_id, status, email, currency, amount_total, payment_method, created_at, updated_at)
-			SELECT ?, ?, ?, ?, ?, ?, ?, ?::timestamptz, ?::timestamptz`
+			INSERT INTO orders (id, tenant_id, status, email, currency, amount_total, payment_method, return_url, created_at, updated_at)
+			SELECT ?, ?, ?, ?, ?, ?, ?, NULLIF(?, ''), ?::timestamptz, ?::timestamptz`
 	insertItemsSQL = `
 			INSERT INTO order_items (order_id, line, sku, quantity, unit_amount, amount)
 			SELECT o.id, t.line, t.sku, t.quantity, t.unit_amount, t.amount
@@ -216,7 +220,7 @@ func orderArgs(o *Order) []any {
 	for i, it := range o.Items {
 		lines[i], itemSKUs[i], quantities[i], unitAmounts[i], amounts[i] = int64(i+1), it.SKU, int64(it.Quantity), it.UnitAmount, it.Amount
 	}
-	return []any{o.ID, o.tenantID, o.Status, o.Email, o.Currency, o.AmountTotal, o.paymentMethod, o.CreatedAt, o.CreatedAt,
+	return []any{o.ID, o.tenantID, o.Status, o.Email, o.Currency, o.AmountTotal, o.paymentMethod, o.returnURL, o.CreatedAt, o.CreatedAt,
 		intArray(lines), postgres.TextArray(itemSKUs), intArray(quantities), intArray(unitAmounts), intArray(amounts)}
 }
 
@@ -274,6 +278,9 @@ type change struct {
 	clientSecret    string          // requires_action only
 	failureCode     string          // payment_failed, canceled
 	declineCode     string
+	// closed: the order's PaymentIntent can no longer move money (see
+	// closeBeforeExit); applyTx refuses an exit without it.
+	closed bool
 }
 
 // transition applies ch to order id inside tx if the order's current status

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"regexp"
 	"strings"
 
 	"github.com/caarlos0/env/v11"
@@ -97,10 +98,16 @@ func masked(v reflect.Value) []any {
 		case strings.Contains(val, "://") && strings.Contains(val, "@"):
 			val = redactURLs(val)
 		}
+		val = passwordParam.ReplaceAllString(val, "${1}***")
 		out = append(out, name, val)
 	}
 	return out
 }
+
+// passwordParam matches a password given as a parameter: in a URL's query
+// (postgres://h1,h2/db?password=…) or in a libpq keyword/value string
+// (host=h1,h2 password='…'), quoted or not.
+var passwordParam = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]+)`)
 
 // redactURLs hides the password of every URL in s, a URL or a
 // comma-separated list of them. A piece without "://" is left as it is:

@@ -179,7 +179,8 @@ func (c *Client) CreatePaymentIntent(ctx context.Context, req checkout.CreateInt
 // ConfirmPaymentIntent confirms a PaymentIntent with the payment method it
 // was created with: POST /v1/payment_intents/{id}/confirm under
 // req.IdempotencyKey (https://docs.stripe.com/api/payment_intents/confirm).
-// A 3D Secure card answers with status requires_action and a next_action; a
+// A 3D Secure card answers with status requires_action and a next_action
+// (redirect_to_url when req.ReturnURL is set, use_stripe_sdk otherwise); a
 // declined card is a *checkout.PaymentRefusal with Declined set.
 func (c *Client) ConfirmPaymentIntent(ctx context.Context, req checkout.ConfirmIntentRequest) (checkout.PaymentIntentState, error) {
 	if strings.TrimSpace(req.IdempotencyKey) == "" {
@@ -187,6 +188,9 @@ func (c *Client) ConfirmPaymentIntent(ctx context.Context, req checkout.ConfirmI
 	}
 	return c.call(ctx, opConfirm, req.IdempotencyKey, func(actx context.Context) (*stripe.PaymentIntent, error) {
 		p := &stripe.PaymentIntentConfirmParams{}
+		if req.ReturnURL != "" {
+			p.ReturnURL = stripe.String(req.ReturnURL)
+		}
 		p.Context = actx
 		p.SetIdempotencyKey(req.IdempotencyKey)
 		return c.pi.Confirm(req.PaymentIntentID, p)

@@ -39,6 +39,12 @@
 //	GET  /v1/refunds                       list (payment_intent=, charge=), newest first
 //	GET  /v1/refunds/{id}                  retrieve
 //
+// The 3D Secure challenge page (HTML, for the customer's browser; see
+// WithPublicURL): next_action.redirect_to_url.url points to it.
+//
+//	GET  /3d_secure_2/hosted               the page: complete or fail authentication
+//	POST /3d_secure_2/hosted               play it, then back to the return_url
+//
 // Control routes (JSON, not Stripe's):
 //
 //	POST   /_emulator/faults              inject one Fault or a JSON array of them
@@ -97,6 +103,7 @@ type Emulator struct {
 	now       func() time.Time
 	keyTTL    time.Duration
 	searchLag time.Duration
+	publicURL string // where browsers reach the challenge page (WithPublicURL)
 
 	mu             sync.Mutex
 	intents        map[string]*storedIntent // by PaymentIntent id
@@ -139,6 +146,9 @@ type storedIntent struct {
 	apiKey    string
 	createdAt time.Time
 	pi        paymentIntent
+	// returnURL is the return_url of the latest confirmation ("" for
+	// none): where the challenge page sends the customer back to.
+	returnURL string
 }
 
 // Option configures an Emulator.
@@ -178,11 +188,12 @@ func WithClock(now func() time.Time) Option {
 // New returns an empty emulator with no faults.
 func New(opts ...Option) *Emulator {
 	e := &Emulator{
-		mux:    http.NewServeMux(),
-		logger: slog.New(slog.DiscardHandler),
-		now:    time.Now,
-		keyTTL: DefaultKeyTTL,
-		timers: map[*time.Timer]struct{}{},
+		mux:       http.NewServeMux(),
+		logger:    slog.New(slog.DiscardHandler),
+		now:       time.Now,
+		keyTTL:    DefaultKeyTTL,
+		publicURL: defaultPublicURL,
+		timers:    map[*time.Timer]struct{}{},
 	}
 	e.initHooks()
 	for _, o := range opts {
@@ -201,6 +212,8 @@ func New(opts ...Option) *Emulator {
 	e.mux.HandleFunc("GET /v1/refunds", e.api(OpRefundList, e.listRefunds))
 	e.mux.HandleFunc("GET /v1/refunds/{id}", e.api(OpRefundRetrieve, e.retrieveRefund))
 	e.mux.HandleFunc("/v1/", e.api("", e.unknownURL))
+	e.mux.HandleFunc("GET "+challengePath, e.getChallenge)
+	e.mux.HandleFunc("POST "+challengePath, e.postChallenge)
 	e.mux.HandleFunc("POST /_emulator/faults", e.postFaults)
 	e.mux.HandleFunc("GET /_emulator/faults", e.getFaults)
 	e.mux.HandleFunc("DELETE /_emulator/faults", e.deleteFaults)
@@ -480,6 +493,12 @@ func (e *Emulator) Authenticate(id string, succeed bool) ([]byte, error) {
 	if !ok {
 		return nil, ErrNotFound
 	}
+	return e.authenticateLocked(s, succeed)
+}
+
+// authenticateLocked is Authenticate of s; the caller holds mu.
+func (e *Emulator) authenticateLocked(s *storedIntent, succeed bool) ([]byte, error) {
+	id := s.pi.ID
 	if s.pi.Status != statusRequiresAction {
 		return nil, fmt.Errorf("%w: payment_intent %s is %s, not requires_action", ErrWrongState, id, s.pi.Status)
 	}

@@ -86,7 +86,9 @@ func (e *Emulator) confirmPaymentIntent(c *call) (func() response, response) {
 		if s == nil {
 			return missing
 		}
-		return e.confirmLocked(s, p)
+		q := p
+		q.declined = c.declined // read at execution: a roll-forward runs without it
+		return e.confirmLocked(s, q)
 	}, response{}
 }
 
@@ -112,6 +114,9 @@ func (e *Emulator) confirmLocked(s *storedIntent, p confirmParams) response {
 			"PaymentIntent with a payment method, you must provide a payment_method parameter.")
 	}
 	card := testPaymentMethods[*s.pi.PaymentMethod]
+	if p.declined {
+		card = testPaymentMethods["pm_card_chargeDeclined"]
+	}
 	s.pi.LastPaymentError, s.pi.NextAction = nil, nil
 	switch {
 	case card.decline != nil:
@@ -130,10 +135,10 @@ func (e *Emulator) confirmLocked(s *storedIntent, p confirmParams) response {
 		// authentication for every payment"; the PaymentIntent waits in
 		// requires_action with a next_action (https://docs.stripe.com/payments/3d-secure/authentication-flow).
 		s.pi.Status = statusRequiresAction
+		s.returnURL = p.returnURL
 		if p.returnURL != "" {
 			s.pi.NextAction = &nextAction{Type: "redirect_to_url", RedirectToURL: &redirectToURL{
-				URL:       "https://hooks.stripe.com/3d_secure_2/hosted?payment_intent=" + s.pi.ID + "&payment_intent_client_secret=" + url.QueryEscape(s.pi.ClientSecret),
-				ReturnURL: p.returnURL}}
+				URL: e.redirectURL(s), ReturnURL: p.returnURL}}
 		} else {
 			s.pi.NextAction = &nextAction{Type: "use_stripe_sdk", UseStripeSDK: &useStripeSDK{
 				Type: "three_d_secure_redirect", ThreeDSSource: newID("payatt")}}

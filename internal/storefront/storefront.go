@@ -1,0 +1,487 @@
+// Package storefront is a small web shop for one tenant of the checkout
+// API, server-rendered with html/template and a little JavaScript, made to
+// show an Idempotency-Key's whole life:
+//
+//   - the browser makes the key when the checkout form is shown and keeps it
+//     in sessionStorage until a final answer, so a double click, a reload
+//     and a retry after a lost answer all send the same key
+//     (web/checkout.js);
+//   - the storefront server calls the API with the tenant's secret, which
+//     never reaches the browser, through the public client package, with
+//     the browser's key scoped to the session (apiKey);
+//   - a panel shows the key, each attempt sent to the API and each answer:
+//     201, 202, 409 idempotency_key_in_use, replayed or not (Attempt);
+//   - a card that needs 3D Secure goes through Stripe's redirect flow
+//     (the checkout's return_url), and the order page follows the order
+//     until it settles, with a cancel button while it waits.
+//
+// Routes:
+//
+//	GET  /                        products
+//	POST /cart                    add sku (form: sku, quantity)
+//	POST /cart/remove             remove sku
+//	GET  /cart                    the cart
+//	GET  /checkout                the checkout form and the key's panel
+//	POST /checkout                Pay (JSON from the page): one purchase under the browser's key
+//	GET  /checkout/return         back from 3D Secure (?payment_intent=pi_…): to the order's page
+//	GET  /orders/{id}             the order page, which follows the order
+//	GET  /orders/{id}/status      the order as JSON, for the page's polling
+//	POST /orders/{id}/cancel      cancel it while it waits for 3D Secure
+//	GET  /static/                 the page's JavaScript and CSS
+package storefront
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/onceonly/checkout/client"
+)
+
+//go:embed web
+var webFS embed.FS
+
+// Config configures a Server.
+type Config struct {
+	// APIURL is the checkout API's base URL (env API_URL).
+	APIURL string
+	// TenantKey is the tenant's secret API key (env STOREFRONT_TENANT_KEY).
+	// It is sent to the API only, never to the browser.
+	TenantKey string
+	// Retry is the client's retry policy for a checkout; zero fields take
+	// the defaults below (a browser does not wait a minute for an answer).
+	Retry client.RetryPolicy
+	// Transport sends the requests to the API (default
+	// http.DefaultTransport).
+	Transport http.RoundTripper
+	// Logger logs failures (default: none).
+	Logger *slog.Logger
+}
+
+// DefaultCheckoutWait bounds one Pay: the client's retries of one browser
+// request stop after it, and the page then says that the outcome is not
+// known yet and that Pay again is safe.
+const DefaultCheckoutWait = 10 * time.Second
+
+// Server is the storefront. Create it with New; it is safe for concurrent
+// use.
+type Server struct {
+	api      *client.Client
+	logger   *slog.Logger
+	sessions *sessions
+	pages    map[string]*template.Template
+	mux      *http.ServeMux
+}
+
+// New returns a Server for cfg, or an error when cfg.APIURL is not an
+// absolute http(s) URL or cfg.TenantKey is empty.
+func New(cfg Config) (*Server, error) {
+	if cfg.Transport == nil {
+		cfg.Transport = http.DefaultTransport
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Retry.MaxElapsed <= 0 {
+		cfg.Retry.MaxElapsed = DefaultCheckoutWait
+	}
+	if cfg.Retry.AttemptTimeout <= 0 {
+		cfg.Retry.AttemptTimeout = 5 * time.Second
+	}
+	if cfg.Retry.MaxDelay <= 0 {
+		cfg.Retry.MaxDelay = time.Second
+	}
+	api, err := client.New(cfg.APIURL, cfg.TenantKey,
+		client.WithHTTPClient(&http.Client{Transport: recorder{cfg.Transport}}),
+		client.WithRetryPolicy(cfg.Retry))
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{api: api, logger: cfg.Logger, sessions: &sessions{byID: map[string]*session{}},
+		pages: map[string]*template.Template{}, mux: http.NewServeMux()}
+	funcs := template.FuncMap{"money": money}
+	for _, page := range []string{"products", "cart", "checkout", "order", "message"} {
+		s.pages[page] = template.Must(template.New("layout.html").Funcs(funcs).ParseFS(webFS, "web/layout.html", "web/"+page+".html"))
+	}
+	static, _ := fs.Sub(webFS, "web")
+	s.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	s.mux.HandleFunc("GET /{$}", s.products)
+	s.mux.HandleFunc("POST /cart", s.addToCart)
+	s.mux.HandleFunc("POST /cart/remove", s.removeFromCart)
+	s.mux.HandleFunc("GET /cart", s.cart)
+	s.mux.HandleFunc("GET /checkout", s.checkoutForm)
+	s.mux.HandleFunc("POST /checkout", s.pay)
+	s.mux.HandleFunc("GET /checkout/return", s.returned)
+	s.mux.HandleFunc("GET /orders/{id}", s.orderPage)
+	s.mux.HandleFunc("GET /orders/{id}/status", s.orderStatus)
+	s.mux.HandleFunc("POST /orders/{id}/cancel", s.cancel)
+	return s, nil
+}
+
+// ServeHTTP serves the routes of the package documentation.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Cache-Control", "no-store")
+	s.mux.ServeHTTP(w, r)
+}
+
+// render writes page with data, or a 500.
+func (s *Server) render(w http.ResponseWriter, status int, page string, data any) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	if err := s.pages[page].Execute(w, data); err != nil {
+		s.logger.Error("storefront: render", "page", page, "err", err)
+	}
+}
+
+// message renders a page that only says something.
+func (s *Server) message(w http.ResponseWriter, status int, title, text string) {
+	s.render(w, status, "message", map[string]any{"Title": title, "Text": text})
+}
+
+// apiFailed answers a page whose API call failed.
+func (s *Server) apiFailed(w http.ResponseWriter, r *http.Request, err error) {
+	s.logger.WarnContext(r.Context(), "storefront: API call failed", "path", r.URL.Path, "err", err)
+	if client.IsCode(err, client.CodeNotFound) {
+		s.message(w, http.StatusNotFound, "Not found", "There is no such order.")
+		return
+	}
+	s.message(w, http.StatusBadGateway, "The shop cannot reach the checkout service",
+		"Try again in a moment. ("+err.Error()+")")
+}
+
+// line is a cart line with its product.
+type line struct {
+	client.Item
+	Product client.Product
+	Amount  int64
+}
+
+// products serves GET /.
+func (s *Server) products(w http.ResponseWriter, r *http.Request) {
+	ps, err := s.api.ListProducts(r.Context())
+	if err != nil {
+		s.apiFailed(w, r, err)
+		return
+	}
+	var count int
+	s.sessions.with(w, r, func(ss *session) {
+		for _, it := range ss.cart {
+			count += it.Quantity
+		}
+	})
+	s.render(w, http.StatusOK, "products", map[string]any{"Products": ps.Products, "CartCount": count})
+}
+
+// addToCart serves POST /cart (sku, quantity 1..100).
+func (s *Server) addToCart(w http.ResponseWriter, r *http.Request) {
+	q, err := strconv.Atoi(r.FormValue("quantity"))
+	if err != nil || q < 1 || q > 100 {
+		q = 1
+	}
+	sku := r.FormValue("sku")
+	if sku == "" || len(sku) > 64 {
+		s.message(w, http.StatusBadRequest, "No such product", "Pick a product from the list.")
+		return
+	}
+	s.sessions.with(w, r, func(ss *session) { ss.add(sku, q) })
+	http.Redirect(w, r, "/cart", http.StatusSeeOther)
+}
+
+// removeFromCart serves POST /cart/remove (sku).
+func (s *Server) removeFromCart(w http.ResponseWriter, r *http.Request) {
+	s.sessions.with(w, r, func(ss *session) { ss.remove(r.FormValue("sku")) })
+	http.Redirect(w, r, "/cart", http.StatusSeeOther)
+}
+
+// cartLines returns the session's cart with prices from the catalog.
+func (s *Server) cartLines(w http.ResponseWriter, r *http.Request) ([]line, int64, error) {
+	var items []client.Item
+	s.sessions.with(w, r, func(ss *session) { items = append(items, ss.cart...) })
+	if len(items) == 0 {
+		return nil, 0, nil
+	}
+	ps, err := s.api.ListProducts(r.Context())
+	if err != nil {
+		return nil, 0, err
+	}
+	bySKU := map[string]client.Product{}
+	for _, p := range ps.Products {
+		bySKU[p.SKU] = p
+	}
+	var lines []line
+	var total int64
+	for _, it := range items {
+		p := bySKU[it.SKU]
+		lines = append(lines, line{Item: it, Product: p, Amount: p.UnitAmount * int64(it.Quantity)})
+		total += p.UnitAmount * int64(it.Quantity)
+	}
+	return lines, total, nil
+}
+
+// cart serves GET /cart.
+func (s *Server) cart(w http.ResponseWriter, r *http.Request) {
+	lines, total, err := s.cartLines(w, r)
+	if err != nil {
+		s.apiFailed(w, r, err)
+		return
+	}
+	s.render(w, http.StatusOK, "cart", map[string]any{"Lines": lines, "Total": total})
+}
+
+// checkoutForm serves GET /checkout: the form, whose script makes the key
+// (or finds the one of a purchase still open) and shows the panel.
+func (s *Server) checkoutForm(w http.ResponseWriter, r *http.Request) {
+	lines, total, err := s.cartLines(w, r)
+	if err != nil {
+		s.apiFailed(w, r, err)
+		return
+	}
+	s.render(w, http.StatusOK, "checkout", map[string]any{"Lines": lines, "Total": total})
+}
+
+// payRequest is the body the checkout page posts on Pay.
+type payRequest struct {
+	Key           string `json:"key"`
+	Email         string `json:"email"`
+	PaymentMethod string `json:"payment_method"`
+}
+
+// PayResult is the storefront's answer to one Pay: what the page shows in
+// its panel and does next.
+type PayResult struct {
+	// Outcome is paid, requires_action, failed (final: the purchase is
+	// over, a new one needs a new key), invalid (fix the form, same key)
+	// or unknown (no final answer yet: Pay again, same key).
+	Outcome string `json:"outcome"`
+	// Final tells the page to forget the key.
+	Final bool `json:"final"`
+	// Message is for the customer.
+	Message string `json:"message"`
+	// OrderID is the order, when there is one; OrderURL its page.
+	OrderID  string `json:"order_id,omitempty"`
+	OrderURL string `json:"order_url,omitempty"`
+	// APIKey is the Idempotency-Key sent to the API.
+	APIKey string `json:"api_key"`
+	// Attempts are the requests sent to the API for this Pay.
+	Attempts []Attempt `json:"attempts"`
+}
+
+// pay serves POST /checkout: one browser request for the purchase under
+// the browser's key. The items are the purchase's (frozen at its first
+// Pay); the return_url brings the customer back here after 3D Secure. The
+// answer is JSON (PayResult), 200 for every answer of the API, 400 for a
+// request the page should not have sent.
+func (s *Server) pay(w http.ResponseWriter, r *http.Request) {
+	var in payRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<14)).Decode(&in); err != nil || !browserKey.MatchString(in.Key) {
+		writeJSON(w, http.StatusBadRequest, PayResult{Outcome: "invalid", Message: "The page sent no valid key; reload it."})
+		return
+	}
+	var items []client.Item
+	var sessionID string
+	s.sessions.with(w, r, func(ss *session) { sessionID, items = ss.id, ss.purchase(in.Key) })
+	if items == nil {
+		writeJSON(w, http.StatusOK, PayResult{Outcome: "failed", Final: true, Message: "Your cart is empty."})
+		return
+	}
+	key := apiKey(sessionID, "checkout", in.Key)
+	ctx, log := withAttemptLog(r.Context())
+	res, err := s.api.CreateCheckout(ctx, key, client.CheckoutRequest{
+		Email: in.Email, Items: items, PaymentMethod: in.PaymentMethod,
+		// Constant for the purchase: it is part of the key's fingerprint.
+		ReturnURL: "http://" + r.Host + "/checkout/return",
+	})
+	out := s.payResult(err, res)
+	out.APIKey, out.Attempts = key, log.list()
+	if out.OrderID != "" {
+		pi := ""
+		if res != nil {
+			pi = res.Order.Payment.PaymentIntentID
+		}
+		s.sessions.with(w, r, func(ss *session) {
+			ss.remember(orderRef{ID: out.OrderID, PaymentIntentID: pi})
+			if out.Outcome != "failed" {
+				ss.cart = nil // bought
+			}
+		})
+		out.OrderURL = "/orders/" + out.OrderID
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// payResult tells the page what an answer means for the purchase.
+func (s *Server) payResult(err error, res *client.OrderResult) PayResult {
+	if err == nil {
+		if res.Order.Status == client.OrderRequiresAction {
+			return PayResult{Outcome: "requires_action", Final: true, OrderID: res.Order.ID,
+				Message: "Your bank asks you to confirm the payment (3D Secure)."}
+		}
+		return PayResult{Outcome: "paid", Final: true, OrderID: res.Order.ID, Message: "Paid. Thank you!"}
+	}
+	var e *client.Error
+	if !errors.As(err, &e) {
+		s.logger.Error("storefront: checkout", "err", err)
+		return PayResult{Outcome: "unknown", Message: "Something went wrong. Pay again: it is safe."}
+	}
+	switch {
+	case e.Temporary():
+		return PayResult{Outcome: "unknown", Message: "No answer from the checkout service yet: we do not know " +
+			"whether you paid. Press Pay again; the same key makes it safe, you will not pay twice."}
+	case e.Code == client.CodeValidationError:
+		var fields []string
+		for _, f := range e.Errors {
+			fields = append(fields, f.Field+" "+f.Message)
+		}
+		return PayResult{Outcome: "invalid", Message: "Please fix: " + strings.Join(fields, "; ") + "."}
+	case e.Code == client.CodeCardDeclined || e.Code == client.CodePaymentRejected:
+		return PayResult{Outcome: "failed", Final: true, OrderID: e.OrderID,
+			Message: "The payment failed (" + string(e.Code) + "). Nothing was charged; try another card."}
+	case e.Code == client.CodeIdempotencyKeyReused:
+		return PayResult{Outcome: "failed", Final: true,
+			Message: "This purchase was already sent with other details (422). Start a new one."}
+	default:
+		return PayResult{Outcome: "failed", Final: true, Message: e.Title + ": " + e.Detail}
+	}
+}
+
+// returned serves GET /checkout/return?payment_intent=pi_…: Stripe sends
+// the customer here after 3D Secure; the page of the session's order with
+// that PaymentIntent follows it until it settles.
+func (s *Server) returned(w http.ResponseWriter, r *http.Request) {
+	pi := r.URL.Query().Get("payment_intent")
+	var id string
+	s.sessions.with(w, r, func(ss *session) {
+		for _, o := range ss.orders {
+			if pi != "" && o.PaymentIntentID == pi {
+				id = o.ID
+			}
+		}
+	})
+	if id == "" {
+		s.message(w, http.StatusNotFound, "Unknown payment", "This browser has no order with that payment.")
+		return
+	}
+	http.Redirect(w, r, "/orders/"+id, http.StatusSeeOther)
+}
+
+// sessionOrder loads the session's order {id}, or answers 404.
+func (s *Server) sessionOrder(w http.ResponseWriter, r *http.Request) (*client.Order, bool) {
+	id := r.PathValue("id")
+	var mine bool
+	s.sessions.with(w, r, func(ss *session) { _, mine = ss.order(id) })
+	if !mine {
+		s.message(w, http.StatusNotFound, "Not found", "This browser has no such order.")
+		return nil, false
+	}
+	res, err := s.api.GetOrder(r.Context(), id)
+	if err != nil {
+		s.apiFailed(w, r, err)
+		return nil, false
+	}
+	return &res.Order, true
+}
+
+// orderView is the order as the page and its polling show it.
+type orderView struct {
+	Order *client.Order `json:"order"`
+	// Waiting: the customer must authenticate; Settled: the status will
+	// not change but through a refund.
+	Waiting bool `json:"waiting"`
+	Settled bool `json:"settled"`
+	// RedirectURL is the 3D Secure challenge while Waiting.
+	RedirectURL string `json:"redirect_url,omitempty"`
+	// EmailSent is when the paid email was sent, "" until then.
+	EmailSent string `json:"email_sent,omitempty"`
+}
+
+func viewOf(o *client.Order) orderView {
+	v := orderView{Order: o, Waiting: o.Status == client.OrderRequiresAction}
+	switch o.Status {
+	case client.OrderPendingPayment, client.OrderRequiresAction, client.OrderPaymentUnknown:
+	default:
+		v.Settled = true
+	}
+	if na := o.Payment.NextAction; na != nil && na.RedirectToURL != nil {
+		v.RedirectURL = na.RedirectToURL.URL
+	}
+	for _, n := range o.Notifications {
+		if n.Kind == "order_paid" && n.SentAt != nil {
+			v.EmailSent = n.SentAt.Format(time.RFC3339)
+		}
+	}
+	return v
+}
+
+// orderPage serves GET /orders/{id}.
+func (s *Server) orderPage(w http.ResponseWriter, r *http.Request) {
+	o, ok := s.sessionOrder(w, r)
+	if !ok {
+		return
+	}
+	s.render(w, http.StatusOK, "order", viewOf(o))
+}
+
+// orderStatus serves GET /orders/{id}/status: the orderView as JSON.
+func (s *Server) orderStatus(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	var mine bool
+	s.sessions.with(w, r, func(ss *session) { _, mine = ss.order(id) })
+	if !mine {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such order"})
+		return
+	}
+	res, err := s.api.GetOrder(r.Context(), id)
+	if err != nil {
+		writeJSON(w, http.StatusBadGateway, map[string]string{"error": err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, viewOf(&res.Order))
+}
+
+// cancel serves POST /orders/{id}/cancel. Its key is the order's (scoped
+// to the session): a cancellation is one operation per order, so a second
+// click or a resubmitted form replays it.
+func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	var sessionID string
+	var mine bool
+	s.sessions.with(w, r, func(ss *session) { sessionID = ss.id; _, mine = ss.order(id) })
+	if !mine {
+		s.message(w, http.StatusNotFound, "Not found", "This browser has no such order.")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), DefaultCheckoutWait)
+	defer cancel()
+	_, err := s.api.CancelOrder(ctx, id, apiKey(sessionID, "cancel", id))
+	if err != nil && !client.IsCode(err, client.CodeOrderNotCancelable) {
+		s.apiFailed(w, r, err)
+		return
+	}
+	// Canceled, or not cancelable any more (paid or failed meanwhile):
+	// the order page shows which.
+	http.Redirect(w, r, "/orders/"+id, http.StatusSeeOther)
+}
+
+// money formats minor units of currency, e.g. 2500 usd as "$25.00".
+func money(amount int64, currency string) string {
+	s := strconv.FormatInt(amount/100, 10) + "." + strconv.FormatInt(amount%100/10, 10) + strconv.FormatInt(amount%10, 10)
+	if strings.EqualFold(currency, "usd") {
+		return "$" + s
+	}
+	return s + " " + strings.ToUpper(currency)
+}
+
+// writeJSON answers status with v as JSON.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
