@@ -160,6 +160,10 @@ func TestRedisClusterSettings(t *testing.T) {
 		{"a database other than 0", map[string]string{"REDIS_CLUSTER": "true", "REDIS_URL": "redis://127.0.0.1:7000/3"}, "REDIS_URL (REDIS_CLUSTER=true): database \"3\""},
 		{"not a redis URL", map[string]string{"REDIS_CLUSTER": "true", "REDIS_URL": "http://127.0.0.1:7000"}, "REDIS_URL (REDIS_CLUSTER=true)"},
 		{"seed nodes without the setting", map[string]string{"REDIS_URL": "redis://127.0.0.1:7000?addr=127.0.0.1:7001"}, "REDIS_URL"},
+		{"a sentinel master without sentinels", map[string]string{"REDIS_SENTINEL_MASTER": "checkout"}, "REDIS_SENTINEL_MASTER, REDIS_SENTINEL_ADDRS: set both or neither"},
+		{"sentinels without a master", map[string]string{"REDIS_SENTINEL_ADDRS": "127.0.0.1:26379"}, "set both or neither"},
+		{"a sentinel without a port", map[string]string{"REDIS_SENTINEL_MASTER": "checkout", "REDIS_SENTINEL_ADDRS": "127.0.0.1:26379,sentinel-2"}, `REDIS_SENTINEL_ADDRS: "sentinel-2"`},
+		{"sentinel and cluster", map[string]string{"REDIS_SENTINEL_MASTER": "checkout", "REDIS_SENTINEL_ADDRS": "127.0.0.1:26379", "REDIS_CLUSTER": "true"}, "exclude each other"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := run(context.Background(), env(tc.env), io.Discard)
