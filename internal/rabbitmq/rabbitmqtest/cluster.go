@@ -181,26 +181,35 @@ func (c *Cluster) Running() []*Node {
 	return out
 }
 
-// QueueLeader returns the node that leads quorum queue name, asking a
-// running node.
+// QueueLeader returns the node that leads quorum queue name, or the node
+// a classic queue lives on, asking a running node.
 func (c *Cluster) QueueLeader(name string) (*Node, error) {
 	run := c.Running()
 	if len(run) == 0 {
 		return nil, fmt.Errorf("no node runs")
 	}
-	out, err := run[0].Ctl(time.Minute, "list_queues", "name", "leader", "--formatter", "json", "--quiet")
+	out, err := run[0].Ctl(time.Minute, "list_queues", "name", "leader", "pid", "--formatter", "json", "--quiet")
 	if err != nil {
 		return nil, err
 	}
 	var qs []struct {
 		Name   string `json:"name"`
 		Leader string `json:"leader"`
+		PID    string `json:"pid"` // "<node@host.1663.0>"
 	}
 	if err := json.Unmarshal([]byte(jsonPart(out)), &qs); err != nil {
 		return nil, fmt.Errorf("list_queues: %w: %s", err, out)
 	}
 	for _, q := range qs {
 		if q.Name == name {
+			if q.Leader == "" { // a classic queue: its process's node
+				pid := strings.TrimPrefix(q.PID, "<")
+				if at := strings.Index(pid, "@"); at >= 0 {
+					if dot := strings.Index(pid[at:], "."); dot >= 0 {
+						q.Leader = pid[:at+dot]
+					}
+				}
+			}
 			if n := c.Node(q.Leader); n != nil {
 				return n, nil
 			}
