@@ -188,27 +188,21 @@ func (c *Cluster) QueueLeader(name string) (*Node, error) {
 	if len(run) == 0 {
 		return nil, fmt.Errorf("no node runs")
 	}
-	out, err := run[0].Ctl(time.Minute, "list_queues", "name", "leader", "pid", "--formatter", "json", "--quiet")
+	out, err := run[0].Ctl(time.Minute, "list_queues", "name", "leader", "--formatter", "json", "--quiet")
 	if err != nil {
 		return nil, err
 	}
 	var qs []struct {
 		Name   string `json:"name"`
 		Leader string `json:"leader"`
-		PID    string `json:"pid"` // "<node@host.1663.0>"
 	}
 	if err := json.Unmarshal([]byte(jsonPart(out)), &qs); err != nil {
 		return nil, fmt.Errorf("list_queues: %w: %s", err, out)
 	}
 	for _, q := range qs {
 		if q.Name == name {
-			if q.Leader == "" { // a classic queue: its process's node
-				pid := strings.TrimPrefix(q.PID, "<")
-				if at := strings.Index(pid, "@"); at >= 0 {
-					if dot := strings.Index(pid[at:], "."); dot >= 0 {
-						q.Leader = pid[:at+dot]
-					}
-				}
+			if q.Leader == "" { // a classic queue: the node that lists it as local
+				return c.localNode(name)
 			}
 			if n := c.Node(q.Leader); n != nil {
 				return n, nil
@@ -217,6 +211,30 @@ func (c *Cluster) QueueLeader(name string) (*Node, error) {
 		}
 	}
 	return nil, fmt.Errorf("queue %s not found: %s", name, out)
+}
+
+// localNode returns the running node on which queue name lives, for a
+// classic queue (which has no leader): the one whose list_queues --local
+// shows it.
+func (c *Cluster) localNode(name string) (*Node, error) {
+	for _, n := range c.Running() {
+		out, err := n.Ctl(time.Minute, "list_queues", "name", "--local", "--formatter", "json", "--quiet")
+		if err != nil {
+			return nil, err
+		}
+		var qs []struct {
+			Name string `json:"name"`
+		}
+		if err := json.Unmarshal([]byte(jsonPart(out)), &qs); err != nil {
+			return nil, fmt.Errorf("list_queues --local: %w: %s", err, out)
+		}
+		for _, q := range qs {
+			if q.Name == name {
+				return n, nil
+			}
+		}
+	}
+	return nil, fmt.Errorf("queue %s: on no running node", name)
 }
 
 // AwaitOnline waits until n nodes of the cluster run and are clustered.
