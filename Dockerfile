@@ -1,6 +1,6 @@
 # One image with the service's binaries; docker-compose.yml and the
 # Kubernetes manifests (deploy/k8s) pick the process with `command`.
-# Build: docker build -t checkout .  (target all: api, dispatcher, worker)
+# Build: docker build -t checkout .  (target all: api, dispatcher, worker, migrate)
 # With the Stripe emulator, for compose and the dev overlay:
 #   docker build --target dev -t checkout-emulator .
 # A single binary: docker build --build-arg BIN=worker --target single -t checkout-worker .
@@ -21,9 +21,9 @@ COPY . .
 # only the packages it touches.
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
-    go build -trimpath -ldflags="-s -w" -o /out/ ./cmd/api ./cmd/dispatcher ./cmd/worker ./cmd/stripe-emulator ./cmd/storefront
+    go build -trimpath -ldflags="-s -w" -o /out/ ./cmd/api ./cmd/dispatcher ./cmd/worker ./cmd/migrate ./cmd/stripe-emulator ./cmd/storefront
 
-# single: one binary as the entrypoint (ARG BIN=api|dispatcher|worker|stripe-emulator|storefront).
+# single: one binary as the entrypoint (ARG BIN=api|dispatcher|worker|migrate|stripe-emulator|storefront).
 FROM alpine:3.22 AS single
 ARG BIN=api
 RUN adduser -D -u 10001 app
@@ -40,11 +40,12 @@ COPY --from=build /out/ /usr/local/bin/
 USER app
 CMD ["api"]
 
-# all (default, the last stage): the three production processes only. The
+# all (default, the last stage): the three production processes and the
+# migrate command (compose's migrate service, the Kubernetes Job) only. The
 # emulator answers any key and moves no money: an image that ships it lets a
 # misconfigured STRIPE_API_BASE take orders without charging (issue 20).
 FROM alpine:3.22 AS all
 RUN adduser -D -u 10001 app
-COPY --from=build /out/api /out/dispatcher /out/worker /usr/local/bin/
+COPY --from=build /out/api /out/dispatcher /out/worker /out/migrate /usr/local/bin/
 USER app
 CMD ["api"]

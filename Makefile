@@ -4,8 +4,10 @@ GO ?= go
 GOBIN := $(shell $(GO) env GOPATH)/bin
 BIN := bin
 STRIPE_MOCK_VERSION := v0.203.0
+# staticcheck v0.8.2 (2026.2.2): a release built for the go1.26 this module uses.
+STATICCHECK_VERSION := v0.8.2
 
-.PHONY: all build test test-race fuzz lint tools run demo chaos bench services createdb clean
+.PHONY: all build test test-failover test-pgbouncer test-race fuzz lint tools run demo chaos bench services createdb clean
 
 all: build
 
@@ -13,14 +15,31 @@ all: build
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 
-## tools: install stripe-mock (Stripe's official mock, used by one contract test)
-tools: $(GOBIN)/stripe-mock
+## tools: install stripe-mock (Stripe's official mock, used by one contract test) and staticcheck
+tools: $(GOBIN)/stripe-mock $(GOBIN)/staticcheck
 $(GOBIN)/stripe-mock:
 	$(GO) install github.com/stripe/stripe-mock@$(STRIPE_MOCK_VERSION)
+# Reinstalled when the version it reports is not STATICCHECK_VERSION.
+$(GOBIN)/staticcheck: Makefile
+	@if ! $(GOBIN)/staticcheck -version 2>/dev/null | grep -qF '($(STATICCHECK_VERSION:v%=%))'; then \
+		echo $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION); \
+		$(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION); \
+	fi
 
 ## test: every test, against the local PostgreSQL, Redis and RabbitMQ
 test: tools lint
 	PATH="$(GOBIN):$$PATH" $(GO) test -count=1 -timeout 9m ./...
+
+## test-failover: the failover tests, on clusters of real servers started on this machine
+## (TEST_FAILOVER=1; PostgreSQL: a primary and a synchronous standby; RabbitMQ: 3 nodes;
+## Redis Cluster and Sentinel); make test skips them
+test-failover:
+	TEST_FAILOVER=1 $(GO) test -count=1 -p 1 -timeout 25m -run 'TestCluster$$|TestRabbitMQNodeAndLeaderLoss|TestFailoverToSynchronousStandby' \
+		-v ./internal/rabbitmq/rabbitmqtest ./tests/e2e
+
+## test-pgbouncer: the e2e suite with every process behind PgBouncer in transaction pooling
+test-pgbouncer:
+	E2E_PGBOUNCER=1 $(GO) test -count=1 -timeout 20m ./tests/e2e
 
 ## test-race: the same with the race detector (slower)
 test-race: tools
@@ -30,11 +49,13 @@ test-race: tools
 fuzz:
 	FUZZTIME=$${FUZZTIME:-30s} ./scripts/fuzz.sh
 
-## lint: gofmt and go vet
-lint:
+## lint: gofmt, go vet, staticcheck, and go.mod/go.sum exactly as go mod tidy leaves them
+lint: $(GOBIN)/staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GOBIN)/staticcheck ./...
+	$(GO) mod tidy -diff
 
 ## services: start PostgreSQL, Redis and RabbitMQ when they are down (this machine's packages)
 services:

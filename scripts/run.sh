@@ -107,7 +107,7 @@ start stripe-emulator stripe-emulator
 start smtp-sink smtp-sink
 wait_http stripe-emulator http://127.0.0.1:12111/healthz
 start api api
-wait_http api http://127.0.0.1:8080/readyz   # the api applies the migrations
+wait_http api http://127.0.0.1:8080/readyz   # the api applies the migrations (MIGRATE_ON_START)
 start dispatcher dispatcher
 start worker worker
 wait_http dispatcher http://127.0.0.1:9091/readyz

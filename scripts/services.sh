@@ -11,6 +11,14 @@ wait_for() { # name, command
   echo "$1 did not come up" >&2; return 1
 }
 
+# PgBouncer for make test-pgbouncer: the e2e stack starts its own
+# (pgtest.StartPgBouncer); Debian's package only provides the binary.
+if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
+  echo "installing pgbouncer"
+  apt-get update -qq || true
+  DEBIAN_FRONTEND=noninteractive apt-get install -y pgbouncer >/dev/null
+fi
+
 if ! pg_isready -h 127.0.0.1 -p 5432 >/dev/null 2>&1; then
   echo "starting PostgreSQL"
   pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true

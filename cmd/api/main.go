@@ -1,6 +1,7 @@
 // Command api serves the checkout HTTP API (see CONTRACT.md): it applies the
-// migrations, then serves until SIGTERM or SIGINT, drains in-flight requests
-// for up to SHUTDOWN_TIMEOUT, and exits 0.
+// migrations (unless MIGRATE_ON_START=false: then cmd/migrate does), serves
+// until SIGTERM or SIGINT, drains in-flight requests for up to
+// SHUTDOWN_TIMEOUT, and exits 0.
 package main
 
 import (
@@ -54,9 +55,14 @@ type settings struct {
 	HTTPAddr string `env:"HTTP_ADDR" envDefault:":8080"`
 	// MetricsAddr, when set, serves /metrics (with /healthz and /readyz)
 	// on its own port and takes /metrics off HTTP_ADDR's.
-	MetricsAddr         string        `env:"METRICS_ADDR"`
-	DatabaseURL         string        `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable"`
-	DatabaseMaxConns    int           `env:"DATABASE_MAX_CONNS" envDefault:"20"`
+	MetricsAddr      string `env:"METRICS_ADDR"`
+	DatabaseURL      string `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable"`
+	DatabaseMaxConns int    `env:"DATABASE_MAX_CONNS" envDefault:"20"`
+	// MigrateOnStart applies the migrations before serving (make run,
+	// compose). false leaves them to cmd/migrate, e.g. a Kubernetes Job, and
+	// is required behind PgBouncer in transaction pooling, which breaks the
+	// migrations' session advisory lock.
+	MigrateOnStart      bool          `env:"MIGRATE_ON_START" envDefault:"true"`
 	RedisURL            string        `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
 	RedisCluster        bool          `env:"REDIS_CLUSTER" envDefault:"false"`
 	RedisKeyPrefix      string        `env:"REDIS_KEY_PREFIX" envDefault:"checkout:"`
@@ -234,8 +240,10 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	defer postgres.Close(db)
-	if err := postgres.Migrate(ctx, db, logger); err != nil {
-		return err
+	if s.MigrateOnStart {
+		if err := postgres.Migrate(ctx, db, logger); err != nil {
+			return err
+		}
 	}
 
 	redis.SetLogger(telemetry.RedisLogger(logger))

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	checkoutpkg "github.com/onceonly/checkout/internal/checkout"
@@ -282,4 +283,30 @@ func TestShutdownTimeoutExitsZeroAndLeavesTheKeyResumable(t *testing.T) {
 	require.Equal(t, "paid", orders[0].Status)
 	stop2()
 	require.NoError(t, <-done2)
+}
+
+// TestMigrateOnStart: by default the api applies the migrations before it
+// serves; with MIGRATE_ON_START=false it leaves an empty database empty
+// (cmd/migrate's job), and still starts.
+func TestMigrateOnStart(t *testing.T) {
+	t.Parallel()
+	schema := func(dbURL string) bool {
+		conn, err := pgx.Connect(context.Background(), dbURL)
+		require.NoError(t, err)
+		defer conn.Close(context.Background())
+		var exists bool
+		require.NoError(t, conn.QueryRow(context.Background(), `SELECT to_regclass('public.orders') IS NOT NULL`).Scan(&exists))
+		return exists
+	}
+	for _, tc := range []struct {
+		value string
+		want  bool
+	}{{"", true}, {"true", true}, {"false", false}} {
+		t.Run("MIGRATE_ON_START="+tc.value, func(t *testing.T) {
+			t.Parallel()
+			dbURL := pgtest.NewEmptyDB(t)
+			startAPI(t, map[string]string{"DATABASE_URL": dbURL, "MIGRATE_ON_START": tc.value})
+			require.Equal(t, tc.want, schema(dbURL))
+		})
+	}
 }

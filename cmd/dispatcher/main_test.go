@@ -64,9 +64,9 @@ func TestRunRelaysServesOpsAndDrainsOnSIGTERM(t *testing.T) {
 		return n == 1
 	}, 10*time.Second, 20*time.Millisecond, "event published")
 
-	status, body := testenv.Get(t, base+"/healthz")
+	status, _ := testenv.Get(t, base+"/healthz")
 	require.Equal(t, http.StatusOK, status)
-	status, body = testenv.Get(t, base+"/readyz")
+	status, body := testenv.Get(t, base+"/readyz")
 	require.Equal(t, http.StatusOK, status, body)
 	status, body = testenv.Get(t, base+"/metrics")
 	require.Equal(t, http.StatusOK, status)

@@ -12,6 +12,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -47,9 +49,15 @@ func main() {
 // settings are the worker's environment variables (CONTRACT.md).
 type settings struct {
 	ops.Settings
-	SMTPAddr      string        `env:"SMTP_ADDR" envDefault:"127.0.0.1:1025"`
-	SMTPFrom      string        `env:"SMTP_FROM" envDefault:"orders@checkout.local"`
-	SMTPConns     int           `env:"SMTP_CONCURRENCY" envDefault:"80"`
+	SMTPAddr  string `env:"SMTP_ADDR" envDefault:"127.0.0.1:1025"`
+	SMTPFrom  string `env:"SMTP_FROM" envDefault:"orders@checkout.local"`
+	SMTPConns int    `env:"SMTP_CONCURRENCY" envDefault:"80"`
+	// SMTPTLS is none, starttls or tls (notify.TLSNone ...); SMTPCAFile a
+	// PEM bundle to trust instead of the system's roots (a private CA).
+	SMTPTLS       string        `env:"SMTP_TLS" envDefault:"none"`
+	SMTPCAFile    string        `env:"SMTP_TLS_CA_FILE"`
+	SMTPUsername  string        `env:"SMTP_USERNAME"`
+	SMTPPassword  string        `env:"SMTP_PASSWORD" secret:"true"`
 	MetricsAddr   string        `env:"METRICS_ADDR" envDefault:":9092"`
 	Prefetch      int           `env:"NOTIFY_PREFETCH" envDefault:"128"`
 	SweepInterval time.Duration `env:"NOTIFY_SWEEP_INTERVAL" envDefault:"1s"`
@@ -88,6 +96,7 @@ func (s *settings) check() error {
 	if _, _, err := net.SplitHostPort(s.SMTPAddr); err != nil {
 		errs = append(errs, fmt.Errorf("SMTP_ADDR: %w", err))
 	}
+	errs = append(errs, s.checkSMTPLogin()...)
 	if a, err := mail.ParseAddress(s.SMTPFrom); err != nil || a.Name != "" {
 		errs = append(errs, fmt.Errorf("SMTP_FROM: %q is not a bare email address", s.SMTPFrom))
 	}
@@ -135,6 +144,63 @@ func (s *settings) check() error {
 	return errors.Join(errs...)
 }
 
+// checkSMTPLogin validates SMTP_TLS, SMTP_TLS_CA_FILE, SMTP_USERNAME and
+// SMTP_PASSWORD. As Go's net/smtp PlainAuth does, it refuses to send a
+// password in clear text to any host but this one's loopback.
+func (s *settings) checkSMTPLogin() []error {
+	var errs []error
+	switch s.SMTPTLS {
+	case notify.TLSNone, notify.TLSStartTLS, notify.TLSImplicit:
+	default:
+		errs = append(errs, fmt.Errorf("SMTP_TLS: %q is not one of %s, %s, %s", s.SMTPTLS, notify.TLSNone, notify.TLSStartTLS, notify.TLSImplicit))
+	}
+	if s.SMTPCAFile != "" {
+		if _, err := loadCA(s.SMTPCAFile); err != nil {
+			errs = append(errs, fmt.Errorf("SMTP_TLS_CA_FILE: %w", err))
+		}
+		if s.SMTPTLS == notify.TLSNone {
+			errs = append(errs, errors.New("SMTP_TLS_CA_FILE: set, but SMTP_TLS is none"))
+		}
+	}
+	if s.SMTPPassword != "" && s.SMTPUsername == "" {
+		errs = append(errs, errors.New("SMTP_USERNAME: empty, but SMTP_PASSWORD is set"))
+	}
+	if host, _, err := net.SplitHostPort(s.SMTPAddr); err == nil && s.SMTPUsername != "" && s.SMTPTLS == notify.TLSNone {
+		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+			errs = append(errs, fmt.Errorf("SMTP_USERNAME: set with SMTP_TLS=none: the password would cross the network to %s in clear text; use starttls or tls", host))
+		}
+	}
+	return errs
+}
+
+// loadCA reads a PEM bundle of certificates into a pool.
+func loadCA(file string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%s holds no PEM certificate", file)
+	}
+	return pool, nil
+}
+
+// smtpMailer is the mailer the settings describe.
+func (s *settings) smtpMailer() (*notify.SMTPMailer, error) {
+	// As many idle sessions as sends at once: each send reuses one.
+	m := &notify.SMTPMailer{Addr: s.SMTPAddr, MaxIdle: s.SMTPConns, TLS: s.SMTPTLS,
+		Username: s.SMTPUsername, Password: s.SMTPPassword}
+	if s.SMTPCAFile != "" {
+		roots, err := loadCA(s.SMTPCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("SMTP_TLS_CA_FILE: %w", err)
+		}
+		m.TLSConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	}
+	return m, nil
+}
+
 func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
 	var s settings
 	if err := config.Load(getenv, &s); err != nil {
@@ -169,8 +235,10 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	defer postgres.Close(db)
 	defer conn.Close()
 
-	// As many idle sessions as sends at once: each send reuses one.
-	mailer := &notify.SMTPMailer{Addr: s.SMTPAddr, MaxIdle: s.SMTPConns}
+	mailer, err := s.smtpMailer()
+	if err != nil {
+		return err
+	}
 	notifier, err := notify.NewService(db, conn, mailer, notify.Config{
 		Queue:        s.NotifyQueue,
 		Prefetch:     s.Prefetch,

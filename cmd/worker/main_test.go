@@ -4,7 +4,10 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -42,6 +45,11 @@ func TestBadValueStopsStartNamingTheVariable(t *testing.T) {
 		"RECONCILER_INTERVAL":       {"RECONCILER_INTERVAL": "0s"},
 		"WORK_TIMEOUT":              {"WORK_TIMEOUT": "1s"},
 		"NOTIFY_RETRY_FOR":          {"NOTIFY_RETRY_FOR": "0s"},
+		"SMTP_TLS":                  {"SMTP_TLS": "ssl"},
+		"SMTP_TLS_CA_FILE":          {"SMTP_TLS": "tls", "SMTP_TLS_CA_FILE": "/nonexistent/ca.pem"},
+		"SMTP_TLS_CA_FILE none":     {"SMTP_TLS_CA_FILE": "main_test.go"},
+		"SMTP_USERNAME":             {"SMTP_PASSWORD": "secret"},
+		"SMTP_USERNAME clear text":  {"SMTP_ADDR": "smtp.example.com:587", "SMTP_USERNAME": "shop", "SMTP_PASSWORD": "secret"},
 		"NOTIFY_RETRY_MAX_INTERVAL": {"NOTIFY_RETRY_MAX_INTERVAL": "soon"},
 	}
 	for name, env := range tests {
@@ -187,4 +195,71 @@ func TestUnknownCommandIsRefused(t *testing.T) {
 	require.ErrorContains(t, err, `unknown command "requeue"`)
 	err = dispatch(context.Background(), []string{"requeue-notifications", "extra"}, getenv(nil), io.Discard)
 	require.ErrorContains(t, err, "unexpected arguments")
+}
+
+// TestSMTPLoginOverSTARTTLSFromSettings: a worker configured with
+// SMTP_TLS=starttls, a private CA (SMTP_TLS_CA_FILE) and a wrong
+// SMTP_PASSWORD keeps the email pending, retried, with the server's 535 in
+// last_error; restarted with the right password, it delivers the email
+// once, over TLS, logged in.
+func TestSMTPLoginOverSTARTTLSFromSettings(t *testing.T) {
+	t.Parallel()
+	db, dbURL := pgtest.NewDB(t)
+	names := rabbitmqtest.NewNames(t)
+	serverCfg, caPEM, err := smtpsink.SelfSigned()
+	require.NoError(t, err)
+	sink, err := smtpsink.StartWith("127.0.0.1:0", smtpsink.Options{TLSConfig: serverCfg, Username: "shop", Password: "right"})
+	require.NoError(t, err)
+	t.Cleanup(func() { sink.Close() })
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	require.NoError(t, os.WriteFile(caFile, caPEM, 0o600))
+	env := map[string]string{
+		"DATABASE_URL": dbURL, "AMQP_URL": rabbitmqtest.URL(), "METRICS_ADDR": "127.0.0.1:0",
+		"AMQP_EXCHANGE": names.Exchange, "NOTIFY_QUEUE": names.NotifyQueue, "NOTIFY_SWEEP_INTERVAL": "50ms",
+		"SMTP_ADDR": sink.Addr(), "SMTP_TLS": "starttls", "SMTP_TLS_CA_FILE": caFile,
+		"SMTP_USERNAME": "shop", "SMTP_PASSWORD": "wrong",
+	}
+	start := func() (stop func()) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- run(ctx, getenv(env), io.Discard) }()
+		var once sync.Once
+		stop = func() { once.Do(func() { cancel(); require.NoError(t, <-done) }) }
+		t.Cleanup(stop)
+		return stop
+	}
+
+	orderID := ids.New("ord")
+	require.NoError(t, db.Exec(`INSERT INTO orders (id, tenant_id, status, email, currency, amount_total, payment_method, created_at, updated_at)
+		VALUES (?, 'acme', 'paid', 'buyer@example.com', 'usd', 1200, 'pm_card_visa', now(), now())`, orderID).Error)
+	ntfID := ids.New("ntf")
+	require.NoError(t, db.Exec(`INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind)
+		VALUES (?, ?, 'acme', 'email', 'buyer@example.com', 'pending', 'order_paid')`, ntfID, orderID).Error)
+	type row struct {
+		Status    string
+		Attempts  int
+		LastError *string
+	}
+	load := func() (r row) {
+		require.NoError(t, db.Raw(`SELECT status, attempts, last_error FROM notifications WHERE id = ?`, ntfID).Scan(&r).Error)
+		return r
+	}
+
+	stop := start()
+	require.Eventually(t, func() bool { return load().Attempts >= 3 }, 20*time.Second, 20*time.Millisecond, "retried")
+	stop()
+	r := load()
+	require.Equal(t, "pending", r.Status, "a refused login is temporary")
+	require.NotNil(t, r.LastError)
+	require.Contains(t, *r.LastError, `login as "shop"`)
+	require.Contains(t, *r.LastError, "535")
+	require.Zero(t, sink.Len())
+
+	env["SMTP_PASSWORD"] = "right"
+	start()
+	require.Eventually(t, func() bool { return load().Status == "sent" }, 20*time.Second, 20*time.Millisecond, "sent")
+	require.Equal(t, map[string]int{notify.MessageID(ntfID): 1}, sink.CountByMessageID())
+	m := sink.Messages()[0]
+	require.True(t, m.TLS)
+	require.Equal(t, "shop", m.User)
 }

@@ -61,7 +61,7 @@ func TestAlertRules(t *testing.T) {
 				}
 				require.True(t, registered(src, vs.Name), "%s: no Go code registers the metric %q", name, vs.Name)
 				for _, m := range vs.LabelMatchers {
-					if m.Name == labels.MetricName {
+					if m.Name == model.MetricNameLabel {
 						continue
 					}
 					for _, v := range matcherValues(m) {

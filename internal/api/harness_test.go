@@ -63,7 +63,8 @@ type options struct {
 	// delivers them itself with deliverEvent).
 	webhooks bool
 	// wrap, when set, wraps the Stripe client the API uses (to play
-	// answers the emulator cannot give on its own).
+	// answers the emulator cannot give on its own); refunds keep the
+	// real client.
 	wrap func(checkout.PaymentProvider) checkout.PaymentProvider
 	// refundRetryAfter is REFUND_RETRY_AFTER (0: the default).
 	refundRetryAfter time.Duration
@@ -168,7 +169,8 @@ func setup(t testing.TB, opt ...func(*options)) *harness {
 		stripeCfg = *o.stripe
 		stripeCfg.APIBase, stripeCfg.SecretKey = emuSrv.URL, "sk_test_123"
 	}
-	var pay checkout.PaymentProvider = payments.NewClient(stripeCfg, logger, nil)
+	client := payments.NewClient(stripeCfg, logger, nil)
+	var pay checkout.PaymentProvider = client
 	if o.wrap != nil {
 		pay = o.wrap(pay)
 	}
@@ -183,7 +185,7 @@ func setup(t testing.TB, opt ...func(*options)) *harness {
 		Saga:             o.saga,
 		RefundRetryAfter: o.refundRetryAfter,
 		RateLimits:       o.rateLimits,
-	}, api.Deps{DB: h.db, Redis: h.rdb, Payments: pay, Keys: keys, Logger: logger, Registry: reg, Now: o.now})
+	}, api.Deps{DB: h.db, Redis: h.rdb, Payments: pay, Refunds: client, Keys: keys, Logger: logger, Registry: reg, Now: o.now})
 	h.srv.Config.Handler = h.api.Handler
 	h.srv.Start()
 	t.Cleanup(h.srv.Close)

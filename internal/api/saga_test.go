@@ -838,3 +838,63 @@ func TestCancelResumedByCompleter(t *testing.T) {
 	require.Equal(t, "true", retry.header.Get(idempotency.ReplayedHeader))
 	require.Equal(t, checkout.StatusCanceled, decodeOrder(t, retry).Status)
 }
+
+// TestCheckoutKeyFinishesAfterTheOrderWasRefunded: the checkout's answer
+// was lost in doubt (Stripe said processing: 502, the key unfinished), the
+// webhook then made the order paid and the merchant refunded part of it.
+// The key still finishes with the outcome of its payment (CONTRACT.md v3):
+// the completer stores 201 with the order as it is (partially_refunded),
+// and the client's retry replays it, rather than 502 for ever.
+func TestCheckoutKeyFinishesAfterTheOrderWasRefunded(t *testing.T) {
+	t.Parallel()
+	s := &scripted{}
+	processing := func(pi checkout.PaymentIntentState) checkout.PaymentIntentState {
+		if pi.Status == checkout.PISucceeded {
+			pi.Status = checkout.PIProcessing
+		}
+		return pi
+	}
+	s.confirm = func(_ int, req checkout.ConfirmIntentRequest, real checkout.PaymentProvider) (checkout.PaymentIntentState, error) {
+		pi, err := real.ConfirmPaymentIntent(context.Background(), req)
+		return processing(pi), err
+	}
+	s.retrieve = processing
+	h := setup(t, func(o *options) {
+		o.wrap = func(p checkout.PaymentProvider) checkout.PaymentProvider { s.PaymentProvider = p; return s }
+	})
+	r := h.checkout("refunded-1", teeBody)
+	require.Equal(t, http.StatusBadGateway, r.status, "%s", r.body)
+	var key struct {
+		ID      int64
+		OrderID string
+	}
+	require.NoError(t, h.db.Raw(`SELECT id, order_id FROM idempotency_keys WHERE key = 'refunded-1'`).Scan(&key).Error)
+	s.mu.Lock()
+	s.retrieve = nil
+	s.mu.Unlock()
+
+	// What the webhook does once Stripe says succeeded, then a refund.
+	pi, err := s.RetrievePaymentIntent(context.Background(), *h.order(key.OrderID).PaymentIntentID)
+	require.NoError(t, err)
+	changed, err := h.api.Service.ApplyPaymentIntent(context.Background(), pi)
+	require.NoError(t, err)
+	require.True(t, changed)
+	require.Equal(t, "succeeded", decodeRefund(t, h.refund(key.OrderID, "refund-1", `{"amount":1000}`)).Status)
+	require.Equal(t, checkout.StatusPartiallyRefunded, h.order(key.OrderID).Status)
+
+	require.NoError(t, h.db.Exec(`UPDATE idempotency_keys SET lease_expires_at = now() - interval '1 hour' WHERE id = ?`, key.ID).Error)
+	done, err := h.api.Service.Complete(context.Background(), key.ID)
+	require.NoError(t, err)
+	require.True(t, done, "the completer finishes the key")
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM idempotency_keys WHERE id = ? AND recovery_point = 'finished' AND response_status = 201`, key.ID))
+
+	retry := h.checkout("refunded-1", teeBody)
+	require.Equal(t, http.StatusCreated, retry.status, "%s", retry.body)
+	require.Equal(t, "true", retry.header.Get(idempotency.ReplayedHeader))
+	require.Equal(t, "/v1/orders/"+key.OrderID, retry.header.Get("Location"))
+	o := decodeOrder(t, retry)
+	require.Equal(t, key.OrderID, o.ID)
+	require.Equal(t, checkout.StatusPartiallyRefunded, o.Status, "the order as it is")
+	require.Len(t, h.intents(key.OrderID), 1, "one PaymentIntent, charged once")
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM payment_attempts WHERE order_id = ? AND step = 'confirm'`, key.OrderID), "confirmed once")
+}

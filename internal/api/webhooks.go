@@ -41,9 +41,9 @@ func (o webhookOrders) ApplyPaymentIntent(ctx context.Context, tx *gorm.DB, pi w
 	return changed, err
 }
 
-// CloseFailedAttempt is checkout.Service.CloseFailedAttempt.
-func (o webhookOrders) CloseFailedAttempt(ctx context.Context, pi webhooks.PaymentIntent) (webhooks.PaymentIntent, error) {
-	st, err := o.svc.CloseFailedAttempt(ctx, toState(pi))
+// CloseBeforeExit is checkout.Service.CloseBeforeExit.
+func (o webhookOrders) CloseBeforeExit(ctx context.Context, pi webhooks.PaymentIntent) (webhooks.PaymentIntent, error) {
+	st, err := o.svc.CloseBeforeExit(ctx, toState(pi))
 	if err != nil {
 		return pi, err
 	}

@@ -43,14 +43,18 @@ import (
 
 // Order statuses (CONTRACT.md): pending_payment -> requires_action -> paid |
 // payment_failed; pending_payment -> payment_unknown -> paid |
-// payment_failed; requires_action -> canceled. No transition goes back.
+// payment_failed; paid -> partially_refunded -> refunded; requires_action
+// -> canceled. No transition goes back. The refund statuses are written by
+// internal/refunds as Stripe settles refunds.
 const (
-	StatusPendingPayment = "pending_payment"
-	StatusRequiresAction = "requires_action"
-	StatusPaymentUnknown = "payment_unknown"
-	StatusPaid           = "paid"
-	StatusPaymentFailed  = "payment_failed"
-	StatusCanceled       = "canceled"
+	StatusPendingPayment    = "pending_payment"
+	StatusRequiresAction    = "requires_action"
+	StatusPaymentUnknown    = "payment_unknown"
+	StatusPaid              = "paid"
+	StatusPaymentFailed     = "payment_failed"
+	StatusCanceled          = "canceled"
+	StatusPartiallyRefunded = "partially_refunded"
+	StatusRefunded          = "refunded"
 )
 
 // Recovery points stored with a key between its transactions.

@@ -181,8 +181,11 @@ func notCancelable(o *Order) *idempotency.Response {
 // its order's state, or nil when the order is not settled for that route
 // yet.
 //
-//	POST /v1/checkouts: paid 201, requires_action 202 (both with Location
-//	and the order), payment_failed or canceled 402 card_declined or
+//	POST /v1/checkouts: paid 201 (and partially_refunded or refunded: the
+//	payment succeeded, and the order has been refunded since, so the key
+//	finishes with the outcome of its payment and the order as it is,
+//	CONTRACT.md v3), requires_action 202 (both with Location and the
+//	order), payment_failed or canceled 402 card_declined or
 //	payment_rejected (problem with order_id).
 //	POST /v1/orders/{id}/cancel: canceled 200 with the order; paid,
 //	payment_failed, pending 409 order_not_cancelable.
@@ -204,7 +207,7 @@ func responseFor(route string, o *Order) *idempotency.Response {
 		return notCancelable(o)
 	}
 	switch o.Status {
-	case StatusPaid:
+	case StatusPaid, StatusPartiallyRefunded, StatusRefunded:
 		return idempotency.JSONResponse(http.StatusCreated, body(), "/v1/orders/"+o.ID)
 	case StatusRequiresAction:
 		return idempotency.JSONResponse(http.StatusAccepted, body(), "/v1/orders/"+o.ID)

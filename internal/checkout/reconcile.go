@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"gorm.io/gorm"
 
@@ -145,24 +146,24 @@ func (s *Service) ReconcileOrder(ctx context.Context, tenantID, id string) (bool
 }
 
 // ApplyPaymentIntent applies Stripe's state of PaymentIntent pi to the
-// order named by its metadata (order_id, tenant_id), in one transaction:
-// succeeded makes it paid; requires_action makes it requires_action (with
-// next_action and client_secret); requires_payment_method after a failed
-// attempt (a decline, a failed 3D Secure) makes it payment_failed with its
-// stock released; canceled makes it canceled (when the customer asked) or
+// order named by its metadata (order_id, tenant_id): succeeded makes it
+// paid; requires_action makes it requires_action (with next_action and
+// client_secret); requires_payment_method after a failed attempt (a
+// decline, a failed 3D Secure) makes it payment_failed with its stock
+// released; canceled makes it canceled (when the customer asked) or
 // payment_failed. Every change is monotonic (a status never goes back), so
 // applying the same or an older state again changes nothing, in any order,
 // from any process. It reports whether the order changed.
 //
-// A failed attempt of an order in requires_action (the customer holds the
-// client_secret) is applied only after the PaymentIntent is canceled at
-// Stripe (CloseFailedAttempt), which this does first.
+// A change that leaves the way to paid is applied only after the
+// PaymentIntent is canceled at Stripe (closeBeforeExit), which this does
+// first, outside the transaction; Stripe refusing because it succeeded
+// meanwhile makes the order paid instead.
 //
 // PaymentIntents that are not the order's recorded one (orphans of an
 // indeterminate create, or not ours at all) change nothing; one of them
-// moving money is logged as an error. The reconciler uses it; a webhook
-// handler (payment_intent.* events,
-// https://docs.stripe.com/api/events/types) can call it too.
+// moving money is logged as an error. The reconciler uses it; the webhook
+// handler uses CloseBeforeExit and ApplyPaymentIntentTx.
 func (s *Service) ApplyPaymentIntent(ctx context.Context, pi PaymentIntentState) (bool, error) {
 	o, err := orderOfIntent(ctx, s.DB, pi)
 	if errors.Is(err, ErrOrderNotFound) {
@@ -196,12 +197,11 @@ func (s *Service) apply(ctx context.Context, r *run, pi PaymentIntentState) (boo
 		}
 		return false, nil
 	}
-	pi, err := r.closeFailedAttempt(ctx, pi)
-	if err != nil {
-		return false, err
-	}
 	ch, ok, err := r.changeOf(ctx, &verdict{pi: &pi})
 	if err != nil || !ok {
+		return false, err
+	}
+	if ch, err = r.closeBeforeExit(ctx, ch); err != nil {
 		return false, err
 	}
 	var changed bool
@@ -212,17 +212,19 @@ func (s *Service) apply(ctx context.Context, r *run, pi PaymentIntentState) (boo
 	return changed, err
 }
 
-// CloseFailedAttempt prepares Stripe's state pi of an order's
-// PaymentIntent for ApplyPaymentIntentTx, outside any transaction: when the
-// latest attempt failed (requires_payment_method with a last_payment_error)
-// and the order named by pi's metadata waits in requires_action, it cancels
-// the PaymentIntent at Stripe first (cancellation_reason abandoned) and
-// returns its state afterwards: canceled, which fails the order, or
-// succeeded, when the customer paid with another card first. Any other pi
-// is returned as it is. An error means Stripe or the database did not
-// answer, and nothing was applied. See closeFailedAttempt for why.
-func (s *Service) CloseFailedAttempt(ctx context.Context, pi PaymentIntentState) (PaymentIntentState, error) {
-	if pi.Status != PIRequiresPaymentMethod || !failedAttempt(pi) {
+// CloseBeforeExit prepares Stripe's state pi of an order's PaymentIntent
+// for ApplyPaymentIntentTx, outside any transaction: when pi is the order's
+// PaymentIntent, still open, and its state would take the order off the
+// way to paid (a failed attempt: requires_payment_method with a
+// last_payment_error), it cancels the PaymentIntent at Stripe first
+// (cancellation_reason abandoned) and returns its state afterwards:
+// canceled, with the failed attempt's codes, which fails the order, or
+// succeeded, when it was paid meanwhile (another card, a rolled-forward
+// confirm), which makes the order paid. Any other pi is returned as it is.
+// An error means Stripe or the database did not answer, and nothing was
+// applied. See closeBeforeExit for why.
+func (s *Service) CloseBeforeExit(ctx context.Context, pi PaymentIntentState) (PaymentIntentState, error) {
+	if pi.Status == PICanceled || MovesMoney(pi.Status) {
 		return pi, nil
 	}
 	o, err := orderOfIntent(ctx, s.DB, pi)
@@ -231,8 +233,22 @@ func (s *Service) CloseFailedAttempt(ctx context.Context, pi PaymentIntentState)
 		return pi, nil
 	case err != nil:
 		return pi, err
+	case o.Payment.PaymentIntentID != pi.ID:
+		return pi, nil
 	}
-	return s.newRun(nil, "", o).closeFailedAttempt(ctx, pi)
+	r := s.newRun(nil, "", o)
+	ch, ok := r.changeFor(pi, false)
+	if !ok || !leavesTheWayToPaid(ch.to) || !slices.Contains(transitionFrom[ch.to], o.Status) {
+		return pi, nil
+	}
+	got, err := r.cancel(ctx, pi.ID, CancelAbandoned)
+	if err != nil {
+		return pi, fmt.Errorf("close the payment of order %s: %w", o.ID, err)
+	}
+	if got.Status == PICanceled && !failedAttempt(got) {
+		got.LastErrorCode, got.LastDeclineCode = pi.LastErrorCode, pi.LastDeclineCode
+	}
+	return got, nil
 }
 
 // SweepOrphans searches Stripe for the PaymentIntents of tenant's order id

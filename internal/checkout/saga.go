@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -500,19 +501,14 @@ func (r *run) changeFor(pi PaymentIntentState, customerCanceled bool) (change, b
 		if !failedAttempt(pi) {
 			return ch, false // never confirmed
 		}
-		if r.o.Status == StatusRequiresAction {
-			// The customer holds its client_secret and may still pay it
-			// with another payment method: the order fails only once
-			// closeFailedAttempt has canceled it.
-			return ch, false
-		}
+		// Open for another attempt: closeBeforeExit cancels it first.
 		ch.to, ch.failureCode, ch.declineCode = StatusPaymentFailed, CodeCardDeclined, firstOf(pi.LastDeclineCode, pi.LastErrorCode)
 	case PICanceled:
 		switch {
 		case customerCanceled || pi.CancellationReason == CancelRequestedByCustomer:
 			ch.to, ch.failureCode = StatusCanceled, "canceled"
 		case pi.CancellationReason == CancelAbandoned && failedAttempt(pi):
-			// Closed by closeFailedAttempt after a failed attempt.
+			// Closed by closeBeforeExit after a failed attempt.
 			ch.to, ch.failureCode, ch.declineCode = StatusPaymentFailed, CodeCardDeclined, firstOf(pi.LastDeclineCode, pi.LastErrorCode)
 		case pi.CancellationReason == CancelAbandoned:
 			ch.to, ch.failureCode = StatusPaymentFailed, "payment_action_timeout"
@@ -531,36 +527,70 @@ func failedAttempt(pi PaymentIntentState) bool {
 	return pi.LastErrorCode != "" || pi.LastDeclineCode != ""
 }
 
-// closeFailedAttempt cancels the order's PaymentIntent pi (cancellation
-// reason abandoned) when its latest attempt failed while the order waits in
-// requires_action, and returns Stripe's state of it afterwards; any other
-// pi it returns as it is.
+// leavesTheWayToPaid reports whether status is one an order reaches only by
+// giving up on its payment: payment_failed, canceled.
+func leavesTheWayToPaid(status string) bool {
+	return status == StatusPaymentFailed || status == StatusCanceled
+}
+
+// errPaymentOpen is applyTx's refusal of a change that leaves the way to
+// paid while the order's PaymentIntent may still move money: every path
+// closes it first (closeBeforeExit), so this is a bug, never an outcome.
+var errPaymentOpen = errors.New("the order's PaymentIntent is not closed")
+
+// closeBeforeExit is the order lifecycle's rule for leaving the way to
+// paid, in the one place every exit goes through before its transaction
+// (the API's and the completer's saga, the reconciler, the webhook
+// handler, PAYMENT_ACTION_TIMEOUT): an order becomes payment_failed or
+// canceled only once its PaymentIntent can no longer move money.
 //
 // Stripe keeps a PaymentIntent whose attempt failed open for another
-// payment method: a failed payment returns it to requires_payment_method
-// (https://docs.stripe.com/payments/paymentintents/lifecycle), and the
-// customer of a 3D Secure checkout holds its client_secret: Stripe.js could
-// still pay it after the order had failed and released its stock, money
-// taken for an order that is no more. So the order fails only once its
-// PaymentIntent can no longer move money. The state returned is canceled,
-// with the failed attempt's codes, or whatever made the cancel impossible:
-// succeeded, when the customer paid with another card first (the order is
-// then paid).
-func (r *run) closeFailedAttempt(ctx context.Context, pi PaymentIntentState) (PaymentIntentState, error) {
-	if r.o.Status != StatusRequiresAction || r.o.Payment.PaymentIntentID != pi.ID ||
-		pi.Status != PIRequiresPaymentMethod || !failedAttempt(pi) {
-		return pi, nil
+// attempt: a decline returns it to requires_payment_method
+// (https://docs.stripe.com/payments/paymentintents/lifecycle), a confirm
+// Stripe answered with a stored 500 may still be rolled forward
+// (https://docs.stripe.com/error-low-level#server-errors), and the customer
+// of a 3D Secure checkout holds its client_secret. Any of them could
+// charge an order that failed and released its stock. So ch, a change to
+// payment_failed or canceled, comes back marked closed once the order's
+// PaymentIntent is canceled at Stripe (cancellation_reason abandoned; ch
+// keeps its failure codes), or was already, or the order has none (a
+// create refused; orphans of indeterminate creates are the sweep's). When
+// Stripe refuses the cancel because the PaymentIntent succeeded
+// meanwhile, the change returned is the one that state calls for: paid.
+// Any other change is returned as it is. An error (Stripe unanswered, or a
+// PaymentIntent still processing) means the order must wait.
+func (r *run) closeBeforeExit(ctx context.Context, ch change) (change, error) {
+	if !leavesTheWayToPaid(ch.to) || ch.closed {
+		return ch, nil
 	}
-	r.s.Logger.InfoContext(ctx, "the payment's attempt failed; canceling its PaymentIntent before the order fails",
-		"order_id", r.o.ID, "payment_intent", pi.ID, "code", firstOf(pi.LastDeclineCode, pi.LastErrorCode))
-	got, err := r.cancel(ctx, pi.ID, CancelAbandoned)
+	id := r.o.Payment.PaymentIntentID
+	switch {
+	case ch.paymentStatus == PICanceled, id == "" && ch.paymentIntentID == "":
+		ch.closed = true
+		return ch, nil
+	case !slices.Contains(transitionFrom[ch.to], r.o.Status):
+		return ch, nil // already settled: nothing to leave (statuses only move forward)
+	case id == "":
+		id = ch.paymentIntentID
+	}
+	r.s.Logger.InfoContext(ctx, "closing the order's PaymentIntent before the order leaves the way to paid",
+		"order_id", r.o.ID, "payment_intent", id, "to", ch.to, "code", firstOf(ch.declineCode, ch.failureCode))
+	got, err := r.cancel(ctx, id, CancelAbandoned)
 	if err != nil {
-		return pi, fmt.Errorf("cancel the failed payment of order %s: %w", r.o.ID, err)
+		return ch, fmt.Errorf("close the payment of order %s before it is %s: %w", r.o.ID, ch.to, err)
 	}
-	if got.Status == PICanceled && !failedAttempt(got) {
-		got.LastErrorCode, got.LastDeclineCode = pi.LastErrorCode, pi.LastDeclineCode
+	if got.Status == PICanceled {
+		ch.paymentIntentID, ch.paymentStatus, ch.closed = id, PICanceled, true
+		return ch, nil
 	}
-	return got, nil
+	// Stripe refused the cancel: the PaymentIntent moved on.
+	moved, ok := r.changeFor(got, false)
+	if !ok || leavesTheWayToPaid(moved.to) {
+		return ch, &waitError{reason: fmt.Sprintf("payment intent %s of order %s is %s and cannot be canceled", id, r.o.ID, got.Status)}
+	}
+	r.s.Logger.WarnContext(ctx, "the order's PaymentIntent moved on before it could be closed; applying Stripe's state",
+		"order_id", r.o.ID, "payment_intent", id, "status", got.Status, "instead_of", ch.to)
+	return moved, nil
 }
 
 func firstOf(s ...string) string {
@@ -622,6 +652,11 @@ func (r *run) settle(ctx context.Context, v *verdict) (*idempotency.Response, er
 		if ch, apply, err = r.changeOf(ctx, v); err != nil {
 			return r.stop(ctx, err)
 		}
+		if apply {
+			if ch, err = r.closeBeforeExit(ctx, ch); err != nil {
+				return r.stop(ctx, err)
+			}
+		}
 	}
 	var resp *idempotency.Response
 	now := r.now()
@@ -661,6 +696,20 @@ func (r *run) settle(ctx context.Context, v *verdict) (*idempotency.Response, er
 // goes with it: the stock given back (payment_failed, canceled) and the
 // event. It reports whether the order changed.
 func (s *Service) applyTx(ctx context.Context, tx *gorm.DB, o *Order, ch change, now time.Time) (bool, error) {
+	if leavesTheWayToPaid(ch.to) && !ch.closed && ch.paymentStatus != PICanceled {
+		// The lifecycle's rule (closeBeforeExit), checked where every
+		// change is written: no exit while the PaymentIntent is open.
+		cur, err := loadOrder(ctx, tx, o.tenantID, o.ID)
+		if err != nil {
+			return false, err
+		}
+		if !slices.Contains(transitionFrom[ch.to], cur.Status) {
+			return false, nil // already past: the change applies nowhere
+		}
+		if cur.Payment.PaymentIntentID != "" || ch.paymentIntentID != "" {
+			return false, fmt.Errorf("order %s to %s: %w", o.ID, ch.to, errPaymentOpen)
+		}
+	}
 	changed, err := transition(ctx, tx, o.ID, ch, now)
 	if err != nil || !changed {
 		return false, err

@@ -278,6 +278,9 @@ type change struct {
 	clientSecret    string          // requires_action only
 	failureCode     string          // payment_failed, canceled
 	declineCode     string
+	// closed: the order's PaymentIntent can no longer move money (see
+	// closeBeforeExit); applyTx refuses an exit without it.
+	closed bool
 }
 
 // transition applies ch to order id inside tx if the order's current status

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"regexp"
 	"strings"
 
 	"github.com/caarlos0/env/v11"
@@ -71,7 +72,8 @@ func envNames(dst any) map[string]string {
 
 // Masked returns the settings of *cfg as name/value pairs for logging, with
 // the value of every field tagged `secret:"true"` masked and the password of
-// every URL removed.
+// every URL removed, in a comma-separated list of URLs too (AMQP_URL may
+// name every node of a cluster, each with its credentials).
 func Masked(cfg any) []any {
 	return masked(reflect.ValueOf(cfg).Elem())
 }
@@ -94,11 +96,29 @@ func masked(v reflect.Value) []any {
 		case f.Tag.Get("secret") == "true":
 			val = "***"
 		case strings.Contains(val, "://") && strings.Contains(val, "@"):
-			val = redactURL(val)
+			val = redactURLs(val)
 		}
+		val = passwordParam.ReplaceAllString(val, "${1}***")
 		out = append(out, name, val)
 	}
 	return out
+}
+
+// passwordParam matches a password given as a parameter: in a URL's query
+// (postgres://h1,h2/db?password=…) or in a libpq keyword/value string
+// (host=h1,h2 password='…'), quoted or not.
+var passwordParam = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]+)`)
+
+// redactURLs hides the password of every URL in s, a URL or a
+// comma-separated list of them. A piece without "://" is left as it is:
+// libpq's multi-host form (postgres://u:p@h1:5432,h2:5432/db) splits into
+// a URL and a bare host:port/db.
+func redactURLs(s string) string {
+	parts := strings.Split(s, ",")
+	for i, p := range parts {
+		parts[i] = redactURL(p)
+	}
+	return strings.Join(parts, ",")
 }
 
 // redactURL hides the password in scheme://user:password@host.

@@ -59,3 +59,43 @@ func TestMasked(t *testing.T) {
 		"SOME_SECRET", "***",
 	}, got)
 }
+
+// TestMaskedDatabaseURLs: a password is masked in every form DATABASE_URL
+// takes: in the userinfo of a URL naming several hosts (libpq multi-host),
+// as a query parameter, and in a keyword/value string, quoted or not.
+func TestMaskedDatabaseURLs(t *testing.T) {
+	t.Parallel()
+	type db struct {
+		URL string `env:"DATABASE_URL"`
+	}
+	for in, want := range map[string]string{
+		"postgres://app:s3cret@10.0.0.1:5432,10.0.0.2:5432/checkout?target_session_attrs=read-write": "postgres://app:***@10.0.0.1:5432,10.0.0.2:5432/checkout?target_session_attrs=read-write",
+		"postgres://10.0.0.1,10.0.0.2/checkout?user=app&password=s3cret&sslmode=require":             "postgres://10.0.0.1,10.0.0.2/checkout?user=app&password=***&sslmode=require",
+		"host=10.0.0.1,10.0.0.2 user=app password=s3cret dbname=checkout":                            "host=10.0.0.1,10.0.0.2 user=app password=*** dbname=checkout",
+		"host=10.0.0.1 password = 'it\\'s a secret' dbname=checkout":                                 "host=10.0.0.1 password = *** dbname=checkout",
+		"postgres://app@10.0.0.1,10.0.0.2/checkout":                                                  "postgres://app@10.0.0.1,10.0.0.2/checkout",
+	} {
+		s := db{URL: in}
+		got := config.Masked(&s)
+		require.Equal(t, []any{"DATABASE_URL", want}, got, in)
+		require.NotContains(t, got[1], "s3cret")
+		require.NotContains(t, got[1], "secret")
+	}
+}
+
+// TestMaskedURLList: every URL of a comma-separated list loses its
+// password, not only the first (AMQP_URL naming a cluster's nodes); a
+// libpq multi-host URL keeps its hosts.
+func TestMaskedURLList(t *testing.T) {
+	t.Parallel()
+	var s settings
+	env := map[string]string{"SOME_URL": "amqp://app:s3cret@node1:5672/,amqps://app:s3cret@node2:5671/vh,amqp://node3:5672/"}
+	require.NoError(t, config.Load(func(k string) string { return env[k] }, &s))
+	got := config.Masked(&s)
+	require.Equal(t, "amqp://app:***@node1:5672/,amqps://app:***@node2:5671/vh,amqp://node3:5672/", got[1])
+	require.NotContains(t, got[1], "s3cret")
+
+	env = map[string]string{"SOME_URL": "postgres://app:s3cret@db1:5432,db2:5432/checkout?target_session_attrs=read-write"}
+	require.NoError(t, config.Load(func(k string) string { return env[k] }, &s))
+	require.Equal(t, "postgres://app:***@db1:5432,db2:5432/checkout?target_session_attrs=read-write", config.Masked(&s)[1])
+}

@@ -107,10 +107,10 @@ func TestDefaultImageLeavesOutTheEmulator(t *testing.T) {
 }
 
 // productionImage fails a default target that ships a binary other than the
-// three production processes.
+// three production processes and the migrate command.
 func productionImage(t *testing.T, instructions []string) error {
 	got := shipped(t, instructions, lastStage(instructions))
-	if want := []string{"api", "dispatcher", "worker"}; !slices.Equal(got, want) {
+	if want := []string{"api", "dispatcher", "migrate", "worker"}; !slices.Equal(got, want) {
 		return fmt.Errorf("the default target ships %v, not %v", got, want)
 	}
 	return nil

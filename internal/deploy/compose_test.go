@@ -53,7 +53,7 @@ func TestComposeMatchesTheContract(t *testing.T) {
 	t.Parallel()
 	p := loadProject(t)
 	require.ElementsMatch(t,
-		[]string{"postgres", "redis", "rabbitmq", "stripe-emulator", "mailpit", "api", "dispatcher", "worker", "storefront"},
+		[]string{"postgres", "redis", "rabbitmq", "stripe-emulator", "mailpit", "migrate", "api", "dispatcher", "worker", "storefront"},
 		p.ServiceNames())
 
 	tests := []struct {
@@ -63,6 +63,7 @@ func TestComposeMatchesTheContract(t *testing.T) {
 		env       map[string]string
 		dependsOn map[string]string // service -> condition
 		readyURL  string            // what the healthcheck probes, "" for images' own probes
+		oneShot   bool              // runs to completion: no healthcheck, never restarted
 		target    string            // the Dockerfile's stage, for the services built here
 	}{
 		{service: "postgres"},
@@ -79,17 +80,23 @@ func TestComposeMatchesTheContract(t *testing.T) {
 			readyURL: "http://127.0.0.1:12111/healthz",
 		},
 		{
+			service: "migrate", command: []string{"migrate"}, target: "all", oneShot: true,
+			env:       map[string]string{"DATABASE_URL": databaseURL, "MIGRATE_TIMEOUT": "5m", "LOG_LEVEL": "info"},
+			dependsOn: map[string]string{"postgres": "service_healthy"},
+		},
+		{
 			service: "api", ports: []uint32{8080}, command: []string{"api"}, target: "all",
 			env: map[string]string{
-				"HTTP_ADDR": ":8080", "DATABASE_URL": databaseURL, "REDIS_URL": "redis://redis:6379/0",
+				"HTTP_ADDR": ":8080", "MIGRATE_ON_START": "false", "DATABASE_URL": databaseURL, "REDIS_URL": "redis://redis:6379/0",
 				"REDIS_KEY_PREFIX": "checkout:", "STRIPE_API_BASE": "http://stripe-emulator:12111",
 				"STRIPE_SECRET_KEY": "sk_test_123", "STRIPE_WEBHOOK_SECRET": "whsec_test_checkout",
 				"IDEMPOTENCY_TTL": "24h", "IDEMPOTENCY_LEASE": "30s",
 				"DEDUP_FAILURE_MODE": "closed", "CHECKOUT_API_KEYS": "acme:sk_test_acme,globex:sk_test_globex",
 				"LOG_LEVEL": "info",
 			},
-			dependsOn: map[string]string{"postgres": "service_healthy", "redis": "service_healthy", "stripe-emulator": "service_healthy"},
-			readyURL:  "http://127.0.0.1:8080/readyz",
+			dependsOn: map[string]string{"postgres": "service_healthy", "redis": "service_healthy", "stripe-emulator": "service_healthy",
+				"migrate": "service_completed_successfully"},
+			readyURL: "http://127.0.0.1:8080/readyz",
 		},
 		{
 			// CONTRACT.md (v3) Clients: the shop of one tenant, by the api's service name.
@@ -131,9 +138,16 @@ func TestComposeMatchesTheContract(t *testing.T) {
 				require.ElementsMatch(t, tt.ports, targets)
 			}
 
-			require.NotNil(t, s.HealthCheck, "healthcheck")
-			require.False(t, s.HealthCheck.Disable)
-			require.NotEmpty(t, s.HealthCheck.Test)
+			if tt.oneShot {
+				// restart: unless-stopped (x-app) would run it again and
+				// again after it exits 0.
+				require.Equal(t, "no", s.Restart, "a one-shot service is not restarted")
+				require.Nil(t, s.HealthCheck, "dependents wait for service_completed_successfully")
+			} else {
+				require.NotNil(t, s.HealthCheck, "healthcheck")
+				require.False(t, s.HealthCheck.Disable)
+				require.NotEmpty(t, s.HealthCheck.Test)
+			}
 			if tt.readyURL != "" {
 				require.Equal(t, "CMD", s.HealthCheck.Test[0])
 				require.Equal(t, tt.readyURL, s.HealthCheck.Test[len(s.HealthCheck.Test)-1])
@@ -369,6 +383,9 @@ func TestHealthchecksMeanReadyAndStayQuiet(t *testing.T) {
 		"RabbitMQ is ready when its listeners take connections, after the node answers pings")
 
 	for _, s := range p.Services {
+		if s.Restart == "no" {
+			continue // one-shot (migrate): checked in TestComposeMatchesTheContract
+		}
 		h := s.HealthCheck
 		require.NotNil(t, h, s.Name)
 		require.NoError(t, probeCadence(h), s.Name)

@@ -449,6 +449,15 @@ func TestDeploymentWiring(t *testing.T) {
 			decode(t, byKind["batch/v1/Job"][0], &job)
 			migrate := job.Spec.Template.Spec.Containers[0]
 			require.Equal(t, []string{"migrate"}, migrate.Command)
+			// The image's default target (what `docker build -t checkout .`
+			// makes) ships the binary each process of the image runs.
+			image := shipped(t, dockerfile(t), lastStage(dockerfile(t)))
+			require.Contains(t, image, migrate.Command[0], "the default image ships migrate")
+			for _, d := range deps {
+				if c := d.Spec.Template.Spec.Containers[0]; c.Image == migrate.Image {
+					require.Contains(t, image, c.Command[0], "the default image ships %s", c.Command[0])
+				}
+			}
 			require.Equal(t, "secret:checkout-db-app/uri", effectiveEnv(t, objs, migrate)["DATABASE_URL"],
 				"the migrate Job connects to the primary (checkout-db-rw), not through PgBouncer")
 
@@ -459,7 +468,9 @@ func TestDeploymentWiring(t *testing.T) {
 				require.True(t, ok, name)
 				c := d.Spec.Template.Spec.Containers[0]
 				env := effectiveEnv(t, objs, c)
-				require.Equal(t, "postgres://checkout-db-pooler-rw:5432/checkout?sslmode=require", env["DATABASE_URL"], name)
+				// cache_describe: pgx sends every statement unnamed, which any
+				// PgBouncer in transaction pooling passes (README, "PgBouncer").
+				require.Equal(t, "postgres://checkout-db-pooler-rw:5432/checkout?sslmode=require&default_query_exec_mode=cache_describe", env["DATABASE_URL"], name)
 				require.Equal(t, "secret:checkout-db-app/password", env["PGPASSWORD"], name)
 				require.Equal(t, "/readyz", c.ReadinessProbe.HTTPGet.Path, name)
 				require.Equal(t, "/healthz", c.LivenessProbe.HTTPGet.Path, name)

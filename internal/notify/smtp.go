@@ -2,6 +2,7 @@ package notify
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/emersion/go-sasl"
 	"github.com/emersion/go-smtp"
 	"golang.org/x/net/idna"
 )
@@ -76,8 +78,22 @@ func rejected(stage string, err error) error {
 	return fmt.Errorf("%w: %w", ErrRejected, err)
 }
 
-// SMTPMailer sends through one SMTP server without authentication or TLS
-// (a local relay, Mailpit, or the test sink). It keeps the sessions of
+// SMTP_TLS values: how an SMTPMailer encrypts its sessions.
+const (
+	// TLSNone is plain SMTP (a local relay, Mailpit, the test sink).
+	TLSNone = "none"
+	// TLSStartTLS upgrades the connection with STARTTLS after EHLO (RFC
+	// 3207), usually on port 587; a server that does not offer it fails the
+	// send, so the session is never silently left in clear text.
+	TLSStartTLS = "starttls"
+	// TLSImplicit speaks TLS from the first byte (RFC 8314), usually on
+	// port 465.
+	TLSImplicit = "tls"
+)
+
+// SMTPMailer sends through one SMTP server, in clear text or over TLS
+// (STARTTLS or implicit), logging in with AUTH PLAIN (RFC 4954) when it has
+// a Username. It keeps the sessions of
 // finished sends open and sends the next emails through them, one SMTP
 // transaction after another (RFC 5321, 3.3), instead of a connection, a
 // greeting and an EHLO per email. Safe for concurrent use; Close ends the
@@ -85,6 +101,17 @@ func rejected(stage string, err error) error {
 type SMTPMailer struct {
 	// Addr is the server, host:port.
 	Addr string
+	// TLS is TLSNone (or empty), TLSStartTLS or TLSImplicit (SMTP_TLS).
+	TLS string
+	// TLSConfig verifies the server when TLS is on (nil: the system's
+	// roots); its ServerName defaults to Addr's host. SMTP_TLS_CA_FILE sets
+	// RootCAs for a server with a private CA.
+	TLSConfig *tls.Config
+	// Username and Password log in with AUTH PLAIN after EHLO (and TLS)
+	// when Username is set (SMTP_USERNAME, SMTP_PASSWORD). A refused login
+	// (535) fails the send temporarily, like any failure before the
+	// transaction: fixing the password sends the email.
+	Username, Password string
 	// HeloName is sent in EHLO ("checkout.local").
 	HeloName string
 	// MaxIdle is how many sessions stay open between sends (80, the
@@ -207,21 +234,73 @@ func (m *SMTPMailer) session(ctx context.Context) (s *smtpSession, reused bool, 
 	if err != nil {
 		return nil, false, fmt.Errorf("smtp: dial %s: %w", m.Addr, err)
 	}
-	c := smtp.NewClient(conn)
+	// As in Send: ctx's end closes the TCP connection under the TLS
+	// handshake, the greeting, EHLO, STARTTLS and AUTH alike.
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	c, err := m.open(conn)
+	if !stop() { // ctx ended: the connection is closed, whatever open said
+		err = errors.Join(ctx.Err(), err)
+	}
+	if err != nil {
+		if c != nil {
+			c.Close()
+		}
+		conn.Close()
+		return nil, false, err
+	}
+	return &smtpSession{conn: conn, c: c}, false, nil
+}
+
+// open starts an SMTP session on conn: TLS, greeting and EHLO, STARTTLS,
+// AUTH, as configured. On error the returned client, if any, is to be
+// closed.
+func (m *SMTPMailer) open(conn net.Conn) (*smtp.Client, error) {
 	helo := m.HeloName
 	if helo == "" {
 		helo = "checkout.local"
 	}
-	stop := context.AfterFunc(ctx, func() { conn.Close() }) // as in Send
-	err = c.Hello(helo)
-	if !stop() { // ctx ended: the connection is closed, whatever Hello said
-		err = errors.Join(ctx.Err(), err)
+	var c *smtp.Client
+	switch m.TLS {
+	case "", TLSNone:
+		c = smtp.NewClient(conn)
+	case TLSImplicit:
+		tc := tls.Client(conn, m.tlsConfig())
+		if err := tc.Handshake(); err != nil {
+			return nil, fmt.Errorf("smtp: tls handshake with %s: %w", m.Addr, err)
+		}
+		c = smtp.NewClient(tc)
+	case TLSStartTLS:
+		// go-smtp sends the first EHLO as "localhost", then EHLO again
+		// with HeloName over TLS (Hello below), the one that counts.
+		var err error
+		if c, err = smtp.NewClientStartTLS(conn, m.tlsConfig()); err != nil {
+			return nil, fmt.Errorf("smtp: starttls with %s: %w", m.Addr, err)
+		}
+	default:
+		return nil, fmt.Errorf("smtp: unknown TLS mode %q (want %s, %s or %s)", m.TLS, TLSNone, TLSStartTLS, TLSImplicit)
 	}
-	if err != nil {
-		c.Close()
-		return nil, false, fmt.Errorf("smtp: hello: %w", err)
+	if err := c.Hello(helo); err != nil {
+		return c, fmt.Errorf("smtp: hello: %w", err)
 	}
-	return &smtpSession{conn: conn, c: c}, false, nil
+	if m.Username != "" {
+		if err := c.Auth(sasl.NewPlainClient("", m.Username, m.Password)); err != nil {
+			return c, fmt.Errorf("smtp: login as %q at %s: %w", m.Username, m.Addr, err)
+		}
+	}
+	return c, nil
+}
+
+// tlsConfig is TLSConfig (or a new one) with ServerName set to Addr's host
+// when it has none.
+func (m *SMTPMailer) tlsConfig() *tls.Config {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if m.TLSConfig != nil {
+		cfg = m.TLSConfig.Clone()
+	}
+	if cfg.ServerName == "" {
+		cfg.ServerName, _, _ = net.SplitHostPort(m.Addr)
+	}
+	return cfg
 }
 
 // release keeps s for the next send, or closes it when MaxIdle sessions

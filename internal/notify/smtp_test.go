@@ -3,6 +3,8 @@ package notify_test
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -166,4 +168,85 @@ func TestMailerGivesUpAtItsDeadline(t *testing.T) {
 			}
 		})
 	}
+}
+
+// tlsSink starts a sink that demands TLS (STARTTLS, or implicit) and a
+// login as "shop" / "right", with a self-signed certificate, and returns
+// it with a tls.Config that trusts it.
+func tlsSink(t *testing.T, implicit bool) (*smtpsink.Sink, *tls.Config) {
+	t.Helper()
+	serverCfg, caPEM, err := smtpsink.SelfSigned()
+	require.NoError(t, err)
+	sink, err := smtpsink.StartWith("127.0.0.1:0", smtpsink.Options{
+		TLSConfig: serverCfg, ImplicitTLS: implicit, Username: "shop", Password: "right"})
+	require.NoError(t, err)
+	t.Cleanup(func() { sink.Close() })
+	roots := x509.NewCertPool()
+	require.True(t, roots.AppendCertsFromPEM(caPEM))
+	return sink, &tls.Config{RootCAs: roots}
+}
+
+// TestMailerLogsInOverTLS: against a server that demands STARTTLS (or TLS
+// from the first byte) and AUTH, a wrong password, a missing login, no
+// TLS and an untrusted certificate each fail the send with an error that
+// says so and is temporary (not ErrRejected: the email is retried once the
+// setting is fixed); the right settings deliver the email once, over TLS,
+// as the account.
+func TestMailerLogsInOverTLS(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{notify.TLSStartTLS, notify.TLSImplicit} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			sink, trust := tlsSink(t, mode == notify.TLSImplicit)
+			send := func(m *notify.SMTPMailer, i int) error {
+				t.Cleanup(func() { m.Close() })
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				return m.Send(ctx, email(i))
+			}
+			failures := map[string]struct {
+				mailer *notify.SMTPMailer
+				want   string
+			}{
+				"wrong password": {&notify.SMTPMailer{Addr: sink.Addr(), TLS: mode, TLSConfig: trust, Username: "shop", Password: "wrong"},
+					`login as "shop"`},
+				"no login":       {&notify.SMTPMailer{Addr: sink.Addr(), TLS: mode, TLSConfig: trust}, "530"},
+				"untrusted cert": {&notify.SMTPMailer{Addr: sink.Addr(), TLS: mode, Username: "shop", Password: "right"}, "certificate"},
+			}
+			if mode == notify.TLSStartTLS {
+				failures["no TLS"] = struct {
+					mailer *notify.SMTPMailer
+					want   string
+				}{&notify.SMTPMailer{Addr: sink.Addr(), Username: "shop", Password: "right"}, "TLS is required"}
+			}
+			for name, f := range failures {
+				err := send(f.mailer, 1)
+				require.ErrorContains(t, err, f.want, name)
+				require.NotErrorIs(t, err, notify.ErrRejected, "%s is temporary", name)
+			}
+			require.ErrorContains(t, send(failures["wrong password"].mailer, 1), "535")
+			require.Zero(t, sink.Len())
+
+			right := &notify.SMTPMailer{Addr: sink.Addr(), TLS: mode, TLSConfig: trust, Username: "shop", Password: "right"}
+			require.NoError(t, send(right, 1))
+			require.NoError(t, send(right, 2), "a reused session stays logged in")
+			msgs := sink.Messages()
+			require.Len(t, msgs, 2)
+			require.True(t, msgs[0].TLS)
+			require.Equal(t, "shop", msgs[0].User)
+			require.Equal(t, map[string]int{notify.MessageID("ntf_1"): 1, notify.MessageID("ntf_2"): 1}, sink.CountByMessageID())
+		})
+	}
+}
+
+// TestMailerRefusesAServerWithoutSTARTTLS: with SMTP_TLS=starttls, a
+// server that does not offer STARTTLS fails the send instead of getting
+// the password and the email in clear text.
+func TestMailerRefusesAServerWithoutSTARTTLS(t *testing.T) {
+	t.Parallel()
+	sink, m := sinkAndMailer(t)
+	m.TLS, m.Username, m.Password = notify.TLSStartTLS, "shop", "right"
+	err := m.Send(context.Background(), email(1))
+	require.ErrorContains(t, err, "STARTTLS")
+	require.Zero(t, sink.Len())
 }

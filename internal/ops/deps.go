@@ -61,6 +61,7 @@ func (d *Deps) Open(ctx context.Context, databaseURL string, amqpCfg rabbitmq.Co
 	}
 	d.db.Store(db)
 
+	amqpCfg.Prepare = func(conn *amqp.Connection) error { return rabbitmq.MigrateDLQ(conn, names, logger) }
 	amqpCfg.Setup = func(ch *amqp.Channel) error { return rabbitmq.DeclareTopology(ch, names) }
 	conn, err := rabbitmq.Dial(ctx, amqpCfg)
 	if err != nil {

@@ -89,7 +89,7 @@ func SchemaReady(ctx context.Context, db *gorm.DB, tables ...string) error {
 			return err
 		}
 		if !exists {
-			return fmt.Errorf("table %s does not exist yet (the api applies the migrations)", t)
+			return fmt.Errorf("table %s does not exist yet (migrate, or the api at start, applies the migrations)", t)
 		}
 	}
 	return nil

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/onceonly/checkout/internal/rabbitmq"
 )
@@ -16,9 +15,11 @@ import (
 // share (CONTRACT.md, "Configuration"). Each process embeds them in its own
 // settings and adds what only it needs.
 type Settings struct {
-	DatabaseURL string     `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable"`
-	AMQPURL     string     `env:"AMQP_URL" envDefault:"amqp://guest:guest@127.0.0.1:5672/"`
-	LogLevel    slog.Level `env:"LOG_LEVEL" envDefault:"info"`
+	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable"`
+	// AMQPURL is one AMQP URI or a comma-separated list of a cluster's
+	// nodes (rabbitmq.ParseURLs).
+	AMQPURL  string     `env:"AMQP_URL" envDefault:"amqp://guest:guest@127.0.0.1:5672/"`
+	LogLevel slog.Level `env:"LOG_LEVEL" envDefault:"info"`
 	// Exchange and NotifyQueue name the topology; the dead-letter queue is
 	// NotifyQueue + ".dlq". Tests set them to names of their own.
 	Exchange    string `env:"AMQP_EXCHANGE" envDefault:"checkout.events"`
@@ -33,7 +34,7 @@ func (s *Settings) Check() []error {
 	if _, err := pgx.ParseConfig(s.DatabaseURL); err != nil {
 		errs = append(errs, fmt.Errorf("DATABASE_URL: %w", err))
 	}
-	if _, err := amqp.ParseURI(s.AMQPURL); err != nil {
+	if _, err := rabbitmq.ParseURLs(s.AMQPURL); err != nil {
 		errs = append(errs, fmt.Errorf("AMQP_URL: %w", err))
 	}
 	if s.Exchange == "" || s.NotifyQueue == "" {

@@ -77,18 +77,25 @@ func Close(db *gorm.DB) error {
 	return sqlDB.Close()
 }
 
-// migrationLockID is the advisory lock goose holds while migrating, so that
-// replicas starting together apply each migration once.
-const migrationLockID = 0x636865636b6f7574 // "checkout"
+// MigrationLockID is the session advisory lock (pg_advisory_lock's bigint
+// key, scoped to the database) Migrate holds while migrating, so that
+// processes starting together apply each migration once.
+const MigrationLockID = 0x636865636b6f7574 // "checkout"
 
 // Migrate applies the embedded goose migrations under a session advisory
-// lock. It is safe to call from several processes at once.
+// lock. It is safe to call from several processes at once: the others wait
+// for the lock (polled every second, for up to 5 minutes or until ctx ends),
+// then find nothing left to apply.
+//
+// The lock and every migration run on one server connection, so db must
+// reach PostgreSQL directly: PgBouncer in transaction pooling would take the
+// lock on one server connection and run the migrations on others.
 func Migrate(ctx context.Context, db *gorm.DB, logger *slog.Logger) error {
 	sqlDB, err := db.DB()
 	if err != nil {
 		return err
 	}
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(migrationLockID))
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(MigrationLockID), lock.WithLockTimeout(1, 300))
 	if err != nil {
 		return err
 	}

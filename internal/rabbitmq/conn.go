@@ -18,6 +18,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,9 +30,28 @@ import (
 // ErrClosed is returned by Conn methods after Close.
 var ErrClosed = errors.New("rabbitmq: connection closed by owner")
 
+// ErrPermanent, wrapped in an error of Config.Setup, stops the dialing:
+// the broker's state needs an operator (e.g. a classic dead-letter queue
+// with messages where a quorum queue is expected), so retrying would only
+// hide it. Dial returns the error.
+var ErrPermanent = errors.New("rabbitmq: needs an operator")
+
+// nodeName is url's host:port, for logs: never its credentials.
+func nodeName(url string) string {
+	u, err := amqp.ParseURI(url)
+	if err != nil {
+		return "?"
+	}
+	return net.JoinHostPort(u.Host, strconv.Itoa(u.Port))
+}
+
 // Config configures a Conn.
 type Config struct {
-	// URL is an AMQP 0-9-1 URI, e.g. "amqp://guest:guest@127.0.0.1:5672/".
+	// URL is an AMQP 0-9-1 URI, e.g. "amqp://guest:guest@127.0.0.1:5672/",
+	// or several separated by commas, the nodes of one cluster (see
+	// ParseURLs). The Conn connects to the first that answers and, when its
+	// connection is lost, tries the nodes after that one first, so that a
+	// dead node is tried last.
 	URL string
 	// Name is sent as the connection_name client property, shown by
 	// rabbitmqctl list_connections (optional).
@@ -46,6 +67,11 @@ type Config struct {
 	// send after the broker returned a message as unroutable. It must
 	// therefore be idempotent and safe to run on a channel already in use.
 	Setup func(ch *amqp.Channel) error
+	// Prepare, if set, runs on every new connection before Setup, with the
+	// connection itself, for work that needs more than one channel: a
+	// declare the broker refuses closes its channel (e.g. MigrateDLQ). An
+	// error fails that connection attempt, as Setup's does.
+	Prepare func(conn *amqp.Connection) error
 	// MinBackoff and MaxBackoff bound the wait between dial attempts
 	// (defaults 100ms and 5s).
 	MinBackoff, MaxBackoff time.Duration
@@ -61,7 +87,10 @@ type Conn struct {
 	cfg    Config
 	logger *slog.Logger
 
+	urls []string // Config.URL split (ParseURLs)
+
 	dialing chan struct{} // a one-slot lock that waits with a context
+	next    int           // index in urls tried first by the next dial; guarded by dialing
 	mu      sync.Mutex
 	conn    *amqp.Connection
 	sock    *corkConn // conn's socket
@@ -69,11 +98,35 @@ type Conn struct {
 	wg      sync.WaitGroup // NotifyClose watchers
 }
 
-// Dial connects to cfg.URL, retrying with backoff until it succeeds or ctx
-// ends (then it returns ctx's error joined with the last dial error). A URL
-// that does not parse fails at once.
+// ParseURLs splits raw, one AMQP URI or several separated by commas (a
+// cluster's nodes, e.g.
+// "amqp://app:pw@rabbit-0:5672/,amqp://app:pw@rabbit-1:5672/"), and checks
+// that each parses. Spaces around a comma are ignored; an empty element is
+// an error. The error names the element by position, never its text, which
+// may hold a password.
+func ParseURLs(raw string) ([]string, error) {
+	parts := strings.Split(raw, ",")
+	urls := make([]string, 0, len(parts))
+	for i, p := range parts {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			return nil, fmt.Errorf("url %d of %d is empty", i+1, len(parts))
+		}
+		if _, err := amqp.ParseURI(p); err != nil {
+			return nil, fmt.Errorf("url %d of %d: %w", i+1, len(parts), err)
+		}
+		urls = append(urls, p)
+	}
+	return urls, nil
+}
+
+// Dial connects to cfg.URL (to one of its nodes), retrying with backoff
+// until it succeeds or ctx ends (then it returns ctx's error joined with the
+// last dial error). A URL that does not parse fails at once, and so does a
+// Setup error wrapping ErrPermanent.
 func Dial(ctx context.Context, cfg Config) (*Conn, error) {
-	if _, err := amqp.ParseURI(cfg.URL); err != nil {
+	urls, err := ParseURLs(cfg.URL)
+	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: parse url: %w", err)
 	}
 	if cfg.MinBackoff <= 0 {
@@ -89,7 +142,7 @@ func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	c := &Conn{cfg: cfg, logger: logger, dialing: make(chan struct{}, 1)}
+	c := &Conn{cfg: cfg, urls: urls, logger: logger, dialing: make(chan struct{}, 1)}
 	if _, err := c.connection(ctx); err != nil {
 		return nil, err
 	}
@@ -194,21 +247,36 @@ func (c *Conn) connection(ctx context.Context) (*amqp.Connection, error) {
 	attempt := 0
 	var lastErr error
 	var sock *corkConn
+	var node string
 	conn, err := backoff.Retry(ctx, func() (*amqp.Connection, error) {
 		attempt++
 		if c.isClosed() {
 			return nil, backoff.Permanent(ErrClosed)
 		}
-		conn, s, err := c.dial()
-		sock = s
-		if err != nil {
-			lastErr = err
-			if attempt == 1 || attempt%10 == 0 {
-				c.logger.Warn("rabbitmq: dial failed, retrying", "attempt", attempt, "err", err)
+		// One attempt tries every node once, from c.next on: a node that
+		// refuses is skipped at once, and the backoff only waits between
+		// rounds in which none answered.
+		for i := range c.urls {
+			idx := (c.next + i) % len(c.urls)
+			conn, s, err := c.dial(c.urls[idx])
+			if err != nil {
+				lastErr = err
+				if attempt == 1 || attempt%10 == 0 {
+					c.logger.Warn("rabbitmq: dial failed, retrying", "attempt", attempt, "node", nodeName(c.urls[idx]), "err", err)
+				}
+				if errors.Is(err, ErrPermanent) {
+					return nil, backoff.Permanent(err)
+				}
+				continue
 			}
-			return nil, err
+			sock = s
+			node = nodeName(c.urls[idx])
+			// The next dial, after this connection is lost, starts with the
+			// next node: the lost one is probably down.
+			c.next = (idx + 1) % len(c.urls)
+			return conn, nil
 		}
-		return conn, nil
+		return nil, lastErr
 	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(0))
 	if err != nil {
 		if ctx.Err() != nil && lastErr != nil {
@@ -225,9 +293,7 @@ func (c *Conn) connection(ctx context.Context) (*amqp.Connection, error) {
 	}
 	c.conn, c.sock = conn, sock
 	c.mu.Unlock()
-	if attempt > 1 {
-		c.logger.Info("rabbitmq: connected", "attempts", attempt)
-	}
+	c.logger.Info("rabbitmq: connected", "node", node, "attempts", attempt)
 	c.watch(conn)
 	return conn, nil
 }
@@ -238,16 +304,16 @@ func (c *Conn) isClosed() bool {
 	return c.closed
 }
 
-// dial makes one connection, on a socket that can be corked, and runs
-// Setup on it.
-func (c *Conn) dial() (*amqp.Connection, *corkConn, error) {
+// dial makes one connection to url, on a socket that can be corked, and
+// runs Setup on it.
+func (c *Conn) dial(url string) (*amqp.Connection, *corkConn, error) {
 	props := amqp.NewConnectionProperties()
 	if c.cfg.Name != "" {
 		props.SetClientConnectionName(c.cfg.Name)
 	}
 	var sock *corkConn
 	dial := amqp.DefaultDial(c.cfg.DialTimeout)
-	conn, err := amqp.DialConfig(c.cfg.URL, amqp.Config{
+	conn, err := amqp.DialConfig(url, amqp.Config{
 		Heartbeat:  10 * time.Second,
 		Locale:     "en_US",
 		Properties: props,
@@ -262,6 +328,12 @@ func (c *Conn) dial() (*amqp.Connection, *corkConn, error) {
 	})
 	if err != nil {
 		return nil, nil, err
+	}
+	if c.cfg.Prepare != nil {
+		if err := c.cfg.Prepare(conn); err != nil {
+			conn.Close()
+			return nil, nil, fmt.Errorf("prepare: %w", err)
+		}
 	}
 	if c.cfg.Setup != nil {
 		ch, err := conn.Channel()

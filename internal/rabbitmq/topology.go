@@ -1,7 +1,9 @@
 package rabbitmq
 
 import (
+	"errors"
 	"fmt"
+	"log/slog"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -29,7 +31,9 @@ type Names struct {
 	// the events it does not email about cost an inbox row each.
 	NotifyBindings []string
 	// NotifyDLQ receives the messages of NotifyQueue that failed
-	// DeliveryLimit times ("notify.order_paid.dlq").
+	// DeliveryLimit times ("notify.order_paid.dlq"). It is a quorum queue,
+	// replicated like NotifyQueue; before v3 it was a classic queue, which
+	// MigrateDLQ replaces.
 	NotifyDLQ string
 	// DeliveryLimit is how many times a message of NotifyQueue is delivered
 	// before it is dead-lettered (5).
@@ -57,7 +61,8 @@ func (n Names) WithPrefix(prefix string) Names {
 }
 
 // DeclareTopology declares, idempotently, the durable topic exchange, the
-// dead-letter queue and the notification queue bound with its binding keys. The
+// dead-letter queue and the notification queue bound with its binding keys,
+// both queues quorum queues (replicated on a cluster's nodes). The
 // dispatcher and the worker both call it at start (and on every reconnect),
 // so no event is lost whichever starts first.
 //
@@ -69,7 +74,8 @@ func (n Names) WithPrefix(prefix string) Names {
 // message unacked.
 //
 // Declaring an existing queue with other arguments fails with
-// PRECONDITION_FAILED, and closes ch.
+// PRECONDITION_FAILED, and closes ch: a classic NotifyDLQ left by an older
+// version does, which MigrateDLQ (run first, as Config.Prepare) replaces.
 func DeclareTopology(ch *amqp.Channel, n Names) error {
 	if n.DeliveryLimit <= 0 {
 		return fmt.Errorf("rabbitmq: delivery limit must be positive, got %d", n.DeliveryLimit)
@@ -77,10 +83,8 @@ func DeclareTopology(ch *amqp.Channel, n Names) error {
 	if err := ch.ExchangeDeclare(n.Exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
 		return fmt.Errorf("declare exchange %s: %w", n.Exchange, err)
 	}
-	if _, err := ch.QueueDeclare(n.NotifyDLQ, true, false, false, false, amqp.Table{
-		amqp.QueueTypeArg: amqp.QueueTypeClassic,
-	}); err != nil {
-		return fmt.Errorf("declare queue %s: %w", n.NotifyDLQ, err)
+	if err := declareDLQ(ch, n); err != nil {
+		return err
 	}
 	if _, err := ch.QueueDeclare(n.NotifyQueue, true, false, false, false, amqp.Table{
 		amqp.QueueTypeArg: amqp.QueueTypeQuorum,
@@ -99,6 +103,77 @@ func DeclareTopology(ch *amqp.Channel, n Names) error {
 			return fmt.Errorf("bind %s to %s with %s: %w", n.NotifyQueue, n.Exchange, key, err)
 		}
 	}
+	return nil
+}
+
+// declareDLQ declares NotifyDLQ, a durable quorum queue. It is the target
+// of NotifyQueue's dead-lettering, at most once: a quorum queue keeps the
+// poison messages an operator must look at when a node dies, which a
+// classic queue, on one node only, does not (RabbitMQ 4 removed classic
+// queue mirroring).
+func declareDLQ(ch *amqp.Channel, n Names) error {
+	if _, err := ch.QueueDeclare(n.NotifyDLQ, true, false, false, false, amqp.Table{
+		amqp.QueueTypeArg: amqp.QueueTypeQuorum,
+	}); err != nil {
+		return fmt.Errorf("declare queue %s: %w", n.NotifyDLQ, err)
+	}
+	return nil
+}
+
+// MigrateDLQ makes n.NotifyDLQ a quorum queue on the broker conn is
+// connected to, for a broker where an older version declared it a classic
+// queue (RabbitMQ refuses to redeclare a queue with another type, with
+// PRECONDITION_FAILED). It opens channels of its own, since a refused
+// declare closes its channel. Run it before DeclareTopology, as
+// Config.Prepare.
+//
+//   - The quorum DLQ exists, or no DLQ does: it is declared; nothing else.
+//   - A classic DLQ exists and is empty: it is deleted (only if still empty,
+//     the broker checks) and declared again as a quorum queue. A message
+//     dead-lettered in the instant between is dropped, as when the DLQ is
+//     missing (the notification queue dead-letters at most once).
+//   - A classic DLQ holds messages: they are poison events an operator must
+//     look at, so nothing is moved or deleted and the error wraps
+//     ErrPermanent, naming the queue and its count (README, "Running in
+//     production", says how to move them aside).
+func MigrateDLQ(conn *amqp.Connection, n Names, logger *slog.Logger) error {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	err = declareDLQ(ch, n)
+	if err == nil {
+		return ch.Close()
+	}
+	var ae *amqp.Error
+	if !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed {
+		return err
+	}
+	// ch is closed by the refusal: the DLQ exists with other arguments.
+	ch, err = conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	q, perr := ch.QueueDeclarePassive(n.NotifyDLQ, true, false, false, false, nil)
+	if perr != nil {
+		return fmt.Errorf("inspect queue %s: %w", n.NotifyDLQ, perr)
+	}
+	if q.Messages > 0 {
+		return fmt.Errorf("%w: dead-letter queue %s is not a quorum queue (%v) and holds %d messages: "+
+			"move them aside and delete it (README, \"Running in production\"), then restart",
+			ErrPermanent, n.NotifyDLQ, ae.Reason, q.Messages)
+	}
+	if _, err := ch.QueueDelete(n.NotifyDLQ, false, true, false); err != nil {
+		return fmt.Errorf("delete empty classic queue %s: %w", n.NotifyDLQ, err)
+	}
+	if err := declareDLQ(ch, n); err != nil {
+		return err
+	}
+	logger.Warn("rabbitmq: replaced the empty classic dead-letter queue with a quorum queue", "queue", n.NotifyDLQ)
 	return nil
 }
 

@@ -68,10 +68,9 @@ func (o dbOrders) OrderStatus(ctx context.Context, tenantID, orderID string) (st
 	return status[0], nil
 }
 
-// CloseFailedAttempt returns pi as it is: these orders never wait in
-// requires_action, the one status whose failed attempts the saga cancels
-// first (the API's tests cover that).
-func (o dbOrders) CloseFailedAttempt(_ context.Context, pi webhooks.PaymentIntent) (webhooks.PaymentIntent, error) {
+// CloseBeforeExit returns pi as it is: this fake has no Stripe to cancel
+// at (the API's tests cover the saga's closing).
+func (o dbOrders) CloseBeforeExit(_ context.Context, pi webhooks.PaymentIntent) (webhooks.PaymentIntent, error) {
 	return pi, nil
 }
 

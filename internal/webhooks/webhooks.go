@@ -86,13 +86,15 @@ type Orders interface {
 	// further. An error wrapping ErrNotOurs means the order is unknown; any
 	// other error rolls tx back, the inbox record with it.
 	ApplyPaymentIntent(ctx context.Context, tx *gorm.DB, pi PaymentIntent) (changed bool, err error)
-	// CloseFailedAttempt is called, outside any transaction, with Stripe's
-	// current state of a PaymentIntent whose order still waits: when the
-	// latest attempt failed and the customer could still pay it (an order
-	// in requires_action), it cancels the PaymentIntent at Stripe and
-	// returns its state afterwards; otherwise pi as it is. An error means
-	// Stripe or the database did not answer.
-	CloseFailedAttempt(ctx context.Context, pi PaymentIntent) (PaymentIntent, error)
+	// CloseBeforeExit is called, outside any transaction, with Stripe's
+	// current state of a PaymentIntent whose order still waits: when that
+	// state would fail the order while the PaymentIntent could still move
+	// money (a failed attempt leaves it open for another), it cancels the
+	// PaymentIntent at Stripe and returns its state afterwards (canceled,
+	// or succeeded when it was paid meanwhile); otherwise pi as it is. An
+	// order leaves the way to paid only once its PaymentIntent is closed.
+	// An error means Stripe or the database did not answer.
+	CloseBeforeExit(ctx context.Context, pi PaymentIntent) (PaymentIntent, error)
 }
 
 // PaymentIntents retrieves a PaymentIntent from Stripe (GET
@@ -304,10 +306,10 @@ func (h *Handler) paymentIntent(ctx context.Context, ev Event, pi PaymentIntent)
 				return "", problem.Wrap(ErrStripeProblem, fmt.Errorf("retrieve %s: metadata names order %s/%s, the event %s/%s",
 					pi.ID, cur.TenantID, cur.OrderID, pi.TenantID, pi.OrderID))
 			}
-			// A failed attempt fails the order only once the customer can
-			// no longer pay the PaymentIntent with another card.
-			if state, err = h.Orders.CloseFailedAttempt(ctx, cur); err != nil {
-				return "", problem.Wrap(ErrStripeProblem, fmt.Errorf("close failed attempt of %s: %w", pi.ID, err))
+			// A failed attempt fails the order only once the
+			// PaymentIntent can no longer move money.
+			if state, err = h.Orders.CloseBeforeExit(ctx, cur); err != nil {
+				return "", problem.Wrap(ErrStripeProblem, fmt.Errorf("close %s before its order fails: %w", pi.ID, err))
 			}
 		}
 	}

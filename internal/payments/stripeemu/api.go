@@ -17,6 +17,9 @@ type call struct {
 	params    url.Values
 	canonical string
 	requestID string
+	// declined is set, before exec runs, when a FaultDecline applies to
+	// this execution (never to a roll-forward).
+	declined bool
 }
 
 // response is what an endpoint decided to answer.
@@ -194,6 +197,7 @@ func (e *Emulator) run(c *call, op string, ep endpoint) response {
 		}
 	}
 	x := e.takeExecFaults(op)
+	c.declined = x.decline
 	if x.before > 0 {
 		time.Sleep(x.before)
 	}
@@ -241,6 +245,9 @@ func (e *Emulator) takeExecFaults(op string) execFaults {
 		x.before, x.after = f.Before, f.After
 	}
 	_, x.drop = take(e.faults, FaultDrop, op)
+	if op == OpPIConfirm {
+		_, x.decline = take(e.faults, FaultDecline, op)
+	}
 	return x
 }
 

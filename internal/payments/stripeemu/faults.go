@@ -45,6 +45,17 @@ const (
 	// the 500 (0: at once, before the 500 is answered); with RollForward nil
 	// it never runs. It applies to POST requests only.
 	FaultStored500 FaultKind = "stored_500"
+	// FaultDecline makes a confirm that executes (op pi.confirm) decline the
+	// card, whatever its payment method, as Stripe's test card
+	// pm_card_chargeDeclined does: 402 card_error card_declined /
+	// generic_decline, and the PaymentIntent back in requires_payment_method
+	// with last_payment_error set, open for another attempt ("If the payment
+	// attempt fails (for example due to a decline), the PaymentIntent's
+	// status returns to requires_payment_method",
+	// https://docs.stripe.com/payments/paymentintents/lifecycle). It never
+	// applies to a stored 500's roll-forward, which executes what the
+	// original request asked.
+	FaultDecline FaultKind = "decline"
 )
 
 // The operations a Fault can be limited to with Fault.Op.
@@ -76,6 +87,7 @@ var ops = []string{OpPICreate, OpPIConfirm, OpPICancel, OpPIRetrieve, OpPISearch
 //	{"kind":"drop","count":1,"op":"pi.create"}
 //	{"kind":"stored_500","count":1,"op":"pi.create"}
 //	{"kind":"stored_500","count":1,"op":"pi.confirm","roll_forward":"2s"}
+//	{"kind":"decline","count":1,"op":"pi.confirm"}
 //
 // with durations in time.ParseDuration syntax.
 type Fault struct {
@@ -196,8 +208,12 @@ func (f *Fault) validate() error {
 			return errors.New("delay fault needs a positive before or after")
 		}
 	case FaultDrop, FaultStored500:
+	case FaultDecline:
+		if f.Op != "" && f.Op != OpPIConfirm {
+			return fmt.Errorf("decline fault op %q: only %q confirms", f.Op, OpPIConfirm)
+		}
 	default:
-		return fmt.Errorf("unknown fault kind %q: want fail, delay, drop or stored_500", f.Kind)
+		return fmt.Errorf("unknown fault kind %q: want fail, delay, drop, stored_500 or decline", f.Kind)
 	}
 	return nil
 }
@@ -230,11 +246,14 @@ func take(faults []*activeFault, kind FaultKind, op string) (Fault, bool) {
 type execFaults struct {
 	before, after time.Duration
 	drop          bool
+	decline       bool
 }
 
 // name is the label written into the request log.
 func (x execFaults) name() string {
 	switch {
+	case x.decline:
+		return string(FaultDecline)
 	case x.drop && x.before+x.after > 0:
 		return "delay+drop"
 	case x.drop:

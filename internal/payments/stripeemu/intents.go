@@ -86,7 +86,9 @@ func (e *Emulator) confirmPaymentIntent(c *call) (func() response, response) {
 		if s == nil {
 			return missing
 		}
-		return e.confirmLocked(s, p)
+		q := p
+		q.declined = c.declined // read at execution: a roll-forward runs without it
+		return e.confirmLocked(s, q)
 	}, response{}
 }
 
@@ -112,6 +114,9 @@ func (e *Emulator) confirmLocked(s *storedIntent, p confirmParams) response {
 			"PaymentIntent with a payment method, you must provide a payment_method parameter.")
 	}
 	card := testPaymentMethods[*s.pi.PaymentMethod]
+	if p.declined {
+		card = testPaymentMethods["pm_card_chargeDeclined"]
+	}
 	s.pi.LastPaymentError, s.pi.NextAction = nil, nil
 	switch {
 	case card.decline != nil:

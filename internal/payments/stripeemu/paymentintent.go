@@ -188,6 +188,8 @@ type confirmParams struct {
 	paymentMethod string
 	returnURL     string
 	expand        []string
+	// declined: a FaultDecline applies (not a parameter Stripe knows).
+	declined bool
 }
 
 // simpleParams are top-level create parameters accepted and ignored beyond

@@ -516,3 +516,49 @@ func TestStateHoldsEveryPaymentIntent(t *testing.T) {
 	require.Equal(t, "ord_1", goPIs[0].Metadata["order_id"])
 	require.Equal(t, int64(2500), goPIs[0].LatestCharge.Amount)
 }
+
+// TestDeclineFaultBehindRolledForwardConfirm: a decline fault declines the
+// next confirm that executes as Stripe declines a card (402, the
+// PaymentIntent back in requires_payment_method with last_payment_error,
+// open), while a stored 500's roll-forward executes what it was asked, and
+// charges the same PaymentIntent: the sequence that a payment saga must
+// survive by closing the PaymentIntent before it gives up.
+func TestDeclineFaultBehindRolledForwardConfirm(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	sc := stripeClient(t, b, apiKey)
+	pi, err := sc.PaymentIntents.New(&stripe.PaymentIntentParams{Amount: stripe.Int64(1200), Currency: stripe.String("usd"),
+		PaymentMethod: stripe.String("pm_card_visa")})
+	require.NoError(t, err)
+	require.NoError(t, b.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultStored500, Count: 1, Op: stripeemu.OpPIConfirm,
+		RollForward: stripeemu.RollForwardAfter(200 * time.Millisecond)}))
+	require.NoError(t, b.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultDecline, Count: 1, Op: stripeemu.OpPIConfirm}))
+
+	first := &stripe.PaymentIntentConfirmParams{}
+	first.SetIdempotencyKey("confirm-1")
+	_, err = sc.PaymentIntents.Confirm(pi.ID, first)
+	require.Equal(t, http.StatusInternalServerError, stripeErr(t, err).HTTPStatusCode)
+
+	second := &stripe.PaymentIntentConfirmParams{}
+	second.SetIdempotencyKey("confirm-2")
+	_, err = sc.PaymentIntents.Confirm(pi.ID, second)
+	se := stripeErr(t, err)
+	require.Equal(t, http.StatusPaymentRequired, se.HTTPStatusCode)
+	require.Equal(t, stripe.ErrorTypeCard, se.Type)
+	require.Equal(t, stripe.DeclineCodeGenericDecline, se.DeclineCode)
+	require.Equal(t, stripe.PaymentIntentStatusRequiresPaymentMethod, se.PaymentIntent.Status)
+	require.Equal(t, stripe.ErrorCodeCardDeclined, se.PaymentIntent.LastPaymentError.Code)
+
+	waitFor(t, "the first confirm to roll forward", func() bool {
+		got, err := sc.PaymentIntents.Get(pi.ID, nil)
+		require.NoError(t, err)
+		return got.Status == stripe.PaymentIntentStatusSucceeded
+	})
+	for _, r := range b.emu.Requests() {
+		if r.IdempotencyKey == "confirm-2" {
+			require.Equal(t, "decline", r.Fault, "the log names the fault")
+		}
+	}
+
+	require.Error(t, b.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultDecline, Op: stripeemu.OpPICreate}), "only confirms decline")
+}

@@ -46,20 +46,7 @@ func NewDB(t testing.TB, opts ...Options) (*gorm.DB, string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-
-	name := "checkout_test_" + randomHex(6)
-	admin, err := pgx.Connect(ctx, AdminURL())
-	if err != nil {
-		t.Fatalf("pgtest: connect %s: %v (is PostgreSQL running?)", AdminURL(), err)
-	}
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		admin.Close(ctx)
-		t.Fatalf("pgtest: create database: %v", err)
-	}
-	admin.Close(ctx)
-	t.Cleanup(func() { dropDB(t, name) })
-
-	dbURL := withDatabase(t, AdminURL(), name)
+	dbURL := NewEmptyDB(t)
 	db, err := postgres.Open(ctx, postgres.Config{URL: dbURL, MaxConns: o.MaxConns})
 	if err != nil {
 		t.Fatalf("pgtest: open: %v", err)
@@ -69,6 +56,25 @@ func NewDB(t testing.TB, opts ...Options) (*gorm.DB, string) {
 		t.Fatalf("pgtest: migrate: %v", err)
 	}
 	return db, dbURL
+}
+
+// NewEmptyDB creates a database named checkout_test_<random> without
+// applying the migrations and returns its URL; it is dropped in t.Cleanup.
+func NewEmptyDB(t testing.TB) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	name := "checkout_test_" + randomHex(6)
+	admin, err := pgx.Connect(ctx, AdminURL())
+	if err != nil {
+		t.Fatalf("pgtest: connect %s: %v (is PostgreSQL running?)", AdminURL(), err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("pgtest: create database: %v", err)
+	}
+	t.Cleanup(func() { dropDB(t, name) })
+	return withDatabase(t, AdminURL(), name)
 }
 
 func dropDB(t testing.TB, name string) {

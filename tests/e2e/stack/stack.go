@@ -44,7 +44,7 @@ type TB interface {
 }
 
 // Binaries are the commands a stack runs, built by Build.
-var Binaries = []string{"api", "dispatcher", "worker", "stripe-emulator", "smtp-sink"}
+var Binaries = []string{"api", "dispatcher", "worker", "stripe-emulator", "smtp-sink", "migrate"}
 
 // ModuleRoot returns the directory of the checkout module's go.mod, found
 // from the working directory upwards.
@@ -105,6 +105,11 @@ type Options struct {
 	// shared Redis (under a key prefix of the stack's own). A test that
 	// kills or flushes Redis passes a server of its own (testenv.StartRedis).
 	RedisAddr string
+	// AMQPURL, when set, is the dispatcher's and the worker's AMQP_URL,
+	// used as it is (no proxy): e.g. a RabbitMQ cluster's nodes
+	// (rabbitmqtest.StartCluster). Empty: the shared broker, each process
+	// through a proxy of its own (AMQPDispatcher, AMQPWorker).
+	AMQPURL string
 	// GatewayTimeout is how long the gateway waits for the api before it
 	// answers 504 (default 5s).
 	GatewayTimeout time.Duration
@@ -120,7 +125,28 @@ type Options struct {
 	// LogDir receives one log file per process (default: a temporary
 	// directory removed at the end).
 	LogDir string
+	// PostgresURL, when set, is the PostgreSQL the stack uses instead of
+	// the shared server: a URL of its "postgres" database, which may name
+	// several hosts (pgtest.Cluster.URL). The stack's database is created
+	// there, and every process connects to it directly (not through the PG
+	// proxies) with a DATABASE_URL naming the same hosts and parameters.
+	PostgresURL string
+	// PgBouncer puts a PgBouncer in transaction pooling
+	// (pgtest.StartPgBouncer) between the PG proxies and PostgreSQL, as a
+	// deployment behind a pooler has: every process's DATABASE_URL carries
+	// PgBouncerParams, and the api does not migrate (MIGRATE_ON_START=false)
+	// as the stack runs migrate on a direct connection first. The
+	// environment variable E2E_PGBOUNCER=1 turns it on for every stack.
+	PgBouncer bool
 }
+
+// PgBouncerParams are the DATABASE_URL query parameters the processes need
+// behind PgBouncer in transaction pooling (README, "PgBouncer"): pgx's
+// default mode prepares named statements on one server connection and
+// executes them later on whichever the pooler hands out, where they do not
+// exist; cache_describe sends each statement unnamed, parse to execute in
+// one round trip.
+const PgBouncerParams = "default_query_exec_mode=cache_describe"
 
 // Stack is a running checkout service. Every part is stopped and every
 // resource it created (database, Redis keys, RabbitMQ exchange and queues)
@@ -184,6 +210,12 @@ func start(t TB, opts Options) (*Stack, error) {
 			}
 		})
 	}
+	if os.Getenv("E2E_PGBOUNCER") == "1" && opts.PostgresURL == "" {
+		opts.PgBouncer = true
+	}
+	if opts.PgBouncer && opts.PostgresURL != "" {
+		return nil, fmt.Errorf("Options.PgBouncer with PostgresURL: not supported")
+	}
 	id := testenv.Random(5)
 	s := &Stack{t: t, opts: opts, proxies: newProxies()}
 	t.Cleanup(s.proxies.Close)
@@ -197,11 +229,29 @@ func start(t TB, opts Options) (*Stack, error) {
 		return nil, err
 	}
 	s.Names = rabbitmq.DefaultNames().WithPrefix("e2e." + id + ".")
-	t.Cleanup(s.deleteTopology)
+	if opts.AMQPURL == "" {
+		t.Cleanup(s.deleteTopology) // a broker of the test's own goes with its topology
+	}
 
+	// With PostgresURL the processes connect directly and the PG proxies,
+	// unused, lead to the shared server.
 	pgAddr, err := hostPort(pgtest.AdminURL())
 	if err != nil {
 		return nil, err
+	}
+	if opts.PgBouncer {
+		b, err := pgtest.StartPgBouncer(t, pgAddr)
+		if err != nil {
+			return nil, err
+		}
+		pgAddr = b.Addr
+		// The api does not migrate behind the pooler: migrate does, on a
+		// direct connection, as a Kubernetes Job would.
+		cmd := exec.Command(filepath.Join(opts.BinDir, "migrate"))
+		cmd.Env = []string{"DATABASE_URL=" + s.DatabaseURL, "MIGRATE_TIMEOUT=1m"}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("migrate: %w\n%s", err, out)
+		}
 	}
 	amqpAddr, err := hostPort(rabbitmqtest.URL())
 	if err != nil {
@@ -246,9 +296,19 @@ func start(t TB, opts Options) (*Stack, error) {
 
 	dbName := strings.TrimPrefix(mustParse(s.DatabaseURL).Path, "/")
 	pgVia := func(p *Proxy) string {
-		return "postgres://postgres@" + p.Addr() + "/" + dbName + "?sslmode=disable"
+		if opts.PostgresURL != "" {
+			return s.DatabaseURL
+		}
+		u := "postgres://postgres@" + p.Addr() + "/" + dbName + "?sslmode=disable"
+		if opts.PgBouncer {
+			u += "&" + PgBouncerParams
+		}
+		return u
 	}
 	amqpVia := func(p *Proxy) string {
+		if opts.AMQPURL != "" {
+			return opts.AMQPURL
+		}
 		u := mustParse(rabbitmqtest.URL())
 		u.Host = p.Addr()
 		return u.String()
@@ -268,6 +328,9 @@ func start(t TB, opts Options) (*Stack, error) {
 		"REDIS_KEY_PREFIX=" + s.RedisPrefix,
 		"STRIPE_API_BASE=" + s.EmulatorURL,
 		"DATABASE_MAX_CONNS=30",
+	}
+	if opts.PgBouncer {
+		apiEnv = append(apiEnv, "MIGRATE_ON_START=false")
 	}
 	if opts.SearchLag <= 0 {
 		opts.SearchLag = 300 * time.Millisecond
@@ -345,9 +408,9 @@ func start(t TB, opts Options) (*Stack, error) {
 func (s *Stack) createDatabase(id string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	admin, err := pgx.Connect(ctx, pgtest.AdminURL())
+	admin, err := pgx.Connect(ctx, s.adminURL())
 	if err != nil {
-		return fmt.Errorf("connect %s: %w", pgtest.AdminURL(), err)
+		return fmt.Errorf("connect %s: %w", s.adminURL(), err)
 	}
 	defer admin.Close(ctx)
 	name := "e2e_" + id
@@ -357,7 +420,7 @@ func (s *Stack) createDatabase(id string) error {
 	s.t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		admin, err := pgx.Connect(ctx, pgtest.AdminURL())
+		admin, err := pgx.Connect(ctx, s.adminURL())
 		if err != nil {
 			s.t.Logf("stack: drop %s: %v", name, err)
 			return
@@ -367,7 +430,7 @@ func (s *Stack) createDatabase(id string) error {
 			s.t.Logf("stack: drop %s: %v", name, err)
 		}
 	})
-	u := mustParse(pgtest.AdminURL())
+	u := mustParse(s.adminURL())
 	u.Path = "/" + name
 	s.DatabaseURL = u.String()
 	pool, err := pgxpool.New(ctx, s.DatabaseURL)
@@ -377,6 +440,15 @@ func (s *Stack) createDatabase(id string) error {
 	s.DB = pool
 	s.t.Cleanup(pool.Close)
 	return nil
+}
+
+// adminURL is the PostgreSQL server's "postgres" database: Options'
+// PostgresURL, else the shared server.
+func (s *Stack) adminURL() string {
+	if s.opts.PostgresURL != "" {
+		return s.opts.PostgresURL
+	}
+	return pgtest.AdminURL()
 }
 
 // redisPrefix picks the stack's REDIS_KEY_PREFIX and, on the shared Redis,
