@@ -221,3 +221,48 @@ func TestActionTimeoutWhateverThePaymentIntentStatus(t *testing.T) {
 		})
 	}
 }
+
+// TestOrphanOfAnOrderWithoutPaymentIntent: the first create is answered
+// with a stored 500 that Stripe rolls forward after the saga's search
+// looked; the second create is refused, so the order fails with no
+// PaymentIntent recorded. The PaymentIntent that appears afterwards is the
+// order's orphan all the same: the reconciler's sweep finds it (search by
+// metadata['order_id']) and cancels it. Before the fix the sweep looked
+// only at orders with a PaymentIntent of their own, and it stayed open.
+func TestOrphanOfAnOrderWithoutPaymentIntent(t *testing.T) {
+	t.Parallel()
+	h := setup(t, func(o *options) {
+		o.wrap = func(p checkout.PaymentProvider) checkout.PaymentProvider {
+			return &scripted{PaymentProvider: p, create: func(n int, req checkout.CreateIntentRequest, real checkout.PaymentProvider) (checkout.PaymentIntentState, error) {
+				if n == 2 {
+					return checkout.PaymentIntentState{}, &checkout.PaymentRefusal{HTTPStatus: http.StatusBadRequest,
+						Type: "invalid_request_error", Code: "parameter_invalid_empty", Message: "refused (test)"}
+				}
+				return real.CreatePaymentIntent(context.Background(), req)
+			}}
+		}
+	})
+	before := h.stock("sku_tee")
+	require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultStored500, Op: stripeemu.OpPICreate, Count: 1,
+		RollForward: stripeemu.RollForwardAfter(500 * time.Millisecond)}))
+	r := h.checkout("orphan-no-pi", teeBody)
+	require.Equal(t, http.StatusPaymentRequired, r.status, "%s", r.body)
+	require.Equal(t, checkout.CodePaymentRejected, decodeProblem(t, r).Code)
+	id := h.orderOfKey("orphan-no-pi")
+	require.Nil(t, h.order(id).PaymentIntentID, "no PaymentIntent recorded")
+	require.Equal(t, before, h.stock("sku_tee"))
+	eventually(t, "Stripe to roll the first create forward", func() bool { return len(h.intents(id)) == 1 })
+
+	rec := h.reconciler(time.Now)
+	round, err := rec.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, maintenance.ReconcileRound{Orphans: 1}, round)
+	pis := h.requirePaymentInvariants(id, checkout.StatusPaymentFailed)
+	require.Len(t, pis, 1)
+	require.Equal(t, stripe.PaymentIntentStatusCanceled, pis[0].Status)
+	require.Equal(t, stripe.PaymentIntentCancellationReasonDuplicate, pis[0].CancellationReason)
+
+	round, err = rec.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, maintenance.ReconcileRound{}, round, "swept again only after ORPHAN_SWEEP_INTERVAL")
+}

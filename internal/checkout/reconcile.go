@@ -263,9 +263,12 @@ func (s *Service) CloseBeforeExit(ctx context.Context, pi PaymentIntentState) (P
 // answered with a 500 and rolled forward by Stripe after the saga's own
 // search left behind. They were never confirmed, so they moved nothing;
 // canceling them keeps CONTRACT.md's "any other PaymentIntent created for
-// the order is canceled". An order whose payment is still being worked on
-// (no PaymentIntent recorded yet) is left to its saga. It returns how many
-// it canceled and records the sweep on the order
+// the order is canceled", whether or not the order recorded one (an order
+// whose creates after an indeterminate one were refused failed without
+// one). An order whose payment is still being worked on (pending_payment,
+// payment_unknown) is left to its saga, which adopts what it finds. One
+// that moves money is a stray payment (SettleStrayPayment). It returns how
+// many it canceled and records the sweep on the order
 // (payment_orphans_checked_at). The reconciler calls it for orders with an
 // indeterminate create, every ORPHAN_SWEEP_INTERVAL for 72 hours.
 func (s *Service) SweepOrphans(ctx context.Context, tenantID, id string) (int, error) {
@@ -273,7 +276,7 @@ func (s *Service) SweepOrphans(ctx context.Context, tenantID, id string) (int, e
 	if err != nil {
 		return 0, err
 	}
-	if o.Payment.PaymentIntentID == "" {
+	if pending(o.Status) {
 		return 0, nil
 	}
 	found, err := s.Payments.SearchPaymentIntents(ctx, o.ID)
