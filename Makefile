@@ -34,7 +34,7 @@ test: tools lint
 ## (TEST_FAILOVER=1; PostgreSQL: a primary and a synchronous standby; RabbitMQ: 3 nodes;
 ## Redis Cluster and Sentinel); make test skips them
 test-failover:
-	TEST_FAILOVER=1 $(GO) test -count=1 -p 1 -timeout 25m -run 'TestCluster$$|TestRabbitMQNodeAndLeaderLoss|TestFailoverToSynchronousStandby' \
+	TEST_FAILOVER=1 $(GO) test -count=1 -p 1 -timeout 25m -run 'TestCluster$$|TestRabbitMQNodeAndLeaderLoss|TestFailoverToSynchronousStandby|TestRedisMasterFailover' \
 		-v ./internal/rabbitmq/rabbitmqtest ./tests/e2e
 
 ## test-pgbouncer: the e2e suite with every process behind PgBouncer in transaction pooling
