@@ -124,6 +124,7 @@ func New(cfg Config, d Deps) *API {
 	if stripeRefunds == nil {
 		stripeRefunds, _ = d.Payments.(refunds.Stripe)
 	}
+	svc.StrayRefunds = stripeRefunds
 	refundSvc := &refunds.Service{DB: d.DB, Keys: store, Stripe: stripeRefunds, Logger: d.Logger, Now: d.Now,
 		RetryAfter: cfg.RefundRetryAfter, Metrics: refunds.NewMetrics(reg)}
 

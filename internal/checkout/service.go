@@ -31,6 +31,10 @@ type Service struct {
 	Saga SagaConfig
 	// Metrics counts payment outcomes; nil counts nothing.
 	Metrics *Metrics
+	// StrayRefunds refunds a PaymentIntent that moved money for an order
+	// that is not paid (SettleStrayPayment); nil: such a payment is only
+	// counted and logged. *payments.Client implements it.
+	StrayRefunds refunds.Stripe
 
 	catalog catalog // prices and currencies of first executions
 }
