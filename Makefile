@@ -34,7 +34,7 @@ test: tools lint
 ## (TEST_FAILOVER=1; PostgreSQL: a primary and a synchronous standby; RabbitMQ: 3 nodes;
 ## Redis Cluster and Sentinel); make test skips them
 test-failover:
-	TEST_FAILOVER=1 $(GO) test -count=1 -p 1 -timeout 25m -run 'TestCluster$$|TestRabbitMQNodeAndLeaderLoss|TestFailoverToSynchronousStandby' \
+	TEST_FAILOVER=1 $(GO) test -count=1 -p 1 -timeout 25m -run 'TestCluster$$|TestRabbitMQNodeAndLeaderLoss|TestFailoverToSynchronousStandby|TestRedisMasterFailover' \
 		-v ./internal/rabbitmq/rabbitmqtest ./tests/e2e
 
 ## test-pgbouncer: the e2e suite with every process behind PgBouncer in transaction pooling
@@ -73,9 +73,9 @@ run: build createdb
 demo:
 	$(GO) run ./cmd/demo
 
-## chaos: N checkouts under random faults, then an invariant check (N=2000 by default)
+## chaos: N checkouts under random faults and a mail outage, then an invariant check (N=2000, MAIL_OUTAGE=5m by default)
 chaos: build
-	$(GO) run ./tests/chaos -n $${N:-2000}
+	$(GO) run ./tests/chaos -n $${N:-2000} -mail-outage $${MAIL_OUTAGE:-5m}
 
 ## bench: the benchmark of record (real processes, wrk, pgbench, raw publish); RUNS=5 DUR=5 [BASELINE=rev]
 bench:

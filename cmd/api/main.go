@@ -62,9 +62,13 @@ type settings struct {
 	// compose). false leaves them to cmd/migrate, e.g. a Kubernetes Job, and
 	// is required behind PgBouncer in transaction pooling, which breaks the
 	// migrations' session advisory lock.
-	MigrateOnStart      bool          `env:"MIGRATE_ON_START" envDefault:"true"`
-	RedisURL            string        `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
-	RedisCluster        bool          `env:"REDIS_CLUSTER" envDefault:"false"`
+	MigrateOnStart bool   `env:"MIGRATE_ON_START" envDefault:"true"`
+	RedisURL       string `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
+	RedisCluster   bool   `env:"REDIS_CLUSTER" envDefault:"false"`
+	// RedisSentinelMaster and RedisSentinelAddrs, set together, reach Redis
+	// through Sentinel (redisClient).
+	RedisSentinelMaster string        `env:"REDIS_SENTINEL_MASTER"`
+	RedisSentinelAddrs  string        `env:"REDIS_SENTINEL_ADDRS"`
 	RedisKeyPrefix      string        `env:"REDIS_KEY_PREFIX" envDefault:"checkout:"`
 	StripeAPIBase       string        `env:"STRIPE_API_BASE" envDefault:"http://127.0.0.1:12111"`
 	StripeSecretKey     string        `env:"STRIPE_SECRET_KEY" envDefault:"sk_test_123" secret:"true"`
@@ -223,7 +227,8 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err := errors.Join(append(append([]error{err}, limitErrs...), serverErrs...)...); err != nil {
 		return err
 	}
-	newRedis, err := redisClient(s.RedisURL, s.RedisCluster)
+	newRedis, err := redisClient(redisSettings{URL: s.RedisURL, Cluster: s.RedisCluster,
+		SentinelMaster: s.RedisSentinelMaster, SentinelAddrs: s.RedisSentinelAddrs})
 	if err != nil {
 		return err
 	}

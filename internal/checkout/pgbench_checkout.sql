@@ -35,8 +35,8 @@ k AS (INSERT INTO idempotency_keys
     :now, :now, :expires
   FROM r RETURNING id, expires_at),
 o AS (
-  INSERT INTO orders (id, tenant_id, status, email, currency, amount_total, payment_method, created_at, updated_at)
-  SELECT :ord, :tenant, :pending, :email, :currency, :amount, :pm, :now::timestamptz, :now::timestamptz FROM r WHERE r.ok
+  INSERT INTO orders (id, tenant_id, status, email, currency, amount_total, payment_method, return_url, created_at, updated_at)
+  SELECT :ord, :tenant, :pending, :email, :currency, :amount, :pm, nullif(:return_url, ''), :now::timestamptz, :now::timestamptz FROM r WHERE r.ok
   RETURNING id),
 i AS (
   INSERT INTO order_items (order_id, line, sku, quantity, unit_amount, amount)

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -130,10 +131,14 @@ func Random(n int) string {
 }
 
 // RedisCluster is a Redis Cluster of redis-server processes a test owns:
-// masters only, the 16384 slots split between them.
+// masters only (StartRedisCluster), or a replica per master
+// (StartRedisClusterWithReplicas), the 16384 slots split between the
+// masters.
 type RedisCluster struct {
 	Addrs []string
-	cmds  []*exec.Cmd
+
+	mu   sync.Mutex
+	cmds map[string]*exec.Cmd // by address; nil once killed
 }
 
 // StartRedisCluster starts n redis-servers (n >= 3, the least
@@ -144,12 +149,44 @@ type RedisCluster struct {
 // t.Cleanup.
 func StartRedisCluster(t testing.TB, n int) *RedisCluster {
 	t.Helper()
+	return startRedisCluster(t, n, 0)
+}
+
+// StartRedisClusterWithReplicas starts a cluster of masters (>= 3) with a
+// replica each (redis-cli --cluster create --cluster-replicas 1), as
+// StartRedisCluster does, and waits until every replica has synchronised
+// with its master. cluster-node-timeout is 2s: a replica starts its
+// failover about 2 to 4s after its master dies.
+func StartRedisClusterWithReplicas(t testing.TB, masters int) *RedisCluster {
+	t.Helper()
+	c := startRedisCluster(t, 2*masters, 1)
+	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	for _, addr := range c.Addrs {
+		rdb := redis.NewClient(&redis.Options{Addr: addr})
+		for {
+			info, err := rdb.Info(ctx, "replication").Result()
+			if err == nil && (strings.Contains(info, "role:master") || strings.Contains(info, "master_link_status:up")) {
+				break
+			}
+			if time.Now().After(deadline) {
+				rdb.Close()
+				t.Fatalf("testenv: redis cluster node %s not in sync: %v %s", addr, err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		rdb.Close()
+	}
+	return c
+}
+
+func startRedisCluster(t testing.TB, n, replicas int) *RedisCluster {
+	t.Helper()
 	dir := t.TempDir()
-	c := &RedisCluster{}
+	c := &RedisCluster{cmds: map[string]*exec.Cmd{}}
 	t.Cleanup(func() {
-		for _, cmd := range c.cmds {
-			cmd.Process.Kill()
-			cmd.Wait()
+		for _, addr := range c.Addrs {
+			c.Kill(addr)
 		}
 	})
 	for i := range n {
@@ -161,14 +198,16 @@ func StartRedisCluster(t testing.TB, n int) *RedisCluster {
 		if err := cmd.Start(); err != nil {
 			t.Fatalf("testenv: start redis-server (cluster): %v", err)
 		}
-		c.cmds = append(c.cmds, cmd)
-		c.Addrs = append(c.Addrs, "127.0.0.1:"+port)
+		addr := "127.0.0.1:" + port
+		c.Addrs = append(c.Addrs, addr)
+		c.cmds[addr] = cmd
 	}
 	for _, addr := range c.Addrs {
 		waitDial(t, addr)
 	}
 	args := append([]string{"--cluster", "create"}, c.Addrs...)
-	if out, err := exec.Command("redis-cli", append(args, "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput(); err != nil {
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
+	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
 		t.Fatalf("testenv: redis-cli --cluster create: %v\n%s", err, out)
 	}
 	ctx := context.Background()
@@ -189,6 +228,90 @@ func StartRedisCluster(t testing.TB, n int) *RedisCluster {
 		rdb.Close()
 	}
 	return c
+}
+
+// Kill kills the node at addr with SIGKILL (a crash) and waits for it.
+// Killing a dead node does nothing.
+func (c *RedisCluster) Kill(addr string) {
+	c.mu.Lock()
+	cmd := c.cmds[addr]
+	c.cmds[addr] = nil
+	c.mu.Unlock()
+	if cmd != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}
+}
+
+// Alive returns the addresses of the nodes not killed.
+func (c *RedisCluster) Alive() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, a := range c.Addrs {
+		if c.cmds[a] != nil {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// Masters returns, as a live node sees it, each master's address with the
+// address of its replica ("" when it has none): the master of every slot
+// range and the first other node listed for it.
+func (c *RedisCluster) Masters(ctx context.Context) (map[string]string, error) {
+	alive := c.Alive()
+	if len(alive) == 0 {
+		return nil, fmt.Errorf("testenv: no redis cluster node alive")
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: alive[0]})
+	defer rdb.Close()
+	slots, err := rdb.ClusterSlots(ctx).Result()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, s := range slots {
+		replica := ""
+		if len(s.Nodes) > 1 {
+			replica = s.Nodes[1].Addr
+		}
+		out[s.Nodes[0].Addr] = replica
+	}
+	return out, nil
+}
+
+// AwaitPromotion waits until replica reports role:master and every live
+// node reports cluster_state:ok, i.e. the replica took over its dead
+// master's slots; it returns when that was first seen.
+func (c *RedisCluster) AwaitPromotion(ctx context.Context, replica string, timeout time.Duration) (time.Time, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		if ok, err := c.promoted(ctx, replica); ok {
+			return time.Now(), nil
+		} else if time.Now().After(deadline) {
+			return time.Time{}, fmt.Errorf("testenv: %s not master of an ok cluster after %s: %v", replica, timeout, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (c *RedisCluster) promoted(ctx context.Context, replica string) (bool, error) {
+	rdb := redis.NewClient(&redis.Options{Addr: replica})
+	info, err := rdb.Info(ctx, "replication").Result()
+	rdb.Close()
+	if err != nil || !strings.Contains(info, "role:master") {
+		return false, err
+	}
+	for _, addr := range c.Alive() {
+		rdb := redis.NewClient(&redis.Options{Addr: addr})
+		ci, err := rdb.ClusterInfo(ctx).Result()
+		rdb.Close()
+		if err != nil || !strings.Contains(ci, "cluster_state:ok") {
+			return false, fmt.Errorf("%s: %v %s", addr, err, ci)
+		}
+	}
+	return true, nil
 }
 
 // URL is the cluster's seed URL as REDIS_URL takes it with REDIS_CLUSTER=true

@@ -181,8 +181,8 @@ func (c *Cluster) Running() []*Node {
 	return out
 }
 
-// QueueLeader returns the node that leads quorum queue name, asking a
-// running node.
+// QueueLeader returns the node that leads quorum queue name, or the node
+// a classic queue lives on, asking a running node.
 func (c *Cluster) QueueLeader(name string) (*Node, error) {
 	run := c.Running()
 	if len(run) == 0 {
@@ -201,6 +201,9 @@ func (c *Cluster) QueueLeader(name string) (*Node, error) {
 	}
 	for _, q := range qs {
 		if q.Name == name {
+			if q.Leader == "" { // a classic queue: the node that lists it as local
+				return c.localNode(name)
+			}
 			if n := c.Node(q.Leader); n != nil {
 				return n, nil
 			}
@@ -208,6 +211,30 @@ func (c *Cluster) QueueLeader(name string) (*Node, error) {
 		}
 	}
 	return nil, fmt.Errorf("queue %s not found: %s", name, out)
+}
+
+// localNode returns the running node on which queue name lives, for a
+// classic queue (which has no leader): the one whose list_queues --local
+// shows it.
+func (c *Cluster) localNode(name string) (*Node, error) {
+	for _, n := range c.Running() {
+		out, err := n.Ctl(time.Minute, "list_queues", "name", "--local", "--formatter", "json", "--quiet")
+		if err != nil {
+			return nil, err
+		}
+		var qs []struct {
+			Name string `json:"name"`
+		}
+		if err := json.Unmarshal([]byte(jsonPart(out)), &qs); err != nil {
+			return nil, fmt.Errorf("list_queues --local: %w: %s", err, out)
+		}
+		for _, q := range qs {
+			if q.Name == name {
+				return n, nil
+			}
+		}
+	}
+	return nil, fmt.Errorf("queue %s: on no running node", name)
 }
 
 // AwaitOnline waits until n nodes of the cluster run and are clustered.
