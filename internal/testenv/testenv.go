@@ -266,17 +266,28 @@ func (c *RedisCluster) Masters(ctx context.Context) (map[string]string, error) {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: alive[0]})
 	defer rdb.Close()
-	slots, err := rdb.ClusterSlots(ctx).Result()
+	shards, err := rdb.ClusterShards(ctx).Result()
 	if err != nil {
 		return nil, err
 	}
 	out := map[string]string{}
-	for _, s := range slots {
-		replica := ""
-		if len(s.Nodes) > 1 {
-			replica = s.Nodes[1].Addr
+	for _, s := range shards {
+		if len(s.Slots) == 0 {
+			continue // a master that lost its slots, or one never given any
 		}
-		out[s.Nodes[0].Addr] = replica
+		master, replica := "", ""
+		for _, n := range s.Nodes {
+			addr := net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
+			switch {
+			case n.Role == "master":
+				master = addr
+			case replica == "" && n.Health == "online":
+				replica = addr
+			}
+		}
+		if master != "" {
+			out[master] = replica
+		}
 	}
 	return out, nil
 }
