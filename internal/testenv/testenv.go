@@ -256,9 +256,8 @@ func (c *RedisCluster) Alive() []string {
 	return out
 }
 
-// Masters returns, as a live node sees it, each master's address with the
-// address of its replica ("" when it has none): the master of every slot
-// range and the first other node listed for it.
+// Masters returns, as a live node sees it, each live master's address
+// with the address of a live replica of it ("" when it has none).
 func (c *RedisCluster) Masters(ctx context.Context) (map[string]string, error) {
 	alive := c.Alive()
 	if len(alive) == 0 {
@@ -266,17 +265,27 @@ func (c *RedisCluster) Masters(ctx context.Context) (map[string]string, error) {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: alive[0]})
 	defer rdb.Close()
-	slots, err := rdb.ClusterSlots(ctx).Result()
+	shards, err := rdb.ClusterShards(ctx).Result()
 	if err != nil {
 		return nil, err
 	}
 	out := map[string]string{}
-	for _, s := range slots {
-		replica := ""
-		if len(s.Nodes) > 1 {
-			replica = s.Nodes[1].Addr
+	for _, sh := range shards {
+		master, replica := "", ""
+		for _, n := range sh.Nodes {
+			if n.Health != "online" {
+				continue
+			}
+			addr := net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
+			if n.Role == "master" {
+				master = addr
+			} else if replica == "" {
+				replica = addr
+			}
 		}
-		out[s.Nodes[0].Addr] = replica
+		if master != "" {
+			out[master] = replica
+		}
 	}
 	return out, nil
 }
