@@ -21,9 +21,9 @@ COPY . .
 # only the packages it touches.
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
-    go build -trimpath -ldflags="-s -w" -o /out/ ./cmd/api ./cmd/dispatcher ./cmd/worker ./cmd/migrate ./cmd/stripe-emulator
+    go build -trimpath -ldflags="-s -w" -o /out/ ./cmd/api ./cmd/dispatcher ./cmd/worker ./cmd/migrate ./cmd/stripe-emulator ./cmd/storefront
 
-# single: one binary as the entrypoint (ARG BIN=api|dispatcher|worker|migrate|stripe-emulator).
+# single: one binary as the entrypoint (ARG BIN=api|dispatcher|worker|migrate|stripe-emulator|storefront).
 FROM alpine:3.22 AS single
 ARG BIN=api
 RUN adduser -D -u 10001 app
@@ -31,8 +31,9 @@ COPY --from=build /out/${BIN} /usr/local/bin/app
 USER app
 ENTRYPOINT ["/usr/local/bin/app"]
 
-# dev: every binary, the Stripe emulator included (compose's stripe-emulator,
-# the dev overlay); busybox wget serves the healthchecks.
+# dev: every binary, the Stripe emulator and the storefront included (compose's
+# stripe-emulator and storefront, the dev overlay); busybox wget serves the
+# healthchecks.
 FROM alpine:3.22 AS dev
 RUN adduser -D -u 10001 app
 COPY --from=build /out/ /usr/local/bin/

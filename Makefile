@@ -73,9 +73,9 @@ run: build createdb
 demo:
 	$(GO) run ./cmd/demo
 
-## chaos: N checkouts under random faults, then an invariant check (N=2000 by default)
+## chaos: N checkouts under random faults and a mail outage, then an invariant check (N=2000, MAIL_OUTAGE=5m by default)
 chaos: build
-	$(GO) run ./tests/chaos -n $${N:-2000}
+	$(GO) run ./tests/chaos -n $${N:-2000} -mail-outage $${MAIL_OUTAGE:-5m}
 
 ## bench: the benchmark of record (real processes, wrk, pgbench, raw publish); RUNS=5 DUR=5 [BASELINE=rev]
 bench:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole stack on this machine against the local PostgreSQL, Redis and
 # RabbitMQ: the Stripe emulator (:12111), an SMTP sink (:1025, messages at
-# http://127.0.0.1:8025/messages), the api (:8080), the dispatcher (:9091)
-# and the worker (:9092). Logs go to tmp/<name>.log and, prefixed, here.
+# http://127.0.0.1:8025/messages), the api (:8080), the dispatcher (:9091),
+# the worker (:9092) and the storefront (http://127.0.0.1:8081). Logs go to
+# tmp/<name>.log and, prefixed, here.
 # Ctrl-C (or SIGTERM, or SIGHUP) stops everything: each process runs in a
 # session of its own, out of the terminal's reach, and this script alone stops
 # them. A process that dies (kill -9 it to see a crash recovered) leaves the
@@ -38,7 +39,7 @@ cleanup() { # exit status
   # The api, the dispatcher and the worker first: they finish what is in
   # flight (SHUTDOWN_TIMEOUT) while the Stripe emulator and the SMTP sink still
   # answer them; then those two.
-  stop api dispatcher worker
+  stop storefront api dispatcher worker
   stop stripe-emulator smtp-sink
   wait 2>/dev/null || true
   # Never back to the loop below: a process that exits from here on is being
@@ -111,8 +112,11 @@ start dispatcher dispatcher
 start worker worker
 wait_http dispatcher http://127.0.0.1:9091/readyz
 wait_http worker http://127.0.0.1:9092/readyz
+start storefront storefront
+wait_http storefront http://127.0.0.1:8081/healthz
 cat <<'MSG'
-[run] stack is up. Try, in another terminal:
+[run] stack is up. Shop at http://127.0.0.1:8081 (the emails it sends: http://127.0.0.1:8025/messages).
+Or try, in another terminal:
   make demo
   curl -si -X POST localhost:8080/v1/checkouts -H 'Authorization: Bearer sk_test_acme' \
     -H 'Idempotency-Key: my-first-key' -H 'Content-Type: application/json' \

@@ -1,8 +1,9 @@
 // Command worker runs the background work after a checkout commits: the
 // order events consumer and the notification sender (CONTRACT.md,
-// "Events"), the completer (checkouts and refunds whose process died), the
-// reconciler (payments waiting for Stripe or the customer), the refund
-// reconciler (refunds Stripe keeps pending) and the reaper (retention).
+// "Events"), the completer (checkouts, cancellations and refunds whose
+// process died), the reconciler (payments waiting for Stripe or the
+// customer), the refund reconciler (refunds Stripe keeps pending) and the
+// reaper (retention).
 // Any number may run at once. It does not migrate: it waits until the API
 // has created the schema.
 //
@@ -24,6 +25,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/onceonly/checkout/internal/api"
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/config"
 	"github.com/onceonly/checkout/internal/idempotency"
@@ -266,16 +268,14 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		Timeout: s.StripeTimeout, MaxElapsed: s.StripeMaxElapsed}, logger, reg)
 	svc := &checkout.Service{DB: db, Keys: keys, Payments: pay, Logger: logger, Now: time.Now,
 		Saga:    checkout.SagaConfig{SearchSettle: s.StripeSettle, UnknownAfter: s.UnknownAfter, ActionTimeout: s.ActionTimeout},
-		Metrics: checkout.NewMetrics(reg)}
+		Metrics: checkout.NewMetrics(reg), StrayRefunds: pay}
 	// Refunds whose request died are finished the same way; refunds Stripe
 	// keeps pending are polled until Stripe settles them.
 	refundSvc := &refunds.Service{DB: db, Keys: keys, Stripe: pay, Logger: logger.With("loop", "refunds"),
 		Now: time.Now, RetryAfter: s.RefundRetryAfter, Metrics: refunds.NewMetrics(reg)}
-	byRoute := maintenance.ByRoute{DB: db, Routes: map[string]maintenance.KeyCompleter{
-		checkout.Route: svc,
-		refunds.Route:  refundSvc,
-	}}
-	completer, err := maintenance.NewCompleter(db, keys, byRoute, maintenance.CompleterConfig{
+	// Every route that takes a key (checkout, cancel, refund) is resumed
+	// here, through the API's one list of them.
+	completer, err := maintenance.NewCompleter(db, keys, api.Completer(db, svc, refundSvc), maintenance.CompleterConfig{
 		Interval:   s.CompleterInterval,
 		Grace:      s.IdempotencyLease,
 		KeyTimeout: s.WorkTimeout, // detached; a run cut by the drain stays resumable

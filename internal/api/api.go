@@ -74,6 +74,9 @@ type API struct {
 	Service  *checkout.Service
 	Refunds  *refunds.Service
 	KeyStore *idempotency.Store
+	// KeyRoutes are the routes behind the idempotency gateway, those that
+	// take an Idempotency-Key: each needs a resume path in Completer.
+	KeyRoutes []string
 	// Checks are what /readyz tests: Postgres, and Redis when FailureMode
 	// is closed (CONTRACT.md, "Deployment"). An open API takes checkouts
 	// on Postgres alone while Redis is down, so failing its readiness then
@@ -120,6 +123,7 @@ func New(cfg Config, d Deps) *API {
 	if stripeRefunds == nil {
 		stripeRefunds, _ = d.Payments.(refunds.Stripe)
 	}
+	svc.StrayRefunds = stripeRefunds
 	refundSvc := &refunds.Service{DB: d.DB, Keys: store, Stripe: stripeRefunds, Logger: d.Logger, Now: d.Now,
 		RetryAfter: cfg.RefundRetryAfter, Metrics: refunds.NewMetrics(reg)}
 
@@ -187,7 +191,7 @@ func New(cfg Config, d Deps) *API {
 	if stripeRefunds != nil {
 		(&refunds.Handler{Service: refundSvc, Logger: d.Logger}).Register(v1, gateway)
 	}
-	return &API{Handler: r, Service: svc, Refunds: refundSvc, KeyStore: store, Checks: checks}
+	return &API{Handler: r, Service: svc, Refunds: refundSvc, KeyStore: store, KeyRoutes: gateway.Routes(), Checks: checks}
 }
 
 // recovery turns a panic into a logged generic 500 problem.

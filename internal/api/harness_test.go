@@ -95,7 +95,8 @@ func (r *registry) requests(outcome string) prometheus.Collector {
 	return gathered{r.Registry, "checkout_idempotency_requests_total", map[string]string{"route": "POST /v1/checkouts", "outcome": outcome}}
 }
 
-// gathered is one series of a registry, as a Collector for testutil.ToFloat64.
+// gathered is one series of a registry (a counter's or a gauge's), as a
+// Collector for testutil.ToFloat64.
 type gathered struct {
 	reg    *prometheus.Registry
 	name   string
@@ -121,7 +122,11 @@ func (g gathered) Collect(ch chan<- prometheus.Metric) {
 					continue next
 				}
 			}
-			ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(g.name, "", nil, nil), prometheus.CounterValue, m.GetCounter().GetValue())
+			v := m.GetCounter().GetValue()
+			if m.Gauge != nil {
+				v = m.GetGauge().GetValue()
+			}
+			ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(g.name, "", nil, nil), prometheus.CounterValue, v)
 			return
 		}
 	}

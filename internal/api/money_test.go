@@ -1,14 +1,17 @@
 package api_test
 
 import (
+	"context"
 	"net/http"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"github.com/stripe/stripe-go/v76"
 
 	"github.com/onceonly/checkout/internal/checkout"
+	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/payments/stripeemu"
 )
 
@@ -78,4 +81,92 @@ func TestDeclineBehindAConfirmThatSucceededFirst(t *testing.T) {
 	require.Equal(t, before-2, h.stock("sku_tee"))
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.paid'`, o.ID))
 	require.Zero(t, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.payment_failed'`, o.ID))
+}
+
+// strayTotal reads checkout_payments_stray_total{result}.
+func (h *harness) strayTotal(result string) int {
+	return int(testutil.ToFloat64(gathered{h.registry.Registry, "checkout_payments_stray_total", map[string]string{"result": result}}))
+}
+
+// TestStrayPaymentRefunded: a PaymentIntent that moves money for an order
+// that is not paid (here: one made for a declined order behind the
+// service's back, which the lifecycle makes impossible for its own) is
+// refunded in full when its payment_intent.succeeded webhook arrives,
+// counted once, and the order stays payment_failed. The reconciler's path
+// seeing it again refunds nothing more and counts nothing more.
+func TestStrayPaymentRefunded(t *testing.T) {
+	t.Parallel()
+	h := setup(t, func(o *options) { o.webhooks = true })
+	r := h.checkout("stray-1", declinedBody)
+	require.Equal(t, http.StatusPaymentRequired, r.status, "%s", r.body)
+	id := h.orderOfKey("stray-1")
+
+	c := payments.NewClient(payments.Config{APIBase: h.emuURL, SecretKey: "sk_test_123"}, nil, nil)
+	pi, err := c.CreatePaymentIntent(t.Context(), checkout.CreateIntentRequest{IdempotencyKey: "behind-our-back",
+		Amount: 5000, Currency: "usd", PaymentMethod: "pm_card_visa", OrderID: id, TenantID: "acme"})
+	require.NoError(t, err)
+	pi, err = c.ConfirmPaymentIntent(t.Context(), checkout.ConfirmIntentRequest{IdempotencyKey: "behind-our-back/confirm", PaymentIntentID: pi.ID})
+	require.NoError(t, err)
+	require.Equal(t, checkout.PISucceeded, pi.Status)
+
+	refundsOf := func() []*stripe.Refund {
+		var out []*stripe.Refund
+		for _, rf := range h.emu.Refunds() {
+			if rf.PaymentIntent != nil && rf.PaymentIntent.ID == pi.ID {
+				out = append(out, rf)
+			}
+		}
+		return out
+	}
+	eventually(t, "the stray payment refunded", func() bool { return len(refundsOf()) == 1 })
+	rf := refundsOf()[0]
+	require.EqualValues(t, 5000, rf.Amount, "refunded in full")
+	require.Equal(t, stripe.RefundStatusSucceeded, rf.Status)
+	require.Equal(t, 1, h.strayTotal(checkout.StrayRefunded))
+	require.Equal(t, checkout.StatusPaymentFailed, h.order(id).Status, "a stray payment pays no order")
+
+	changed, err := h.api.Service.ApplyPaymentIntent(context.Background(), pi)
+	require.NoError(t, err)
+	require.False(t, changed)
+	require.Len(t, refundsOf(), 1, "refunded once")
+	require.Equal(t, 1, h.strayTotal(checkout.StrayRefunded), "counted once")
+	for _, rq := range h.emu.Requests() {
+		if rq.Op == stripeemu.OpRefundCreate {
+			require.Equal(t, checkout.StrayRefundKey(id, pi.ID), rq.IdempotencyKey)
+		}
+	}
+}
+
+// TestStripeCredentialsRefused: Stripe refuses our own secret key (401, as
+// after a rotation, then 403, a restricted key): that is not the
+// customer's payment being rejected. The checkout answers 503
+// payment_provider_unavailable with Retry-After, stores nothing, keeps the
+// order pending with its stock, (internal/payments counts the call as
+// credentials_refused); once the key works, the same Idempotency-Key resumes and pays, with one
+// PaymentIntent. Before the fix: 402 payment_rejected, stored for good.
+func TestStripeCredentialsRefused(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	before := h.stock("sku_tee")
+	for _, status := range []int{http.StatusUnauthorized, http.StatusForbidden} {
+		require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultFail, Status: status}))
+		r := h.checkout("rotated-key", teeBody)
+		require.Equal(t, http.StatusServiceUnavailable, r.status, "%d: %s", status, r.body)
+		require.Equal(t, "payment_provider_unavailable", decodeProblem(t, r).Code)
+		require.Equal(t, "30", r.header.Get("Retry-After"))
+		h.emu.ClearFaults()
+	}
+	id := h.orderOfKey("rotated-key")
+	require.Equal(t, checkout.StatusPendingPayment, h.order(id).Status)
+	require.Equal(t, before-2, h.stock("sku_tee"), "the stock stays reserved")
+	require.Zero(t, h.count(`SELECT count(*) FROM idempotency_keys WHERE key = 'rotated-key' AND recovery_point = 'finished'`), "nothing stored")
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM payment_attempts WHERE order_id = ? AND outcome IS NULL`, id), "the attempt stays open")
+
+	r := h.checkout("rotated-key", teeBody)
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+	o := decodeOrder(t, r)
+	require.Equal(t, id, o.ID, "the same order, resumed")
+	pis := h.requirePaymentInvariants(id, checkout.StatusPaid)
+	require.Len(t, pis, 1)
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM payment_attempts WHERE order_id = ? AND step = 'create'`, id), "the same create key, sent again")
 }

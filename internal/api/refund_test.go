@@ -13,9 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/checkout/internal/checkout"
+	"github.com/onceonly/checkout/internal/api"
 	"github.com/onceonly/checkout/internal/idempotency"
-	"github.com/onceonly/checkout/internal/maintenance"
 	"github.com/onceonly/checkout/internal/payments/stripeemu"
 	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/testenv"
@@ -515,7 +514,7 @@ func TestRefundDefaultRetryAfterOutlastsALateRollForward(t *testing.T) {
 
 // TestCompleterFinishesARefundWhoseRequestDied: the refund's request got a
 // 502 (a stored 500 that never ran) and the client never retries. The
-// worker's completer, through maintenance.ByRoute, takes the key over after
+// worker's completer, through api.Completer, takes the key over after
 // REFUND_RETRY_AFTER, reconciles, creates under the next attempt's key and
 // finishes it; the client's late retry is a replay. One refund at Stripe.
 func TestCompleterFinishesARefundWhoseRequestDied(t *testing.T) {
@@ -528,9 +527,7 @@ func TestCompleterFinishesARefundWhoseRequestDied(t *testing.T) {
 
 	var keyID int64
 	require.NoError(t, h.db.Raw(`SELECT id FROM idempotency_keys WHERE key = 'died'`).Scan(&keyID).Error)
-	completer := maintenance.ByRoute{DB: h.db, Routes: map[string]maintenance.KeyCompleter{
-		checkout.Route: h.api.Service, refunds.Route: h.api.Refunds,
-	}}
+	completer := api.Completer(h.db, h.api.Service, h.api.Refunds)
 	eventually(t, "the completer finishes the refund", func() bool {
 		done, _ := completer.Complete(context.Background(), keyID)
 		return done

@@ -50,6 +50,11 @@ func (o webhookOrders) CloseBeforeExit(ctx context.Context, pi webhooks.PaymentI
 	return fromState(st), nil
 }
 
+// SettleStrayPayment is checkout.Service.SettleStrayPayment.
+func (o webhookOrders) SettleStrayPayment(ctx context.Context, pi webhooks.PaymentIntent) error {
+	return o.svc.SettleStrayPayment(ctx, toState(pi))
+}
+
 // webhookStripe retrieves PaymentIntents with the saga's Stripe client.
 type webhookStripe struct{ p checkout.PaymentProvider }
 

@@ -14,6 +14,10 @@ const (
 	CodePaymentRejected    = "payment_rejected"             // 402: stored outcome, order payment_failed
 	CodePaymentUnavailable = "payment_provider_unavailable" // 502: not stored, the key keeps its recovery point
 	CodeUnavailable        = "unavailable"                  // 503: not stored, the key keeps its recovery point
+	// codeProviderCredentials is answered as payment_provider_unavailable
+	// with 503: Stripe refused our own credentials (401, 403); not stored,
+	// the key keeps its recovery point and the order its stock.
+	codeProviderCredentials = "payment_provider_credentials"
 )
 
 // Error is a domain error with a code (Code* constants). It carries no HTTP
@@ -73,6 +77,12 @@ var (
 // unavailable is a transient failure of a dependency (the database, a
 // deadline): 503, the key keeps its recovery point.
 func unavailable(cause error) error { return &Error{Code: CodeUnavailable, Cause: cause} }
+
+// providerCredentials is a payment that could not reach Stripe because
+// Stripe refused our own credentials: 503 payment_provider_unavailable.
+func providerCredentials(orderID string, cause error) *Error {
+	return &Error{Code: codeProviderCredentials, OrderID: orderID, Cause: cause}
+}
 
 // paymentUnavailable is a payment whose outcome is not known yet (Stripe
 // unanswered, indeterminate and not reconcilable yet, or money still

@@ -11,27 +11,56 @@ import (
 // *Metrics counts nothing.
 type Metrics struct {
 	unknownTotal prometheus.Counter
+	strayTotal   *prometheus.CounterVec
 }
+
+// Results counted by checkout_payments_stray_total.
+const (
+	StrayRefunded = "refunded" // refunded in full
+	StrayCanceled = "canceled" // an uncaptured authorization canceled
+	StrayFailed   = "failed"   // the refund or cancel failed (tried again), or no refund client
+)
 
 // NewMetrics registers on reg (reusing what another Service registered
 // there already):
 //
 //	checkout_payments_unknown_total  orders moved to payment_unknown (PAYMENT_UNKNOWN_AFTER of failed reconciliation)
+//	checkout_payments_stray_total{result}  PaymentIntents that moved money for an order that is not paid (refunded, canceled, failed)
 func NewMetrics(reg prometheus.Registerer) *Metrics {
-	c := prometheus.NewCounter(prometheus.CounterOpts{
+	c := register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "checkout_payments_unknown_total",
 		Help: "Orders whose payment outcome stayed unknown for PAYMENT_UNKNOWN_AFTER and became payment_unknown.",
-	})
-	if reg != nil {
-		if err := reg.Register(c); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if !errors.As(err, &are) {
-				panic(fmt.Sprintf("checkout: register metrics: %v", err))
-			}
-			c = are.ExistingCollector.(prometheus.Counter)
-		}
+	}))
+	stray := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "checkout_payments_stray_total",
+		Help: "PaymentIntents that moved money for an order that is not paid (which the lifecycle forbids), by what was done: refunded, canceled (an authorization), failed.",
+	}, []string{"result"}))
+	for _, r := range []string{StrayRefunded, StrayCanceled, StrayFailed} {
+		stray.WithLabelValues(r)
 	}
-	return &Metrics{unknownTotal: c}
+	return &Metrics{unknownTotal: c, strayTotal: stray}
+}
+
+// register registers c on reg (if any), or returns the collector another
+// Service registered there already.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if reg == nil {
+		return c
+	}
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			panic(fmt.Sprintf("checkout: register metrics: %v", err))
+		}
+		return are.ExistingCollector.(C)
+	}
+	return c
+}
+
+func (m *Metrics) stray(result string) {
+	if m != nil {
+		m.strayTotal.WithLabelValues(result).Inc()
+	}
 }
 
 func (m *Metrics) unknown() {

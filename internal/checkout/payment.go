@@ -29,6 +29,10 @@ import (
 //   - ErrProviderUnanswered (wrapped): no final answer within the retry
 //     budget; the request may have been executed. Resending the same key is
 //     safe while Stripe keeps it (24 hours).
+//   - ErrProviderCredentials (wrapped): Stripe refused our own credentials
+//     (401, 403) before executing anything, so nothing is stored under the
+//     key and the same request may be sent again once the key is fixed. It
+//     says nothing about the customer's payment. Never retried.
 type PaymentProvider interface {
 	// CreatePaymentIntent creates an unconfirmed PaymentIntent (confirm=false):
 	// it moves no money.
@@ -151,6 +155,14 @@ var ErrProviderIndeterminate = errors.New("payment provider outcome indeterminat
 // final answer came within the retry budget (network errors, timeouts, 409,
 // 429, 503). See PaymentProvider.
 var ErrProviderUnanswered = errors.New("payment provider gave no final answer")
+
+// ErrProviderCredentials is wrapped by a PaymentProvider's error when
+// Stripe refused the service's own credentials: 401 (an invalid or revoked
+// secret key, as after a rotation) or 403 (a restricted key without the
+// permission) (https://docs.stripe.com/error-codes,
+// https://docs.stripe.com/keys). Authentication comes before execution, so
+// Stripe stored nothing under the key. See PaymentProvider.
+var ErrProviderCredentials = errors.New("payment provider refused our credentials")
 
 // PaymentRefusal is Stripe's final refusal of one request
 // (https://docs.stripe.com/api/errors): a card error, or another 4xx.

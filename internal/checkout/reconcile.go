@@ -162,8 +162,10 @@ func (s *Service) ReconcileOrder(ctx context.Context, tenantID, id string) (bool
 //
 // PaymentIntents that are not the order's recorded one (orphans of an
 // indeterminate create, or not ours at all) change nothing; one of them
-// moving money is logged as an error. The reconciler uses it; the webhook
-// handler uses CloseBeforeExit and ApplyPaymentIntentTx.
+// moving money, or the order's own for an order that failed, is a stray
+// payment: refunded and counted (SettleStrayPayment). The reconciler uses
+// it; the webhook handler uses CloseBeforeExit, SettleStrayPayment and
+// ApplyPaymentIntentTx.
 func (s *Service) ApplyPaymentIntent(ctx context.Context, pi PaymentIntentState) (bool, error) {
 	o, err := orderOfIntent(ctx, s.DB, pi)
 	if errors.Is(err, ErrOrderNotFound) {
@@ -190,11 +192,10 @@ func orderOfIntent(ctx context.Context, db *gorm.DB, pi PaymentIntentState) (*Or
 // apply applies pi to the order of r, without a key.
 func (s *Service) apply(ctx context.Context, r *run, pi PaymentIntentState) (bool, error) {
 	o := r.o
+	if isStray(o, pi) {
+		return false, s.settleStray(ctx, o, pi)
+	}
 	if o.Payment.PaymentIntentID != pi.ID {
-		if MovesMoney(pi.Status) {
-			s.Logger.ErrorContext(ctx, "a PaymentIntent that is not the order's moves money",
-				"order_id", o.ID, "payment_intent", pi.ID, "status", pi.Status, "order_payment_intent", o.Payment.PaymentIntentID)
-		}
 		return false, nil
 	}
 	ch, ok, err := r.changeOf(ctx, &verdict{pi: &pi})
@@ -277,11 +278,13 @@ func (s *Service) SweepOrphans(ctx context.Context, tenantID, id string) (int, e
 	r := s.newRun(nil, "", o)
 	n := 0
 	for _, pi := range found {
-		if pi.ID == o.Payment.PaymentIntentID || !cancelable(pi.Status) {
-			if pi.ID != o.Payment.PaymentIntentID && MovesMoney(pi.Status) {
-				s.Logger.ErrorContext(ctx, "a PaymentIntent that is not the order's moves money",
-					"order_id", o.ID, "payment_intent", pi.ID, "status", pi.Status)
+		if isStray(o, pi) {
+			if err := s.settleStray(ctx, o, pi); err != nil {
+				return n, err
 			}
+			continue
+		}
+		if pi.ID == o.Payment.PaymentIntentID || !cancelable(pi.Status) {
 			continue
 		}
 		got, err := r.cancel(ctx, pi.ID, CancelDuplicate)

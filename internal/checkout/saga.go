@@ -337,6 +337,11 @@ func (r *run) answer(ctx context.Context, a *attempt, pi PaymentIntentState, cal
 		}
 		dbErr = finishAttempt(ctx, r.s.DB, a.ID, outcome, refusal.PaymentIntent, refusalText(refusal), now)
 		res.refusal = refusal
+	case errors.Is(callErr, ErrProviderCredentials):
+		// Refused before executing: the attempt stays open, to be sent
+		// again under its key; the payment is not unknown.
+		dbErr = finishAttempt(ctx, r.s.DB, a.ID, "", nil, callErr.Error(), now)
+		res.err = callErr
 	case errors.Is(callErr, ErrProviderIndeterminate):
 		r.s.Logger.WarnContext(ctx, "stripe answered indeterminately; reconciling before any new attempt",
 			"order_id", r.o.ID, "step", a.Step, "attempt", a.Attempt, "err", callErr)
@@ -746,14 +751,22 @@ func (s *Service) applyTx(ctx context.Context, tx *gorm.DB, o *Order, ch change,
 // stop ends a run that cannot settle now. A wait (Stripe unanswered or
 // indeterminate) releases the key's lease so that a retry resumes at once,
 // moves the order to payment_unknown once UnknownAfter has passed, and is
-// answered 502; a lost lease or attempt is 409 (another run owns the
-// payment); anything else is 503.
+// answered 502; Stripe refusing our credentials is 503
+// payment_provider_unavailable, the key released the same way; a lost lease
+// or attempt is 409 (another run owns the payment); anything else is 503.
 func (r *run) stop(ctx context.Context, err error) (*idempotency.Response, error) {
 	var w *waitError
 	var refusal *PaymentRefusal
 	switch {
 	case errors.Is(err, errAttemptTaken), errors.Is(err, idempotency.ErrLeaseLost):
 		return nil, idempotency.ErrLeaseLost
+	case errors.Is(err, ErrProviderCredentials):
+		// Our own key, not the customer's payment: nothing failed, nothing
+		// is stored, the stock stays reserved, and the retry resumes.
+		r.s.Logger.ErrorContext(ctx, "Stripe refused the service's credentials (401/403): check STRIPE_SECRET_KEY",
+			"order_id", r.o.ID, "err", err)
+		r.release()
+		return nil, providerCredentials(r.o.ID, err)
 	case errors.As(err, &w), errors.Is(err, ErrProviderUnanswered), errors.Is(err, ErrProviderIndeterminate),
 		errors.As(err, &refusal):
 		r.markUnknown(ctx)
@@ -807,8 +820,12 @@ func (r *run) cancelOrphans(ctx context.Context, found []PaymentIntentState, kee
 	for _, pi := range found {
 		if pi.ID == keep || pi.Status == PICanceled || MovesMoney(pi.Status) {
 			if pi.ID != keep && MovesMoney(pi.Status) {
-				r.s.Logger.ErrorContext(ctx, "a second PaymentIntent of the order moves money",
-					"order_id", r.o.ID, "payment_intent", pi.ID, "status", pi.Status, "kept", keep)
+				// A second one moving money: stray, refunded.
+				o := *r.o
+				o.Payment.PaymentIntentID = keep
+				if err := r.s.settleStray(ctx, &o, pi); err != nil {
+					r.s.Logger.WarnContext(ctx, "refund a stray payment", "order_id", r.o.ID, "payment_intent", pi.ID, "err", err)
+				}
 			}
 			continue
 		}
@@ -893,6 +910,9 @@ func (r *run) answerCancel(ctx context.Context, a *attempt, pi PaymentIntentStat
 	switch {
 	case callErr == nil:
 		dbErr = finishAttempt(ctx, r.s.DB, a.ID, outcomeSucceeded, &pi, "", now)
+	case errors.Is(callErr, ErrProviderCredentials):
+		dbErr = finishAttempt(ctx, r.s.DB, a.ID, "", nil, callErr.Error(), now)
+		res.err = callErr
 	case errors.As(callErr, &refusal):
 		dbErr = finishAttempt(ctx, r.s.DB, a.ID, outcomeRejected, nil, refusalText(refusal), now)
 		res.refusal = refusal

@@ -31,6 +31,10 @@ type Service struct {
 	Saga SagaConfig
 	// Metrics counts payment outcomes; nil counts nothing.
 	Metrics *Metrics
+	// StrayRefunds refunds a PaymentIntent that moved money for an order
+	// that is not paid (SettleStrayPayment); nil: such a payment is only
+	// counted and logged. *payments.Client implements it.
+	StrayRefunds refunds.Stripe
 
 	catalog catalog // prices and currencies of first executions
 }
@@ -115,6 +119,12 @@ func (s *Service) Checkout(ctx context.Context, cmd CheckoutCommand) (resp *idem
 	return resp, false, err
 }
 
+// KeyRoutes are the routes whose keys Complete resumes: the checkout
+// (Route) and the cancellation (CancelRoute), every route of this package
+// that takes an Idempotency-Key. The worker's completer hands it exactly
+// these (internal/api.Completer).
+func (s *Service) KeyRoutes() []string { return []string{Route, CancelRoute} }
+
 // Complete finishes the unfinished key id whose lease has expired, through
 // the same saga a client's retry would run, with the same Stripe keys: a
 // checkout (Route) or a cancellation (CancelRoute). Keys of other routes
@@ -129,7 +139,7 @@ func (s *Service) Complete(ctx context.Context, keyID int64) (bool, error) {
 		order *Order
 	)
 	err := postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
-		c, err := s.Keys.TakeOver(ctx, tx, keyID, idempotency.NewOwnerToken(), Route, CancelRoute)
+		c, err := s.Keys.TakeOver(ctx, tx, keyID, idempotency.NewOwnerToken(), s.KeyRoutes()...)
 		if err != nil || c == nil {
 			return err
 		}

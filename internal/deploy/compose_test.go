@@ -53,7 +53,7 @@ func TestComposeMatchesTheContract(t *testing.T) {
 	t.Parallel()
 	p := loadProject(t)
 	require.ElementsMatch(t,
-		[]string{"postgres", "redis", "rabbitmq", "stripe-emulator", "mailpit", "migrate", "api", "dispatcher", "worker"},
+		[]string{"postgres", "redis", "rabbitmq", "stripe-emulator", "mailpit", "migrate", "api", "dispatcher", "worker", "storefront"},
 		p.ServiceNames())
 
 	tests := []struct {
@@ -75,6 +75,7 @@ func TestComposeMatchesTheContract(t *testing.T) {
 			env: map[string]string{
 				"STRIPE_EMULATOR_ADDR": ":12111", "STRIPE_WEBHOOK_SECRET": "whsec_test_checkout",
 				"STRIPE_EMULATOR_WEBHOOK_URL": "http://api:8080/v1/webhooks/stripe",
+				"STRIPE_EMULATOR_PUBLIC_URL":  "http://localhost:12111",
 			},
 			readyURL: "http://127.0.0.1:12111/healthz",
 		},
@@ -96,6 +97,13 @@ func TestComposeMatchesTheContract(t *testing.T) {
 			dependsOn: map[string]string{"postgres": "service_healthy", "redis": "service_healthy", "stripe-emulator": "service_healthy",
 				"migrate": "service_completed_successfully"},
 			readyURL: "http://127.0.0.1:8080/readyz",
+		},
+		{
+			// CONTRACT.md (v3) Clients: the shop of one tenant, by the api's service name.
+			service: "storefront", ports: []uint32{8081}, command: []string{"storefront"}, target: "dev",
+			env:       map[string]string{"STOREFRONT_ADDR": ":8081", "STOREFRONT_TENANT_KEY": "sk_test_acme", "API_URL": "http://api:8080"},
+			dependsOn: map[string]string{"api": "service_healthy"},
+			readyURL:  "http://127.0.0.1:8081/healthz",
 		},
 		{
 			service: "dispatcher", ports: []uint32{9091}, command: []string{"dispatcher"}, target: "all",

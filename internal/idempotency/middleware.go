@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -73,6 +74,18 @@ type Gateway struct {
 	Metrics *Metrics
 	// Tenant returns the authenticated tenant of a request.
 	Tenant func(*gin.Context) string
+
+	mu     sync.Mutex
+	routes []string // what Middleware guards, in the order it was asked
+}
+
+// Routes returns the routes Middleware was asked to guard: every route
+// whose requests take an Idempotency-Key, and so whose unfinished keys a
+// completer must be able to resume.
+func (g *Gateway) Routes() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.routes)
 }
 
 // Request is what the gateway hands the route's handler, through RequestOf.
@@ -156,6 +169,9 @@ func (g *Gateway) Middleware(route string, opts ...MiddlewareOption) gin.Handler
 		f(&o)
 	}
 	g.Metrics.expose(route)
+	g.mu.Lock()
+	g.routes = append(g.routes, route)
+	g.mu.Unlock()
 	return func(c *gin.Context) {
 		req, err := g.admit(c, route, o)
 		if err != nil {

@@ -2,6 +2,9 @@ package notify_test
 
 import (
 	"context"
+	"io"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/checkout/internal/notify"
+	"github.com/onceonly/checkout/internal/testenv"
 )
 
 // metricValue is the value of the counter name{label="value"} in reg (0
@@ -35,12 +39,15 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name, label, value stri
 // retrySender runs a sender of f's notifications with fast retries
 // (10ms..50ms) for retryFor, registered in a registry of its own, and
 // returns the registry.
-func (f *fixture) retrySender(t *testing.T, retryFor time.Duration) *prometheus.Registry {
+func (f *fixture) retrySender(t *testing.T, retryFor time.Duration, logs ...io.Writer) *prometheus.Registry {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	cfg := f.senderConfig()
 	cfg.RetryFor = retryFor
 	cfg.Registerer = reg
+	if len(logs) > 0 {
+		cfg.Logger = slog.New(slog.NewJSONHandler(logs[0], &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
 	run(t, f.newSender(t, cfg).Run)
 	return reg
 }
@@ -57,13 +64,15 @@ func (f *fixture) pendingNotification(t *testing.T) string {
 // TestMailOutageLongerThanEightTriesLosesNoEmail: the mail server answers
 // 451 to every message, then refuses connections, for longer than the
 // eight tries the sender used to give up after, then recovers. The email
-// arrives once, and its row says since when it was failing.
+// arrives once, and its row says since when it was failing. The log has one
+// warning for the whole outage, not one per try.
 func TestMailOutageLongerThanEightTriesLosesNoEmail(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	orderID := f.pendingNotification(t)
 	f.sink.Reject(1 << 30)
-	reg := f.retrySender(t, 0) // the default, 72h
+	logs := &testenv.Output{}
+	reg := f.retrySender(t, 0, logs) // the default, 72h
 
 	// 451s: well past eight tries.
 	waitFor(t, func() bool {
@@ -87,6 +96,8 @@ func TestMailOutageLongerThanEightTriesLosesNoEmail(t *testing.T) {
 		"failing_since keeps when the failures began")
 	require.GreaterOrEqual(t, metricValue(t, reg, "checkout_notify_send_failures_total", "kind", notify.FailureTemporary), float64(15))
 	require.Zero(t, metricValue(t, reg, "checkout_notify_notifications_failed_total", "reason", notify.FailedRetryExpired))
+	require.Equal(t, 1, strings.Count(logs.String(), `"level":"WARN"`), logs.String())
+	require.Contains(t, logs.String(), "retrying for NOTIFY_RETRY_FOR")
 }
 
 // TestTemporaryFailuresForRetryForFailTheNotification: a notification whose

@@ -330,25 +330,40 @@ func (s *Sender) recordFailure(ctx context.Context, n due, sendErr error) {
 	delay := s.retryDelay(n.Attempts)
 	// SET reads the row as it was before the update: failing_since in the
 	// CASE is the old value, NULL at the first failure.
-	var status []string
+	// first: this failure began the window (failing_since is now(), the
+	// statement's transaction time, only when this statement set it).
+	var out []struct {
+		Status string
+		First  bool
+	}
 	err := s.db.WithContext(ctx).Raw(`UPDATE notifications
 		SET failing_since = coalesce(failing_since, now()),
 		    status = CASE WHEN ? OR coalesce(failing_since, now()) <= now() - ?::interval THEN 'failed' ELSE 'pending' END,
 		    last_error = ?, claimed_until = NULL, next_attempt_at = now() + ?::interval
 		WHERE id = ? AND status = 'sending' AND attempts = ?
-		RETURNING status`,
-		permanent, s.cfg.RetryFor.String(), truncate(sendErr.Error(), 1000), delay.String(), n.ID, n.Attempts).Scan(&status).Error
+		RETURNING status, failing_since = now() AS first`,
+		permanent, s.cfg.RetryFor.String(), truncate(sendErr.Error(), 1000), delay.String(), n.ID, n.Attempts).Scan(&out).Error
 	if err != nil {
 		s.logger.Error("notify: record send failure", "notification", n.ID, "err", err)
 		return
 	}
-	final := len(status) == 1 && status[0] == "failed"
-	s.logger.Warn("notify: send failed", "notification", n.ID, "order", n.OrderID, "attempts", n.Attempts,
-		"permanent", permanent, "final", final, "retry_in", delay, "err", sendErr)
-	if final {
+	if len(out) == 0 {
+		s.logger.Warn("notify: claim lost before recording a send failure", "notification", n.ID, "err", sendErr)
+		return
+	}
+	attrs := []any{"notification", n.ID, "order", n.OrderID, "attempts", n.Attempts, "err", sendErr}
+	switch {
+	case out[0].Status == "failed":
 		s.failed.WithLabelValues(reason).Inc()
 		s.logger.Error("notify: notification failed; `worker requeue-notifications` sends it again",
-			"notification", n.ID, "order", n.OrderID, "reason", reason, "err", sendErr)
+			append(attrs, "reason", reason)...)
+	case out[0].First:
+		s.logger.Warn("notify: send failed; retrying for NOTIFY_RETRY_FOR", append(attrs, "retry_for", s.cfg.RetryFor, "retry_in", delay)...)
+	default:
+		// A long outage retries every notification about once a
+		// MaxRetry: one line each would flood the log. The first failure
+		// and the final one are logged above; the metric counts each.
+		s.logger.Debug("notify: send failed again", append(attrs, "retry_in", delay)...)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -249,4 +250,93 @@ func TestMailerRefusesAServerWithoutSTARTTLS(t *testing.T) {
 	err := m.Send(context.Background(), email(1))
 	require.ErrorContains(t, err, "STARTTLS")
 	require.Zero(t, sink.Len())
+}
+
+// replyServer is an SMTP server that accepts everything, except that it
+// answers reply (e.g. "552 5.2.2 mailbox full") to the first command that
+// starts with at ("MAIL", "RCPT", "DATA", or "." for the end of the
+// message). It serves one connection.
+func replyServer(t *testing.T, at, reply string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	done := make(chan struct{})
+	t.Cleanup(func() { ln.Close(); <-done })
+	go func() {
+		defer close(done)
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		go func() { <-t.Context().Done(); conn.Close() }()
+		r := bufio.NewReader(conn)
+		fmt.Fprint(conn, "220 scripted ESMTP\r\n")
+		inData := false
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			line = strings.TrimRight(line, "\r\n")
+			if inData && line != "." {
+				continue
+			}
+			answer := "250 ok"
+			switch {
+			case inData:
+				inData = false
+				answer = "250 queued"
+			case strings.HasPrefix(line, "EHLO"):
+				answer = "250 scripted"
+			case line == "DATA":
+				inData = true
+				answer = "354 go ahead"
+			case strings.HasPrefix(line, "QUIT"):
+				fmt.Fprint(conn, "221 bye\r\n")
+				return
+			}
+			if at != "" && strings.HasPrefix(line, at) {
+				answer, at = reply, ""
+				inData = false
+			}
+			fmt.Fprint(conn, answer+"\r\n")
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// TestMailerTellsPermanentFromTemporaryReplies: only a 5xx reply about the
+// message (to MAIL, RCPT or DATA) is ErrRejected, which fails a
+// notification at once; 4xx replies, and the 5xx replies that are about
+// the session or that RFC 5321 says to treat as temporary, are retried.
+func TestMailerTellsPermanentFromTemporaryReplies(t *testing.T) {
+	t.Parallel()
+	tests := map[string]struct {
+		at, reply string
+		permanent bool
+	}{
+		"550 to RCPT, no such user":            {"RCPT", "550 5.1.1 no such user", true},
+		"553 to MAIL, sender refused":          {"MAIL", "553 5.7.1 sender not allowed", true},
+		"554 after the message, spam":          {".", "554 5.7.1 message refused", true},
+		"451 to RCPT, greylisted":              {"RCPT", "451 4.7.1 try again later", false},
+		"421 to MAIL, shutting down":           {"MAIL", "421 4.3.2 shutting down", false},
+		"452 after the message, disk full":     {".", "452 4.3.1 insufficient storage", false},
+		"552 to RCPT, RFC 5321 says 452":       {"RCPT", "552 5.2.2 mailbox full", false},
+		"530 to MAIL, authentication required": {"MAIL", "530 5.7.0 authentication required", false},
+		"502 5.7.0 to MAIL, go-smtp's login":   {"MAIL", "502 5.7.0 please authenticate first", false},
+		"554 to EHLO, no service":              {"EHLO", "554 5.3.2 no service here", false},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			m := &notify.SMTPMailer{Addr: replyServer(t, tt.at, tt.reply), MaxIdle: -1}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err := m.Send(ctx, email(1))
+			code, _, _ := strings.Cut(tt.reply, " ")
+			require.ErrorContains(t, err, code)
+			require.Equal(t, tt.permanent, errors.Is(err, notify.ErrRejected), "%v", err)
+		})
+	}
 }

@@ -10,6 +10,8 @@
 //   - a 500 (any 5xx but 503) on a write is stored under the key and replayed
 //     to every retry: the outcome is indeterminate, and the caller must
 //     reconcile (checkout.ErrProviderIndeterminate), never resend;
+//   - 401 and 403 refuse our own credentials, not the payment: not retried,
+//     nothing stored (checkout.ErrProviderCredentials);
 //   - 402 card_error is a decline and any other 4xx a rejection: final
 //     (*checkout.PaymentRefusal).
 package payments
@@ -294,6 +296,10 @@ const (
 	resultTransient     result = "transient"     // retried: network, timeout, 409, 429, 503 (any 5xx on a read)
 	resultIndeterminate result = "indeterminate" // a 500 on a write: stored by Stripe, not retried
 	resultRejected      result = "rejected"      // not retried: another 4xx
+	// resultCredentials: 401 or 403, Stripe refused our own secret key (a
+	// rotated or revoked key, a restricted key without the permission).
+	// Not retried, not the customer's fault, nothing stored under the key.
+	resultCredentials result = "credentials_refused"
 )
 
 // call runs one write or read with retries. key is the idempotency key of a
@@ -342,7 +348,7 @@ func retry[T any](c *Client, ctx context.Context, o op, key string, attempt func
 		return v, nil
 	}
 	var refusal *checkout.PaymentRefusal
-	if errors.As(err, &refusal) || errors.Is(err, ErrIndeterminate) {
+	if errors.As(err, &refusal) || errors.Is(err, ErrIndeterminate) || errors.Is(err, checkout.ErrProviderCredentials) {
 		return v, fmt.Errorf("stripe %s: %w", o, err)
 	}
 	return v, fmt.Errorf("stripe %s after %d attempts: %w: %w", o, n, ErrUnavailable, err)
@@ -375,6 +381,11 @@ func classify(err error, write bool) (result, error) {
 		// "Stripe stores ... the first request under the key, including
 		// 500 errors": resending replays this answer. Reconcile.
 		return resultIndeterminate, fmt.Errorf("%w: %w", ErrIndeterminate, e)
+	case se.HTTPStatusCode == http.StatusUnauthorized, se.HTTPStatusCode == http.StatusForbidden:
+		// Authentication comes before execution: nothing was stored under
+		// the key, and the payment was not refused. Final for this call;
+		// the saga keeps the step open for when the key is fixed.
+		return resultCredentials, fmt.Errorf("%w: %w", checkout.ErrProviderCredentials, e)
 	case se.Type == stripe.ErrorTypeIdempotency:
 		// The key was used with other parameters: the first request's
 		// outcome is unknown to this call. Never treat it as final.

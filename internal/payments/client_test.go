@@ -251,6 +251,8 @@ func TestFinalAnswersNotRetried(t *testing.T) {
 		wantErr   error
 		wantCode  string
 		wantReqs  int
+		// wantResult is the result label the call is counted under.
+		wantResult string
 	}{
 		{name: "500 is indeterminate", fault: &stripeemu.Fault{Kind: stripeemu.FaultFail, Status: 500},
 			wantErr: payments.ErrIndeterminate, wantReqs: 1},
@@ -260,7 +262,12 @@ func TestFinalAnswersNotRetried(t *testing.T) {
 			wantErr: payments.ErrNoIdempotencyKey, wantReqs: 0},
 		{name: "invalid request rejected", mutate: func(r *checkout.CreateIntentRequest) { r.Amount = 0 },
 			wantCode: "amount_too_small", wantReqs: 1},
-		{name: "invalid api key rejected", secretKey: "pk_test_wrong", wantCode: "api_key_invalid", wantReqs: 1},
+		// Our own key refused is not a refusal of the payment.
+		{name: "invalid api key refused", secretKey: "pk_test_wrong", wantErr: checkout.ErrProviderCredentials, wantReqs: 1},
+		{name: "401 expired key", fault: &stripeemu.Fault{Kind: stripeemu.FaultFail, Status: 401},
+			wantErr: checkout.ErrProviderCredentials, wantReqs: 1, wantResult: "credentials_refused"},
+		{name: "403 restricted key", fault: &stripeemu.Fault{Kind: stripeemu.FaultFail, Status: 403},
+			wantErr: checkout.ErrProviderCredentials, wantReqs: 1, wantResult: "credentials_refused"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -288,6 +295,9 @@ func TestFinalAnswersNotRetried(t *testing.T) {
 			}
 			require.NotErrorIs(t, err, payments.ErrUnavailable)
 			require.Len(t, b.emu.Requests(), tt.wantReqs, "a final answer is not retried")
+			if tt.wantResult != "" {
+				require.Equal(t, 1, calls(t, b.reg, "create", tt.wantResult))
+			}
 		})
 	}
 }

@@ -43,6 +43,10 @@ func refundCall[T any](ctx context.Context, c *Client, o op, key string, do func
 			return zero, err
 		case res == resultIndeterminate:
 			return zero, backoff.Permanent(fmt.Errorf("%w: %w", refunds.ErrIndeterminate, err))
+		case res == resultCredentials:
+			// Not a refusal of the refund: nothing was executed or stored,
+			// and the same key may be sent again once our key is fixed.
+			return zero, backoff.Permanent(err)
 		default:
 			return zero, backoff.Permanent(fmt.Errorf("%w: %w", refunds.ErrRejected, err))
 		}

@@ -129,6 +129,10 @@ func (s *Service) Refund(ctx context.Context, req *idempotency.Request, orderID 
 	return resp, false, err
 }
 
+// KeyRoutes are the routes whose keys Complete resumes: Route, the only
+// route of this package that takes an Idempotency-Key.
+func (s *Service) KeyRoutes() []string { return []string{Route} }
+
 // Complete finishes the unfinished refund of key id whose lease expired,
 // through the same steps a retry would take. It reports false when there
 // was nothing to do. The completer calls it (for keys of Route only).
@@ -138,7 +142,7 @@ func (s *Service) Complete(ctx context.Context, keyID int64) (bool, error) {
 		rf    *refundRow
 	)
 	err := postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
-		c, err := s.Keys.TakeOver(ctx, tx, keyID, idempotency.NewOwnerToken(), Route)
+		c, err := s.Keys.TakeOver(ctx, tx, keyID, idempotency.NewOwnerToken(), s.KeyRoutes()...)
 		if err != nil || c == nil {
 			return err
 		}

@@ -66,6 +66,15 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// readWait bounds a page's reads from the API (products, an order): a page
+// that cannot load says so soon rather than retrying for as long as a Pay.
+const readWait = 3 * time.Second
+
+// reading returns r's context bounded by readWait.
+func reading(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), readWait)
+}
+
 // DefaultCheckoutWait bounds one Pay: the client's retries of one browser
 // request stop after it, and the page then says that the outcome is not
 // known yet and that Pay again is safe.
@@ -166,7 +175,9 @@ type line struct {
 
 // products serves GET /.
 func (s *Server) products(w http.ResponseWriter, r *http.Request) {
-	ps, err := s.api.ListProducts(r.Context())
+	ctx, cancel := reading(r)
+	defer cancel()
+	ps, err := s.api.ListProducts(ctx)
 	if err != nil {
 		s.apiFailed(w, r, err)
 		return
@@ -208,7 +219,9 @@ func (s *Server) cartLines(w http.ResponseWriter, r *http.Request) ([]line, int6
 	if len(items) == 0 {
 		return nil, 0, nil
 	}
-	ps, err := s.api.ListProducts(r.Context())
+	ctx, cancel := reading(r)
+	defer cancel()
+	ps, err := s.api.ListProducts(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -381,7 +394,9 @@ func (s *Server) sessionOrder(w http.ResponseWriter, r *http.Request) (*client.O
 		s.message(w, http.StatusNotFound, "Not found", "This browser has no such order.")
 		return nil, false
 	}
-	res, err := s.api.GetOrder(r.Context(), id)
+	ctx, cancel := reading(r)
+	defer cancel()
+	res, err := s.api.GetOrder(ctx, id)
 	if err != nil {
 		s.apiFailed(w, r, err)
 		return nil, false
@@ -438,7 +453,9 @@ func (s *Server) orderStatus(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such order"})
 		return
 	}
-	res, err := s.api.GetOrder(r.Context(), id)
+	ctx, cancel := reading(r)
+	defer cancel()
+	res, err := s.api.GetOrder(ctx, id)
 	if err != nil {
 		writeJSON(w, http.StatusBadGateway, map[string]string{"error": err.Error()})
 		return

@@ -74,6 +74,10 @@ func (o dbOrders) CloseBeforeExit(_ context.Context, pi webhooks.PaymentIntent) 
 	return pi, nil
 }
 
+// SettleStrayPayment does nothing: this fake has no Stripe to refund at
+// (the API's tests cover stray payments).
+func (o dbOrders) SettleStrayPayment(context.Context, webhooks.PaymentIntent) error { return nil }
+
 func (o dbOrders) ApplyPaymentIntent(ctx context.Context, tx *gorm.DB, pi webhooks.PaymentIntent) (bool, error) {
 	var target, typ string
 	switch pi.Status {

@@ -95,6 +95,12 @@ type Orders interface {
 	// order leaves the way to paid only once its PaymentIntent is closed.
 	// An error means Stripe or the database did not answer.
 	CloseBeforeExit(ctx context.Context, pi PaymentIntent) (PaymentIntent, error)
+	// SettleStrayPayment is called, outside any transaction, with the
+	// state about to be applied when it moves money: if the order it names
+	// is not paid and never will be through pi (failed, canceled, or
+	// another PaymentIntent recorded), it refunds pi (idempotently) and
+	// counts it. An error means Stripe or the database did not answer.
+	SettleStrayPayment(ctx context.Context, pi PaymentIntent) error
 }
 
 // PaymentIntents retrieves a PaymentIntent from Stripe (GET
@@ -311,6 +317,15 @@ func (h *Handler) paymentIntent(ctx context.Context, ev Event, pi PaymentIntent)
 			if state, err = h.Orders.CloseBeforeExit(ctx, cur); err != nil {
 				return "", problem.Wrap(ErrStripeProblem, fmt.Errorf("close %s before its order fails: %w", pi.ID, err))
 			}
+		}
+	}
+
+	if state.Status == "succeeded" || state.Status == "processing" || state.Status == "requires_capture" {
+		// Money that moved for an order that is not paid is refunded
+		// before the event is recorded: a failure is a 5xx, and Stripe's
+		// resend tries again.
+		if err := h.Orders.SettleStrayPayment(ctx, state); err != nil {
+			return "", problem.Wrap(ErrStripeProblem, fmt.Errorf("settle stray payment %s: %w", pi.ID, err))
 		}
 	}
 

@@ -4,13 +4,16 @@
 // and restart of the api, the dispatcher and the worker, and cut or stalled
 // connections to Postgres, Redis and RabbitMQ, and Stripe's own semantics:
 // 500s stored under the idempotency key (replayed to every retry), some of
-// them rolled forward (executed anyway). Then it turns the faults off, lets
+// them rolled forward (executed anyway). From the start, the mail server is
+// down for -mail-outage (5m, longer than the four minutes after which the
+// sender used to give an email up): it answers 451 to every message for the
+// first half, and refuses connections for the second. Then it turns the faults off, lets
 // every client retry its key until it gets a final answer, waits for the
 // outbox and the notifications to drain, and checks every invariant: at
 // most one money-moving PaymentIntent per order (read from the emulator's
 // own state), the order's status equal to Stripe's, one order per key, one
-// email per paid order, every 201 a client saw is a paid order, no key left
-// unfinished, no outbox row unpublished. It prints a table and, as its last line,
+// email per paid order and no notification failed, every 201 a client saw
+// is a paid order, no key left unfinished, no outbox row unpublished. It prints a table and, as its last line,
 // "chaos: R requests, F faults, V violations", and exits 1 on a violation.
 //
 //	go run ./tests/chaos -n 2000
@@ -40,10 +43,12 @@ func main() {
 	clients := flag.Int("c", 24, "concurrent clients")
 	dup := flag.Float64("dup", 0.3, "share of keys sent by a second, concurrent client as a duplicate retry")
 	seed := flag.Uint64("seed", uint64(time.Now().UnixNano()), "random seed")
+	mailOutage := flag.Duration("mail-outage", 5*time.Minute,
+		"how long the mail server is down from the start: 451 to every message, then connections refused (0: no outage)")
 	flag.Parse()
 
 	r := &runner{}
-	code := r.run(func() int { return chaos(r, *n, *clients, *dup, *seed) })
+	code := r.run(func() int { return chaos(r, *n, *clients, *dup, *seed, *mailOutage) })
 	os.Exit(code)
 }
 
@@ -157,7 +162,32 @@ func answerKind(r stack.Result) string {
 	return fmt.Sprintf("%d", r.Status)
 }
 
-func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
+// oldGiveUp is how long the sender used to retry an email before it marked
+// it failed for good: eight tries, 2s, 4s ... 128s apart.
+const oldGiveUp = (2 + 4 + 8 + 16 + 32 + 64 + 128) * time.Second
+
+// mailOutage takes the stack's mail server down for d: it answers 451 to
+// every message for the first half, and refuses connections for the
+// second. It returns what went wrong talking to the sink, if anything.
+func mailOutage(s *stack.Stack, d time.Duration, restored *time.Time) (err error) {
+	defer func() {
+		if p := recover(); p != nil { // the stack's Fatalf, off the main goroutine
+			err = fmt.Errorf("mail outage: %v", p)
+		}
+	}()
+	if d <= 0 {
+		return nil
+	}
+	s.MailOutage("reject", 451)
+	time.Sleep(d / 2)
+	s.MailOutage("refuse", 0)
+	time.Sleep(d - d/2)
+	s.MailRestore()
+	*restored = time.Now()
+	return nil
+}
+
+func chaos(r *runner, n, clients int, dupShare float64, seed uint64, outage time.Duration) int {
 	start := time.Now()
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	fmt.Fprintf(os.Stderr, "chaos: seed %d, building binaries\n", seed)
@@ -182,6 +212,16 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 		Webhooks: true,
 	})
 	fmt.Fprintf(os.Stderr, "chaos: stack up (logs in %s); %d checkouts, %d clients\n", logDir, n, clients)
+
+	// The mail server is down while the first orders are paid: their
+	// emails wait, retried, for longer than the sender used to try.
+	outageDone := make(chan error, 1)
+	mailDown := time.Now()
+	var mailBack time.Time // set before outageDone is sent on
+	go func() { outageDone <- mailOutage(s, outage, &mailBack) }()
+	if outage > 0 {
+		fmt.Fprintf(os.Stderr, "chaos: mail server down for %s (451, then connections refused)\n", outage)
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
@@ -393,6 +433,12 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 	if ctx.Err() != nil {
 		r.Fatalf("clients did not finish: %v", ctx.Err())
 	}
+	if err := <-outageDone; err != nil {
+		r.Fatalf("%v", err)
+	}
+	if outage > 0 {
+		fmt.Fprintf(os.Stderr, "chaos: mail server back after %s down\n", mailBack.Sub(mailDown).Round(time.Second))
+	}
 	// Most customers of 3D Secure checkouts played their challenge during
 	// the run (customer3DS); the rest play it now, every other one failing
 	// it. The webhooks (resent after a drop or a killed api) or the
@@ -462,6 +508,23 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64) int {
 	fmt.Fprintf(w, "webhook deliveries\t%d attempts of %d events\n", len(hooks.Attempts), len(hooks.Events))
 	fmt.Fprintf(w, "PaymentIntents created\t%d (canceled orphans %d)\n", stats.PaymentIntentsCreated, canceledOrphans)
 	fmt.Fprintf(w, "emails\t%d\n", len(s.Messages()))
+	if outage > 0 {
+		waited := s.Count(`SELECT count(*) FROM notifications WHERE status = 'sent' AND failing_since IS NOT NULL`)
+		longest := s.Count(`SELECT coalesce(max(extract(epoch FROM sent_at - failing_since)), 0)::int FROM notifications WHERE status = 'sent'`)
+		// The old rule's eighth and last try came oldGiveUp after the
+		// first failure: an email whose first failure was longer than that
+		// before the mail server came back was failed for good.
+		old := s.Count(`SELECT count(*) FROM notifications WHERE failing_since < $1::timestamptz - make_interval(secs => $2)`,
+			mailBack, oldGiveUp.Seconds())
+		var lastSent time.Time
+		if err := s.DB.QueryRow(context.Background(), `SELECT coalesce(max(sent_at), now()) FROM notifications WHERE failing_since IS NOT NULL`).Scan(&lastSent); err != nil {
+			r.Fatalf("%v", err)
+		}
+		fmt.Fprintf(w, "mail outage\t%s (451, then connections refused); the last delayed email left %s after it ended\n", outage,
+			lastSent.Sub(mailBack).Round(time.Second))
+		fmt.Fprintf(w, "emails sent after temporary failures\t%d (longest wait %s)\n", waited, time.Duration(longest)*time.Second)
+		fmt.Fprintf(w, "  of which the old rule failed for good\t%d (first failure more than %s, its 8 tries, before the mail came back)\n", old, oldGiveUp)
+	}
 	fmt.Fprintf(w, "gateway 504s\t%d\n", s.Gateway.Timeouts())
 	fmt.Fprintf(w, "duration\t%s\n", time.Since(start).Round(time.Second))
 	fmt.Fprintln(w, "\t")
@@ -544,6 +607,7 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*vi
 		finished    = inv("no key left unfinished")
 		unpublished = inv("no outbox row unpublished")
 		quiet       = inv("quiescence reached")
+		noneFailed  = inv("no notification failed")
 	)
 	if quiesceErr != nil {
 		quiet.examples = append(quiet.examples, quiesceErr.Error())
@@ -653,7 +717,12 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*vi
 	if n := s.Count(`SELECT count(*) FROM orders WHERE status = 'requires_action'`); n > 0 {
 		settled.examples = append(settled.examples, fmt.Sprintf("%d orders still requires_action", n))
 	}
-	return []*violation{oneCharge, asStripe, orphans, oneOrder, oneEmail, seen201, sameAnswer, finished, unpublished, settled, quiet}, resends, canceledOrphans
+	// A mail outage shorter than NOTIFY_RETRY_FOR fails no email.
+	if n := s.Count(`SELECT count(*) FROM notifications WHERE status <> 'sent'`); n > 0 {
+		noneFailed.examples = append(noneFailed.examples, fmt.Sprintf("%d notifications not sent (%d failed)", n,
+			s.Count(`SELECT count(*) FROM notifications WHERE status = 'failed'`)))
+	}
+	return []*violation{oneCharge, asStripe, orphans, oneOrder, oneEmail, noneFailed, seen201, sameAnswer, finished, unpublished, settled, quiet}, resends, canceledOrphans
 }
 
 // customer3DS plays the customer of a 202 requires_action answer: the 3D

@@ -318,6 +318,14 @@ func failResponse(f Fault) response {
 		r = errResponse(f.Status, &apiError{Type: "invalid_request_error", Code: "lock_timeout",
 			Message: "This object cannot be accessed right now because another API request or Stripe process is currently accessing it. If you see this error intermittently, retry the request. (stripe emulator fault)"})
 		r.shouldRetry = true
+	case f.Status == http.StatusUnauthorized:
+		// A revoked or rotated secret key (https://docs.stripe.com/keys).
+		r = errResponse(f.Status, &apiError{Type: "invalid_request_error", Code: "api_key_expired",
+			Message: "Expired API Key provided: sk_test_********. (stripe emulator fault)"})
+	case f.Status == http.StatusForbidden:
+		// A restricted key without the permission (https://docs.stripe.com/keys#limit-access).
+		r = errResponse(f.Status, &apiError{Type: "invalid_request_error",
+			Message: "The provided key does not have the required permissions for this endpoint. (stripe emulator fault)"})
 	case f.Status == http.StatusTooManyRequests:
 		r = errResponse(f.Status, &apiError{Type: "invalid_request_error", Code: "rate_limit",
 			Message: "Too many requests hit the API too quickly. We recommend an exponential backoff of your requests. (stripe emulator fault)"})
