@@ -842,6 +842,7 @@ func (r *run) cancelOrphans(ctx context.Context, found []PaymentIntentState, kee
 // reconciled with a GET before a new attempt.
 func (r *run) cancel(ctx context.Context, piID, reason string) (PaymentIntentState, error) {
 	newAttempts := 0
+	raced := false
 	for {
 		all, err := loadAttempts(ctx, r.s.DB, r.o.ID, StepCancel)
 		if err != nil {
@@ -875,6 +876,15 @@ func (r *run) cancel(ctx context.Context, piID, reason string) (PaymentIntentSta
 			newAttempts++
 			a = r.newAttempt(StepCancel, maxN+1, piID, CancelIntentRequest{PaymentIntentID: piID, Reason: reason})
 			if err := r.begin(ctx, a); err != nil {
+				if errors.Is(err, errAttemptTaken) && !raced {
+					// Another run (a webhook closing the same payment)
+					// wrote this attempt first: read it and join it under
+					// its key, which Stripe answers once. Once only: a
+					// second refusal means our lease is gone.
+					raced = true
+					newAttempts--
+					continue
+				}
 				return PaymentIntentState{}, err
 			}
 		}

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 
+	"gorm.io/gorm"
+
+	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/refunds"
 )
 
@@ -105,23 +108,41 @@ func (s *Service) settleStray(ctx context.Context, o *Order, pi PaymentIntentSta
 		log.ErrorContext(ctx, "money moved for an order that is not paid, and no refund client is configured")
 		return nil
 	}
-	existing, err := s.StrayRefunds.ListRefunds(ctx, pi.ID)
-	if err != nil {
-		return fmt.Errorf("list refunds of stray payment %s: %w", pi.ID, err)
-	}
-	var refunded int64
-	for _, r := range existing {
-		if r.Status != "failed" && r.Status != "canceled" {
-			refunded += r.Amount
+	// Detections of one payment run at once (a webhook and its resend, the
+	// reconciler): the order's row lock makes them take turns, so the
+	// second finds the first's refund and neither refunds nor counts it
+	// again. The lock is held across Stripe's calls, which is acceptable
+	// on this path only: it should never run.
+	var got refunds.StripeRefund
+	done := false
+	err := postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
+		done = false
+		if err := tx.WithContext(ctx).Exec(`SELECT 1 FROM orders WHERE id = ? FOR UPDATE`, o.ID).Error; err != nil {
+			return fmt.Errorf("lock order %s: %w", o.ID, err)
 		}
-	}
-	if refunded >= pi.Amount {
-		return nil // refunded already (by an earlier detection, or by hand)
-	}
-	got, err := s.StrayRefunds.CreateRefund(ctx, refunds.CreateParams{
-		IdempotencyKey: StrayRefundKey(o.ID, pi.ID), PaymentIntentID: pi.ID, Amount: pi.Amount - refunded,
-		Reason: strayRefundReason, OrderID: o.ID, TenantID: o.tenantID,
+		existing, err := s.StrayRefunds.ListRefunds(ctx, pi.ID)
+		if err != nil {
+			return fmt.Errorf("list refunds of stray payment %s: %w", pi.ID, err)
+		}
+		var refunded int64
+		for _, r := range existing {
+			if r.Status != "failed" && r.Status != "canceled" {
+				refunded += r.Amount
+			}
+		}
+		if refunded >= pi.Amount {
+			done = true // refunded already (by an earlier detection, or by hand)
+			return nil
+		}
+		got, err = s.StrayRefunds.CreateRefund(ctx, refunds.CreateParams{
+			IdempotencyKey: StrayRefundKey(o.ID, pi.ID), PaymentIntentID: pi.ID, Amount: pi.Amount - refunded,
+			Reason: strayRefundReason, OrderID: o.ID, TenantID: o.tenantID,
+		})
+		return err
 	})
+	if done {
+		return nil
+	}
 	if err != nil {
 		s.Metrics.stray(StrayFailed)
 		log.ErrorContext(ctx, "money moved for an order that is not paid, and its refund failed", "err", err)
