@@ -38,7 +38,8 @@ type SagaConfig struct {
 	UnknownAfter time.Duration
 	// ActionTimeout is how long an order may wait in requires_action for
 	// the customer (env PAYMENT_ACTION_TIMEOUT, default 30m); then the
-	// reconciler cancels its PaymentIntent and the order fails.
+	// reconciler cancels its PaymentIntent, whatever its status short of
+	// moving money, and the order fails.
 	ActionTimeout time.Duration
 	// MaxAttempts caps the new attempts of one step within one run (default
 	// 4); the run then answers 502 and a later run goes on.
