@@ -106,7 +106,7 @@ type StripeRefund struct {
 
 // CreateParams is one POST /v1/refunds.
 type CreateParams struct {
-	// IdempotencyKey is the attempt's key (see attemptKey).
+	// IdempotencyKey is the attempt's key (stripestep.Key).
 	IdempotencyKey  string
 	PaymentIntentID string
 	Amount          int64

@@ -16,6 +16,7 @@ import (
 	"github.com/onceonly/checkout/internal/ids"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/problem"
+	"github.com/onceonly/checkout/internal/stripestep"
 )
 
 // Problems that are not stored under the key.
@@ -31,13 +32,6 @@ var (
 		Detail: "A dependency is unavailable. Retry with the same Idempotency-Key: it resumes this refund and never refunds twice."}
 )
 
-// resendWithin is how long after an attempt was written its key may still
-// be resent as it is. Stripe keeps an idempotency key for at least 24 hours
-// (https://docs.stripe.com/api/idempotent_requests) and may prune it after;
-// an attempt left unanswered longer than this (a process that died and
-// nobody resumed) is reconciled instead, like an indeterminate one.
-const resendWithin = 12 * time.Hour
-
 // DefaultRetryAfter is Service.RetryAfter's default: 24 hours, the time
 // Stripe keeps an idempotency key's stored answer at least.
 const DefaultRetryAfter = 24 * time.Hour
@@ -51,7 +45,7 @@ type Service struct {
 	// Now is the clock (the one Keys uses); nil means time.Now.
 	Now func() time.Time
 	// RetryAfter is how long after an indeterminate attempt (a stored 500,
-	// an attempt unanswered past resendWithin) the request keeps
+	// an attempt unanswered past stripestep.ResendWindow) the request keeps
 	// reconciling before the refund is parked requires_attention (default
 	// 24h, the time Stripe keeps the key's stored answer at least,
 	// https://docs.stripe.com/api/idempotent_requests). Until then the
@@ -237,7 +231,7 @@ func (s *Service) create(ctx context.Context, tx *gorm.DB, c *idempotency.Claim,
 // rejected one fails the refund. Transaction 2 applies Stripe's refund (or
 // parks it) and finishes the key with 201.
 func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (*idempotency.Response, error) {
-	for range 2 { // at most: an attempt past resendWithin marked indeterminate, then reconciled
+	for range 2 { // at most: an attempt past stripestep.ResendWindow marked indeterminate, then reconciled
 		a, err := latestAttempt(ctx, s.DB, r)
 		if err != nil {
 			return nil, s.fail(c, err)
@@ -245,11 +239,11 @@ func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (
 		switch {
 		case a == nil:
 			return nil, s.fail(c, fmt.Errorf("refund %s has no attempt", r.ID))
-		case a.Outcome == nil && s.now().Sub(a.CreatedAt) > resendWithin:
+		case a.Outcome == nil && s.now().Sub(a.CreatedAt) > stripestep.ResendWindow:
 			// Stripe may have pruned the key (it keeps keys at least 24
 			// hours): resending it could run the refund a second time.
 			if rerr := recordAttempt(ctx, s.DB, a, outcomeIndeterminate, nil,
-				fmt.Errorf("unanswered for %s: reconcile instead of resending the key", resendWithin), s.now()); rerr != nil {
+				fmt.Errorf("unanswered for %s: reconcile instead of resending the key", stripestep.ResendWindow), s.now()); rerr != nil {
 				return nil, s.fail(c, rerr)
 			}
 		case a.Outcome == nil:

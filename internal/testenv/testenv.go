@@ -256,8 +256,9 @@ func (c *RedisCluster) Alive() []string {
 	return out
 }
 
-// Masters returns, as a live node sees it, each live master's address
-// with the address of a live replica of it ("" when it has none).
+// Masters returns, as a live node sees it (CLUSTER SHARDS), each master's
+// address with the address of a replica of it ("" when it has none),
+// leaving out the nodes it sees failed.
 func (c *RedisCluster) Masters(ctx context.Context) (map[string]string, error) {
 	alive := c.Alive()
 	if len(alive) == 0 {
@@ -273,7 +274,10 @@ func (c *RedisCluster) Masters(ctx context.Context) (map[string]string, error) {
 	for _, sh := range shards {
 		master, replica := "", ""
 		for _, n := range sh.Nodes {
-			if n.Health != "online" {
+			// "fail" is a dead node. Not "online" alone: Redis 7.0 shows a
+			// synchronised replica as "loading" while its master has had
+			// no write.
+			if n.Health == "fail" {
 				continue
 			}
 			addr := net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
