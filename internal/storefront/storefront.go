@@ -27,7 +27,7 @@
 //	GET  /orders/{id}             the order page, which follows the order
 //	GET  /orders/{id}/status      the order as JSON, for the page's polling
 //	POST /orders/{id}/cancel      cancel it while it waits for 3D Secure
-//	GET  /static/                 the page's JavaScript and CSS
+//	GET  /static/{file}           the page's JavaScript and CSS (no listing)
 package storefront
 
 import (
@@ -39,6 +39,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -121,7 +122,7 @@ func New(cfg Config) (*Server, error) {
 		s.pages[page] = template.Must(template.New("layout.html").Funcs(funcs).ParseFS(webFS, "web/layout.html", "web/"+page+".html"))
 	}
 	static, _ := fs.Sub(webFS, "web")
-	s.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	s.mux.Handle("GET /static/{file}", staticFiles(static))
 	s.mux.HandleFunc("GET /{$}", s.products)
 	s.mux.HandleFunc("POST /cart", s.addToCart)
 	s.mux.HandleFunc("POST /cart/remove", s.removeFromCart)
@@ -133,6 +134,22 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("GET /orders/{id}/status", s.orderStatus)
 	s.mux.HandleFunc("POST /orders/{id}/cancel", s.cancel)
 	return s, nil
+}
+
+// staticFiles serves the page's scripts and stylesheet from dir by name:
+// no directory listing (the templates are in dir too), nothing else.
+func staticFiles(dir fs.FS) http.Handler {
+	files := http.FileServerFS(dir)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		name := r.PathValue("file")
+		if ext := path.Ext(name); ext != ".js" && ext != ".css" {
+			http.NotFound(w, r)
+			return
+		}
+		r2 := r.Clone(r.Context())
+		r2.URL.Path = "/" + name
+		files.ServeHTTP(w, r2)
+	})
 }
 
 // ServeHTTP serves the routes of the package documentation.
