@@ -52,6 +52,16 @@ function lock() {
   $("new-purchase").hidden = true;
 }
 
+// unlock opens the form again after an "invalid" answer: the API executes
+// nothing it finds invalid, and every Pay sent the same body, so nothing
+// was done under the key yet; the fixed request is stored at the next Pay.
+function unlock() {
+  purchase.request = null;
+  $("email").disabled = $("payment-method").disabled = false;
+  $("locked").hidden = true;
+  $("new-purchase").hidden = false;
+}
+
 function render() {
   lock();
   $("browser-key").textContent = purchase.key;
@@ -121,6 +131,7 @@ $("pay-form").addEventListener("submit", async (ev) => {
   inFlight--;
   for (const a of out.attempts || []) purchase.attempts.push({ pay, ...a });
   if (out.api_key) purchase.apiKey = out.api_key;
+  if (out.outcome === "invalid" && inFlight === 0) unlock();
   save();
   if (out.final) {
     // A final answer ends the purchase: forget its key, so that the next
