@@ -6,6 +6,7 @@ import (
 	"io"
 	"io/fs"
 	"net"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -158,4 +159,26 @@ func TestBadValueStopsStartNamingTheVariable(t *testing.T) {
 			require.ErrorContains(t, err, name)
 		})
 	}
+}
+
+// TestMigrateFollowsAMultiHostURL: DATABASE_URL may name several hosts
+// (libpq multi-host); migrate connects to the first that takes writes, here
+// past one that does not answer.
+func TestMigrateFollowsAMultiHostURL(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewEmptyDB(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	dead := ln.Addr().String()
+	ln.Close()
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	u.Host = dead + "," + u.Host
+	q := u.Query()
+	q.Set("target_session_attrs", "read-write")
+	u.RawQuery = q.Encode()
+	require.NoError(t, run(context.Background(), getenv(map[string]string{"DATABASE_URL": u.String(), "MIGRATE_TIMEOUT": "30s"}), io.Discard))
+	counts, tables := applied(t, dbURL)
+	require.True(t, tables)
+	require.Len(t, counts, migrationCount(t))
 }

@@ -53,7 +53,8 @@ type Config struct {
 	// PAYMENT_UNKNOWN_AFTER, PAYMENT_ACTION_TIMEOUT).
 	Saga checkout.SagaConfig
 	// RefundRetryAfter is how long an indeterminate refund attempt is
-	// reconciled before a new attempt (REFUND_RETRY_AFTER, default 24h).
+	// reconciled before the refund is parked requires_attention, never
+	// resent under a new key (REFUND_RETRY_AFTER, default 24h).
 	RefundRetryAfter time.Duration
 	// RateLimits are the per-tenant limits (RATE_LIMIT, RATE_LIMIT_TENANTS,
 	// RATE_LIMIT_REPLAY); the zero value limits nothing.

@@ -11,8 +11,10 @@ import (
 	"github.com/stripe/stripe-go/v76"
 
 	"github.com/onceonly/checkout/internal/checkout"
+	"github.com/onceonly/checkout/internal/maintenance"
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/payments/stripeemu"
+	"github.com/onceonly/checkout/internal/testenv"
 )
 
 // orderOfKey returns the order id the checkout key names.
@@ -169,4 +171,98 @@ func TestStripeCredentialsRefused(t *testing.T) {
 	pis := h.requirePaymentInvariants(id, checkout.StatusPaid)
 	require.Len(t, pis, 1)
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM payment_attempts WHERE order_id = ? AND step = 'create'`, id), "the same create key, sent again")
+}
+
+// TestActionTimeoutWhateverThePaymentIntentStatus: PAYMENT_ACTION_TIMEOUT
+// applies to an order waiting in requires_action whatever its
+// PaymentIntent's status. Here Stripe says requires_confirmation (the
+// customer's browser attached another payment method and stopped), which
+// settles nothing: before the timeout the order waits; after it the
+// PaymentIntent is canceled (abandoned), the order is payment_failed with
+// code payment_action_timeout and its stock back. Before the fix the
+// timeout applied to requires_action only, and such an order held its
+// stock forever.
+func TestActionTimeoutWhateverThePaymentIntentStatus(t *testing.T) {
+	t.Parallel()
+	for _, status := range []string{checkout.PIRequiresConfirmation, checkout.PIRequiresPaymentMethod} {
+		t.Run(status, func(t *testing.T) {
+			t.Parallel()
+			clk := &testenv.Clock{}
+			h := setup(t, func(o *options) {
+				o.now = clk.Now
+				o.saga = checkout.SagaConfig{ActionTimeout: 30 * time.Minute}
+				o.wrap = func(p checkout.PaymentProvider) checkout.PaymentProvider {
+					return &scripted{PaymentProvider: p, retrieve: func(pi checkout.PaymentIntentState) checkout.PaymentIntentState {
+						if pi.Status == checkout.PIRequiresAction {
+							pi.Status, pi.NextAction = status, nil // what the customer's browser left
+						}
+						return pi
+					}}
+				}
+			})
+			before := h.stock("sku_tee")
+			o := threeDS(t, h, "3ds-timeout")
+			rec := h.reconciler(clk.Now)
+			round, err := rec.RunOnce(context.Background())
+			require.NoError(t, err)
+			require.Equal(t, maintenance.ReconcileRound{Unchanged: 1}, round, "within the timeout: it waits")
+
+			clk.Advance(31 * time.Minute)
+			round, err = rec.RunOnce(context.Background())
+			require.NoError(t, err)
+			require.Equal(t, maintenance.ReconcileRound{Changed: 1}, round)
+			pis := h.requirePaymentInvariants(o.ID, checkout.StatusPaymentFailed)
+			require.Equal(t, stripe.PaymentIntentStatusCanceled, pis[0].Status)
+			require.Equal(t, stripe.PaymentIntentCancellationReasonAbandoned, pis[0].CancellationReason)
+			require.Equal(t, before, h.stock("sku_tee"), "stock back")
+			var code string
+			require.NoError(t, h.db.Raw(`SELECT payment_failure_code FROM orders WHERE id = ?`, o.ID).Scan(&code).Error)
+			require.Equal(t, "payment_action_timeout", code)
+		})
+	}
+}
+
+// TestOrphanOfAnOrderWithoutPaymentIntent: the first create is answered
+// with a stored 500 that Stripe rolls forward after the saga's search
+// looked; the second create is refused, so the order fails with no
+// PaymentIntent recorded. The PaymentIntent that appears afterwards is the
+// order's orphan all the same: the reconciler's sweep finds it (search by
+// metadata['order_id']) and cancels it. Before the fix the sweep looked
+// only at orders with a PaymentIntent of their own, and it stayed open.
+func TestOrphanOfAnOrderWithoutPaymentIntent(t *testing.T) {
+	t.Parallel()
+	h := setup(t, func(o *options) {
+		o.wrap = func(p checkout.PaymentProvider) checkout.PaymentProvider {
+			return &scripted{PaymentProvider: p, create: func(n int, req checkout.CreateIntentRequest, real checkout.PaymentProvider) (checkout.PaymentIntentState, error) {
+				if n == 2 {
+					return checkout.PaymentIntentState{}, &checkout.PaymentRefusal{HTTPStatus: http.StatusBadRequest,
+						Type: "invalid_request_error", Code: "parameter_invalid_empty", Message: "refused (test)"}
+				}
+				return real.CreatePaymentIntent(context.Background(), req)
+			}}
+		}
+	})
+	before := h.stock("sku_tee")
+	require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultStored500, Op: stripeemu.OpPICreate, Count: 1,
+		RollForward: stripeemu.RollForwardAfter(500 * time.Millisecond)}))
+	r := h.checkout("orphan-no-pi", teeBody)
+	require.Equal(t, http.StatusPaymentRequired, r.status, "%s", r.body)
+	require.Equal(t, checkout.CodePaymentRejected, decodeProblem(t, r).Code)
+	id := h.orderOfKey("orphan-no-pi")
+	require.Nil(t, h.order(id).PaymentIntentID, "no PaymentIntent recorded")
+	require.Equal(t, before, h.stock("sku_tee"))
+	eventually(t, "Stripe to roll the first create forward", func() bool { return len(h.intents(id)) == 1 })
+
+	rec := h.reconciler(time.Now)
+	round, err := rec.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, maintenance.ReconcileRound{Orphans: 1}, round)
+	pis := h.requirePaymentInvariants(id, checkout.StatusPaymentFailed)
+	require.Len(t, pis, 1)
+	require.Equal(t, stripe.PaymentIntentStatusCanceled, pis[0].Status)
+	require.Equal(t, stripe.PaymentIntentCancellationReasonDuplicate, pis[0].CancellationReason)
+
+	round, err = rec.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, maintenance.ReconcileRound{}, round, "swept again only after ORPHAN_SWEEP_INTERVAL")
 }

@@ -346,11 +346,12 @@ func TestRefundDatabaseRefusesOverReservation(t *testing.T) {
 
 // TestRefundStored500: Stripe answers the refund create with a 500 it
 // stores under the key. (a) Never executed: the retry reconciles (nothing
-// at Stripe), answers 502 until REFUND_RETRY_AFTER, then creates under the
-// next attempt's key: one refund. (b) Rolled forward at once: the first
-// request already finds it by listing: one refund, first answer 201. (c)
-// Rolled forward later, within the window: 502s until it appears, then it
-// is adopted: one refund, never a second create.
+// at Stripe), answers 502 until REFUND_RETRY_AFTER, then 201 with the
+// refund parked requires_attention: never a second create, no refund at
+// Stripe. (b) Rolled forward at once: the first request already finds it
+// by listing: one refund, first answer 201. (c) Rolled forward later,
+// within the window: 502s until it appears, then it is adopted: one
+// refund, never a second create.
 func TestRefundStored500(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -382,26 +383,31 @@ func TestRefundStored500(t *testing.T) {
 				final = h.refund(orderID, "k", `{"amount":2000}`)
 			}
 			rf := decodeRefund(t, final)
-			require.Equal(t, refunds.StatusSucceeded, rf.Status)
 			// A later roll-forward of the first attempt would show here.
 			time.Sleep(800 * time.Millisecond)
-			at := h.stripeRefunds(pi)
-			require.Len(t, at, 1, "one refund at Stripe")
-			require.Equal(t, *rf.StripeRefundID, at[0].ID)
-			require.EqualValues(t, 2000, h.orderView(orderID).AmountRefunded)
+			require.Equal(t, 1, h.count(`SELECT count(*) FROM payment_attempts WHERE step = ?`, "refund:"+rf.ID), "one attempt, one key")
 			var outcomes []string
 			require.NoError(t, h.db.Raw(`SELECT outcome FROM payment_attempts WHERE step = ? ORDER BY attempt`, "refund:"+rf.ID).Scan(&outcomes).Error)
 			reconciled := func(result string) float64 {
 				return testutil.ToFloat64(gathered{h.registry.Registry, "checkout_refund_reconciliations_total", map[string]string{"result": result}})
 			}
+			at := h.stripeRefunds(pi)
 			if tc.rollForward == nil {
-				require.Equal(t, []string{"indeterminate", "succeeded"}, outcomes)
-				require.Equal(t, 1.0, reconciled(refunds.ReconcileNewAttempt))
-			} else {
-				require.Equal(t, []string{"succeeded"}, outcomes, "the one attempt, reconciled")
-				require.Equal(t, 1.0, reconciled(refunds.ReconcileFound))
-				require.Zero(t, reconciled(refunds.ReconcileNewAttempt))
+				require.Equal(t, refunds.StatusRequiresAttention, rf.Status)
+				require.Nil(t, rf.StripeRefundID)
+				require.Empty(t, at, "never sent again under a new key")
+				require.Equal(t, []string{"indeterminate"}, outcomes)
+				require.Equal(t, 1.0, reconciled(refunds.ReconcileParked))
+				require.EqualValues(t, 0, h.orderView(orderID).AmountRefunded)
+				return
 			}
+			require.Equal(t, refunds.StatusSucceeded, rf.Status)
+			require.Len(t, at, 1, "one refund at Stripe")
+			require.Equal(t, *rf.StripeRefundID, at[0].ID)
+			require.EqualValues(t, 2000, h.orderView(orderID).AmountRefunded)
+			require.Equal(t, []string{"succeeded"}, outcomes, "the one attempt, reconciled")
+			require.Equal(t, 1.0, reconciled(refunds.ReconcileFound))
+			require.Zero(t, reconciled(refunds.ReconcileParked))
 		})
 	}
 }
@@ -514,9 +520,10 @@ func TestRefundDefaultRetryAfterOutlastsALateRollForward(t *testing.T) {
 
 // TestCompleterFinishesARefundWhoseRequestDied: the refund's request got a
 // 502 (a stored 500 that never ran) and the client never retries. The
-// worker's completer, through api.Completer, takes the key over after
-// REFUND_RETRY_AFTER, reconciles, creates under the next attempt's key and
-// finishes it; the client's late retry is a replay. One refund at Stripe.
+// worker's completer, through api.Completer, takes the key over,
+// reconciles until REFUND_RETRY_AFTER, then finishes it with the refund
+// parked requires_attention, never sending it under a new key; the
+// client's late retry is a replay. No refund at Stripe, one create sent.
 func TestCompleterFinishesARefundWhoseRequestDied(t *testing.T) {
 	t.Parallel()
 	h := setup(t, func(o *options) { o.refundRetryAfter = 300 * time.Millisecond })
@@ -536,8 +543,77 @@ func TestCompleterFinishesARefundWhoseRequestDied(t *testing.T) {
 	late := h.refund(orderID, "died", `{"amount":700}`)
 	require.Equal(t, http.StatusCreated, late.status)
 	require.Equal(t, "true", late.header.Get(idempotency.ReplayedHeader))
-	require.Len(t, h.stripeRefunds(pi), 1)
-	require.EqualValues(t, 700, h.orderView(orderID).AmountRefunded)
+	require.Equal(t, refunds.StatusRequiresAttention, decodeRefund(t, late).Status)
+	require.Empty(t, h.stripeRefunds(pi))
+	require.Equal(t, 1, h.refundCreates())
+	require.EqualValues(t, 0, h.orderView(orderID).AmountRefunded)
+}
+
+// refundCreates counts the refund creates the emulator received.
+func (h *harness) refundCreates() int {
+	n := 0
+	for _, r := range h.emu.Requests() {
+		if r.Op == stripeemu.OpRefundCreate {
+			n++
+		}
+	}
+	return n
+}
+
+// TestRefundParkedThenAdoptedWhenStripeRollsItForward: Stripe stores a 500
+// for the refund create and rolls it forward only after
+// REFUND_RETRY_AFTER. The refund is parked requires_attention (201, counted
+// by checkout_refunds_requiring_attention, its amount still reserved),
+// never created again under a new key; when the late roll-forward shows up,
+// the refund reconciler adopts it: succeeded, the order partially
+// refunded, the gauge back to 0. One create sent, one refund at Stripe.
+func TestRefundParkedThenAdoptedWhenStripeRollsItForward(t *testing.T) {
+	t.Parallel()
+	h := setup(t, func(o *options) { o.refundRetryAfter = 200 * time.Millisecond })
+	orderID, pi := h.paidOrder()
+	require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultStored500, Op: stripeemu.OpRefundCreate, Count: 1,
+		RollForward: stripeemu.RollForwardAfter(3 * time.Second)}))
+	parkedGauge := gathered{h.registry.Registry, "checkout_refunds_requiring_attention", nil}
+
+	var final reply
+	eventually(t, "the refund is parked", func() bool {
+		final = h.refund(orderID, "parked", `{"amount":2000}`)
+		return final.status == http.StatusCreated
+	})
+	rf := decodeRefund(t, final)
+	require.Equal(t, refunds.StatusRequiresAttention, rf.Status)
+	require.Empty(t, h.stripeRefunds(pi), "parked before Stripe rolled it forward")
+	require.Equal(t, refunds.StatusRequiresAttention, h.orderView(orderID).Refunds[0].Status)
+	rest := h.refund(orderID, "rest", `{"amount":3001}`)
+	require.Equal(t, http.StatusConflict, rest.status, "%s", rest.body)
+	require.Equal(t, "refund_exceeds_payment", decodeProblem(t, rest).Code, "its amount stays reserved")
+
+	adopted, err := h.api.Refunds.ReconcileParked(context.Background(), 0, 100)
+	require.NoError(t, err)
+	require.Zero(t, adopted, "not at Stripe yet")
+	require.Equal(t, 1.0, testutil.ToFloat64(parkedGauge))
+
+	eventually(t, "Stripe rolls the stored 500 forward", func() bool { return len(h.stripeRefunds(pi)) == 1 })
+	adopted, err = h.api.Refunds.ReconcileParked(context.Background(), 0, 100)
+	require.NoError(t, err)
+	require.Equal(t, 1, adopted)
+	require.Zero(t, testutil.ToFloat64(parkedGauge))
+	v := h.orderView(orderID)
+	require.Equal(t, "partially_refunded", v.Status)
+	require.EqualValues(t, 2000, v.AmountRefunded)
+	require.Equal(t, refunds.StatusSucceeded, v.Refunds[0].Status)
+	require.Equal(t, h.stripeRefunds(pi)[0].ID, *v.Refunds[0].StripeRefundID)
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.refunded'`, orderID))
+
+	// Nothing resends it: the key is finished (its replay is the parked
+	// 201), the completer has nothing to do, and a round finds nothing new.
+	replay := h.refund(orderID, "parked", `{"amount":2000}`)
+	requireReplay(t, final, replay)
+	adopted, err = h.api.Refunds.ReconcileParked(context.Background(), 0, 100)
+	require.NoError(t, err)
+	require.Zero(t, adopted)
+	require.Equal(t, 1, h.refundCreates(), "one create, under one key")
+	require.Len(t, h.stripeRefunds(pi), 1, "one refund at Stripe")
 }
 
 // TestApplyStripeRefundMovesOnlyForward: the function the webhook handler

@@ -681,6 +681,19 @@ type scripted struct {
 	confirms int
 	confirm  func(n int, req checkout.ConfirmIntentRequest, real checkout.PaymentProvider) (checkout.PaymentIntentState, error)
 	retrieve func(real checkout.PaymentIntentState) checkout.PaymentIntentState
+	creates  int
+	create   func(n int, req checkout.CreateIntentRequest, real checkout.PaymentProvider) (checkout.PaymentIntentState, error)
+}
+
+func (s *scripted) CreatePaymentIntent(ctx context.Context, req checkout.CreateIntentRequest) (checkout.PaymentIntentState, error) {
+	s.mu.Lock()
+	s.creates++
+	n := s.creates
+	s.mu.Unlock()
+	if s.create != nil {
+		return s.create(n, req, s.PaymentProvider)
+	}
+	return s.PaymentProvider.CreatePaymentIntent(ctx, req)
 }
 
 func (s *scripted) ConfirmPaymentIntent(ctx context.Context, req checkout.ConfirmIntentRequest) (checkout.PaymentIntentState, error) {

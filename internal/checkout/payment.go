@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/onceonly/checkout/internal/stripestep"
 )
 
 // PaymentProvider is what the checkout needs of a payment service provider:
@@ -195,15 +197,7 @@ const (
 )
 
 // StepKey returns the Stripe idempotency key of one attempt of one step of
-// an order's payment: "{order id}/{step}/{attempt}", e.g.
-// "ord_0123…/confirm/2".
-//
-// It is derived from persisted state alone (the order, the step and the
-// attempt number recorded in payment_attempts before the call), never from
-// a clock or a random source, so a resumed saga resends exactly the key it
-// sent, and a new attempt always has a key Stripe has never seen. Order ids
-// are unique, so a client key used again after IDEMPOTENCY_TTL, which gets a
-// new order, never replays an old PaymentIntent.
+// an order's payment (stripestep.Key: "{order id}/{step}/{attempt}").
 func StepKey(orderID, step string, attempt int) string {
-	return fmt.Sprintf("%s/%s/%d", orderID, step, attempt)
+	return stripestep.Key(orderID, step, attempt)
 }

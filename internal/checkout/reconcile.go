@@ -117,7 +117,8 @@ func (s *Service) cancelOrder(ctx context.Context, c *idempotency.Claim, o *Orde
 // order id, which waits in requires_action (the customer's 3D Secure
 // challenge), and applies it: paid, payment_failed, or still waiting. An
 // order still in requires_action PAYMENT_ACTION_TIMEOUT after it entered it
-// has its PaymentIntent canceled (reason abandoned), its stock released and
+// has its PaymentIntent canceled (reason abandoned), whatever the
+// PaymentIntent's status short of moving money, its stock released and
 // becomes payment_failed. It reports whether the order changed. Orders in
 // other statuses are left alone (false): those with an unfinished key are
 // resumed with Complete. The reconciler calls it.
@@ -134,7 +135,11 @@ func (s *Service) ReconcileOrder(ctx context.Context, tenantID, id string) (bool
 	if err != nil {
 		return false, fmt.Errorf("reconcile order %s: %w", id, err)
 	}
-	if pi.Status == PIRequiresAction && o.requiresActionAt != nil &&
+	// Whatever the PaymentIntent's status, as long as Stripe could still
+	// move money with it (requires_action, requires_payment_method,
+	// requires_confirmation: the customer's browser may have attached
+	// another payment method and stopped): only a cancel ends the wait.
+	if cancelable(pi.Status) && !MovesMoney(pi.Status) && o.requiresActionAt != nil &&
 		!s.Now().Before(o.requiresActionAt.Add(r.cfg.ActionTimeout)) {
 		s.Logger.InfoContext(ctx, "the customer did not complete the payment's next action in time; canceling",
 			"order_id", id, "payment_intent", pi.ID, "since", o.requiresActionAt)
@@ -258,9 +263,12 @@ func (s *Service) CloseBeforeExit(ctx context.Context, pi PaymentIntentState) (P
 // answered with a 500 and rolled forward by Stripe after the saga's own
 // search left behind. They were never confirmed, so they moved nothing;
 // canceling them keeps CONTRACT.md's "any other PaymentIntent created for
-// the order is canceled". An order whose payment is still being worked on
-// (no PaymentIntent recorded yet) is left to its saga. It returns how many
-// it canceled and records the sweep on the order
+// the order is canceled", whether or not the order recorded one (an order
+// whose creates after an indeterminate one were refused failed without
+// one). An order whose payment is still being worked on (pending_payment,
+// payment_unknown) is left to its saga, which adopts what it finds. One
+// that moves money is a stray payment (SettleStrayPayment). It returns how
+// many it canceled and records the sweep on the order
 // (payment_orphans_checked_at). The reconciler calls it for orders with an
 // indeterminate create, every ORPHAN_SWEEP_INTERVAL for 72 hours.
 func (s *Service) SweepOrphans(ctx context.Context, tenantID, id string) (int, error) {
@@ -268,7 +276,7 @@ func (s *Service) SweepOrphans(ctx context.Context, tenantID, id string) (int, e
 	if err != nil {
 		return 0, err
 	}
-	if o.Payment.PaymentIntentID == "" {
+	if pending(o.Status) {
 		return 0, nil
 	}
 	found, err := s.Payments.SearchPaymentIntents(ctx, o.ID)

@@ -15,6 +15,7 @@ import (
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/stripestep"
 )
 
 // SagaConfig tunes the payment saga. Zero fields take the defaults named in
@@ -28,9 +29,8 @@ type SagaConfig struct {
 	// emulator's STRIPE_EMULATOR_SEARCH_LAG.
 	SearchSettle time.Duration
 	// KeyWindow is how long after an attempt its key may still be resent
-	// as is (default 23h). Stripe keeps keys for at least 24 hours and may
-	// prune them after: a resent key it forgot runs as a new request, so an
-	// older attempt is reconciled (GET or search) instead of resent.
+	// as is (default stripestep.ResendWindow, 23h: Stripe keeps keys for
+	// at least 24 hours); an older attempt is reconciled instead of resent.
 	KeyWindow time.Duration
 	// UnknownAfter is how long a payment may stay unanswered or
 	// indeterminate before its order becomes payment_unknown (env
@@ -38,7 +38,8 @@ type SagaConfig struct {
 	UnknownAfter time.Duration
 	// ActionTimeout is how long an order may wait in requires_action for
 	// the customer (env PAYMENT_ACTION_TIMEOUT, default 30m); then the
-	// reconciler cancels its PaymentIntent and the order fails.
+	// reconciler cancels its PaymentIntent, whatever its status short of
+	// moving money, and the order fails.
 	ActionTimeout time.Duration
 	// MaxAttempts caps the new attempts of one step within one run (default
 	// 4); the run then answers 502 and a later run goes on.
@@ -47,7 +48,7 @@ type SagaConfig struct {
 
 func (c SagaConfig) withDefaults() SagaConfig {
 	if c.KeyWindow <= 0 {
-		c.KeyWindow = 23 * time.Hour
+		c.KeyWindow = stripestep.ResendWindow
 	}
 	if c.UnknownAfter <= 0 {
 		c.UnknownAfter = time.Hour

@@ -13,6 +13,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/stripestep"
 )
 
 // orderRow and itemRow are the GORM models of orders and order_items.
@@ -396,10 +397,10 @@ func (attempt) TableName() string { return "payment_attempts" }
 
 // Attempt outcomes (payment_attempts.outcome).
 const (
-	outcomeSucceeded     = "succeeded"
-	outcomeFailed        = "failed"
-	outcomeIndeterminate = "indeterminate"
-	outcomeRejected      = "rejected"
+	outcomeSucceeded     = stripestep.Succeeded
+	outcomeFailed        = stripestep.Failed
+	outcomeIndeterminate = stripestep.Indeterminate
+	outcomeRejected      = stripestep.Rejected
 )
 
 func (a *attempt) outcome() string {

@@ -173,9 +173,11 @@ type ReconcileRound struct {
 }
 
 // sweepCandidates lists the orders to search for orphan PaymentIntents:
-// those with a PaymentIntent of their own and a create attempt after the
-// first made in the last SweepFor ($1), not swept in the last SweepEvery
-// ($2), at most BatchSize ($3), the longest unswept first.
+// those no longer being paid (their saga has settled: with a PaymentIntent
+// of their own or, when every create after an indeterminate one was
+// refused, without) and with a create attempt after the first made in the
+// last SweepFor ($1), not swept in the last SweepEvery ($2), at most
+// BatchSize ($3), the longest unswept first.
 //
 // Stripe creates at most one PaymentIntent per idempotency key
 // (https://docs.stripe.com/api/idempotent_requests), and the saga sends a
@@ -188,7 +190,6 @@ const sweepCandidates = `
 	SELECT o.tenant_id, o.id FROM orders o
 	WHERE o.id IN (SELECT a.order_id FROM payment_attempts a
 	               WHERE a.step = 'create' AND a.attempt > 1 AND a.created_at > ?)
-	  AND o.payment_intent_id IS NOT NULL
 	  AND o.status NOT IN ('pending_payment', 'payment_unknown')
 	  AND (o.payment_orphans_checked_at IS NULL OR o.payment_orphans_checked_at < ?)
 	ORDER BY o.payment_orphans_checked_at NULLS FIRST LIMIT ?`

@@ -149,6 +149,8 @@ func TestPermanentRefusalFailsAtOnceAndRequeueSendsOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, requeued)
 	f.requireOneEmailSent(t, orderID)
+	require.Zero(t, f.count(t, `SELECT count(*) FROM notifications WHERE order_id = ? AND failing_since IS NOT NULL`, orderID),
+		"the requeue began a new retry window")
 
 	requeued, err = notify.Requeue(context.Background(), f.db, "")
 	require.NoError(t, err)

@@ -30,10 +30,10 @@ import (
 // ErrClosed is returned by Conn methods after Close.
 var ErrClosed = errors.New("rabbitmq: connection closed by owner")
 
-// ErrPermanent, wrapped in an error of Config.Setup, stops the dialing:
-// the broker's state needs an operator (e.g. a classic dead-letter queue
-// with messages where a quorum queue is expected), so retrying would only
-// hide it. Dial returns the error.
+// ErrPermanent, wrapped in an error of Config.Prepare or Config.Setup,
+// stops the dialing: the broker's state needs an operator (e.g. a classic
+// dead-letter queue with messages where a quorum queue is expected), so
+// retrying would only hide it. Dial returns the error.
 var ErrPermanent = errors.New("rabbitmq: needs an operator")
 
 // nodeName is url's host:port, for logs: never its credentials.
@@ -123,7 +123,7 @@ func ParseURLs(raw string) ([]string, error) {
 // Dial connects to cfg.URL (to one of its nodes), retrying with backoff
 // until it succeeds or ctx ends (then it returns ctx's error joined with the
 // last dial error). A URL that does not parse fails at once, and so does a
-// Setup error wrapping ErrPermanent.
+// Prepare or Setup error wrapping ErrPermanent.
 func Dial(ctx context.Context, cfg Config) (*Conn, error) {
 	urls, err := ParseURLs(cfg.URL)
 	if err != nil {

@@ -14,8 +14,8 @@ import (
 
 // ErrDuplicateAtStripe is returned by Apply when Stripe's refund carries
 // the metadata refund_id of one of our refunds that is already bound to
-// another Stripe refund: Stripe made two refunds for one of ours (a stored
-// 500 rolled forward after the reconciliation window). Nothing is changed;
+// another Stripe refund: Stripe made two refunds for one of ours (which the
+// saga never causes: it never sends a refund under a second key). Nothing is changed;
 // operators must look (the log names both). The error wraps ErrNotOurs too.
 var ErrDuplicateAtStripe = errors.New("a second Stripe refund for one of our refunds")
 
@@ -44,10 +44,12 @@ func ourStatus(stripeStatus string) string {
 // It finds our refund by Stripe's id, else by metadata[refund_id] (and then
 // records Stripe's id on it); for a refund that is not ours it returns
 // ErrNotOurs and changes nothing. It locks the order row, then the refund's, and moves the refund
-// only forward: pending to succeeded (the order's amount_refunded grows,
-// its status becomes partially_refunded or refunded, and order.refunded is
-// added to the outbox, once, with the refund as its data), pending to
-// failed (its amount becomes refundable again), or succeeded to failed
+// only forward: pending or requires_attention to succeeded (the order's
+// amount_refunded grows, its status becomes partially_refunded or refunded,
+// and order.refunded is added to the outbox, once, with the refund as its
+// data), pending or requires_attention to failed (its amount becomes
+// refundable again), requires_attention to pending (found at Stripe, still
+// pending there), or succeeded to failed
 // (Stripe failed it after all, https://docs.stripe.com/refunds#failed-refunds:
 // amount_refunded and the reservation shrink; the order's status stays, no
 // transition goes back). An event older than what we know changes nothing.
@@ -96,12 +98,17 @@ func Apply(ctx context.Context, tx *gorm.DB, st StripeRefund, now time.Time) (ch
 		set["stripe_refund_id"] = st.ID
 		r.StripeRefundID = &st.ID
 	}
+	// A parked refund (requires_attention) is as unsettled as a pending
+	// one: Stripe's refund, found at last, moves it on like a pending one,
+	// and to pending if Stripe still has it pending.
+	open := r.Status == StatusPending || r.Status == StatusRequiresAttention
 	var delta struct{ reserved, refunded int64 }
 	switch {
-	case r.Status == StatusPending && target == StatusSucceeded:
+	case open && target == StatusSucceeded:
 		delta.refunded = r.Amount
-	case r.Status == StatusPending && target == StatusFailed:
+	case open && target == StatusFailed:
 		delta.reserved = -r.Amount
+	case r.Status == StatusRequiresAttention && target == StatusPending:
 	case r.Status == StatusSucceeded && target == StatusFailed:
 		delta.reserved, delta.refunded = -r.Amount, -r.Amount
 	default:
@@ -109,6 +116,12 @@ func Apply(ctx context.Context, tx *gorm.DB, st StripeRefund, now time.Time) (ch
 	}
 	if target == r.Status && (r.StripeStatus == nil || *r.StripeStatus != st.Status) && r.Status == StatusPending {
 		set["stripe_status"] = st.Status // requires_action, or pending after it
+	}
+	if r.Status == StatusRequiresAttention && target == StatusPending {
+		// Adopted, still pending at Stripe: polled from now on like any
+		// pending refund with a Stripe id; not settled, so no settled_at.
+		set["status"], set["stripe_status"] = target, st.Status
+		r.Status = target
 	}
 	if target != r.Status {
 		set["status"], set["stripe_status"], set["settled_at"] = target, st.Status, now

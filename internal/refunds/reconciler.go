@@ -50,8 +50,64 @@ func (s *Service) PollPending(ctx context.Context, olderThan time.Duration, limi
 	return changed, errors.Join(errs...)
 }
 
-// RunReconciler polls pending refunds every interval until ctx ends, then
-// returns nil. Errors are logged and retried in the next round.
+// ReconcileParked looks at Stripe, for up to limit refunds parked in
+// requires_attention whose row has not changed for olderThan (oldest
+// first), for the refund of each: it lists the PaymentIntent's refunds and
+// matches metadata[refund_id], as the request did. One that shows up (a
+// stored 500 that Stripe rolled forward late) is adopted and applied
+// (pending, succeeded or failed, as Stripe says); the others stay parked
+// and are looked at again after olderThan. It never creates a refund at
+// Stripe. It returns how many were adopted, and sets
+// checkout_refunds_requiring_attention to the refunds still parked.
+func (s *Service) ReconcileParked(ctx context.Context, olderThan time.Duration, limit int) (int, error) {
+	var due []refundRow
+	err := s.DB.WithContext(ctx).
+		Where("status = ? AND updated_at <= ?", StatusRequiresAttention, s.now().Add(-olderThan)).
+		Order("updated_at").Limit(limit).Find(&due).Error
+	if err != nil {
+		return 0, fmt.Errorf("refunds: list parked: %w", err)
+	}
+	adopted := 0
+	var errs []error
+	for i := range due {
+		r := &due[i]
+		found, err := s.reconcile(ctx, r)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if found == nil {
+			if err := s.DB.WithContext(ctx).Model(&refundRow{}).Where("id = ? AND status = ?", r.ID, StatusRequiresAttention).
+				Update("updated_at", s.now()).Error; err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		s.Metrics.reconciled(ReconcileFound)
+		s.Logger.WarnContext(ctx, "parked refund found at Stripe: adopted", "refund_id", r.ID, "stripe_refund_id", found.ID, "status", found.Status)
+		if a, err := latestAttempt(ctx, s.DB, r); err == nil && a != nil {
+			if err := recordAttempt(ctx, s.DB, a, outcomeSucceeded, found, nil, s.now()); err != nil {
+				s.Logger.WarnContext(ctx, "record refund attempt", "err", err)
+			}
+		}
+		if _, err := s.ApplyStripeRefund(ctx, *found); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		adopted++
+	}
+	var parked int64
+	if err := s.DB.WithContext(ctx).Model(&refundRow{}).Where("status = ?", StatusRequiresAttention).Count(&parked).Error; err != nil {
+		errs = append(errs, fmt.Errorf("refunds: count parked: %w", err))
+	} else {
+		s.Metrics.requiringAttention(parked)
+	}
+	return adopted, errors.Join(errs...)
+}
+
+// RunReconciler polls pending refunds, and reconciles parked ones, every
+// interval until ctx ends, then returns nil. Errors are logged and retried
+// in the next round.
 func (s *Service) RunReconciler(ctx context.Context, interval time.Duration) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -65,6 +121,11 @@ func (s *Service) RunReconciler(ctx context.Context, interval time.Duration) err
 			s.Logger.Warn("refunds: poll pending refunds", "err", err)
 		} else if n > 0 {
 			s.Logger.Info("refunds: pending refunds settled by Stripe", "count", n)
+		}
+		if n, err := s.ReconcileParked(ctx, interval, 100); err != nil && ctx.Err() == nil {
+			s.Logger.Warn("refunds: reconcile parked refunds", "err", err)
+		} else if n > 0 {
+			s.Logger.Info("refunds: parked refunds found at Stripe", "count", n)
 		}
 	}
 }

@@ -15,7 +15,9 @@
 //     from them ("{order id}/refund:{refund id}/{attempt}"), and an
 //     indeterminate answer (a 500 that Stripe stores under the key, a
 //     timeout) is reconciled by listing the PaymentIntent's refunds and
-//     matching metadata[refund_id] before any new attempt.
+//     matching metadata[refund_id]. It is never sent under a new key: one
+//     still not found after RetryAfter is parked requires_attention (CONTRACT.md
+//     v3), and reconciled until Stripe's refund appears.
 //   - Statuses follow Stripe: pending until Stripe says succeeded or failed
 //     (canceled counts as failed). A succeeded refund adds to the order's
 //     amount_refunded, moves it to partially_refunded or refunded and emits
@@ -48,6 +50,15 @@ const (
 	StatusPending   = "pending"
 	StatusSucceeded = "succeeded"
 	StatusFailed    = "failed"
+	// StatusRequiresAttention: the create stayed indeterminate for
+	// RetryAfter and the refund is not found at Stripe. It is never sent
+	// again under a new key (a refund cannot be canceled, so a late
+	// roll-forward of the first attempt would refund twice); its amount
+	// stays reserved, it is counted (checkout_refunds_requiring_attention)
+	// and alerted on, and ReconcileParked keeps looking for it at Stripe.
+	// Like pending, it is not settled: Stripe's refund, if it appears,
+	// moves it to pending, succeeded or failed.
+	StatusRequiresAttention = "requires_attention"
 )
 
 // Reasons Stripe accepts for a refund
@@ -95,7 +106,7 @@ type StripeRefund struct {
 
 // CreateParams is one POST /v1/refunds.
 type CreateParams struct {
-	// IdempotencyKey is the attempt's key (see attemptKey).
+	// IdempotencyKey is the attempt's key (stripestep.Key).
 	IdempotencyKey  string
 	PaymentIntentID string
 	Amount          int64

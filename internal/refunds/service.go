@@ -16,6 +16,7 @@ import (
 	"github.com/onceonly/checkout/internal/ids"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/problem"
+	"github.com/onceonly/checkout/internal/stripestep"
 )
 
 // Problems that are not stored under the key.
@@ -31,13 +32,6 @@ var (
 		Detail: "A dependency is unavailable. Retry with the same Idempotency-Key: it resumes this refund and never refunds twice."}
 )
 
-// resendWithin is how long after an attempt was written its key may still
-// be resent as it is. Stripe keeps an idempotency key for at least 24 hours
-// (https://docs.stripe.com/api/idempotent_requests) and may prune it after;
-// an attempt left unanswered longer than this (a process that died and
-// nobody resumed) is reconciled instead, like an indeterminate one.
-const resendWithin = 12 * time.Hour
-
 // DefaultRetryAfter is Service.RetryAfter's default: 24 hours, the time
 // Stripe keeps an idempotency key's stored answer at least.
 const DefaultRetryAfter = 24 * time.Hour
@@ -51,17 +45,18 @@ type Service struct {
 	// Now is the clock (the one Keys uses); nil means time.Now.
 	Now func() time.Time
 	// RetryAfter is how long after an indeterminate attempt (a stored 500,
-	// a timeout) reconciliation keeps looking for the refund at Stripe
-	// before a new attempt may be made under the next key (default 24h).
-	// Stripe may roll an indeterminate request forward later
-	// (https://docs.stripe.com/error-low-level#server-errors), and a new
-	// attempt made before that is a second refund: unlike an orphan
-	// PaymentIntent, a refund cannot be canceled. So the default is the
-	// time Stripe keeps the key's stored answer at least
-	// (https://docs.stripe.com/api/idempotent_requests), the window in which
-	// it treats the request as one. Until then the refund stays pending
-	// (its amount held against what is left to refund), the request
-	// answers 502, and its retry or the completer reconciles again.
+	// an attempt unanswered past stripestep.ResendWindow) the request keeps
+	// reconciling before the refund is parked requires_attention (default
+	// 24h, the time Stripe keeps the key's stored answer at least,
+	// https://docs.stripe.com/api/idempotent_requests). Until then the
+	// refund stays pending (its amount held against what is left to
+	// refund), the request answers 502, and its retry or the completer
+	// reconciles again; after it the key is finished with 201 and the
+	// refund requires_attention. It is never sent under a new key: Stripe
+	// may roll an indeterminate request forward later
+	// (https://docs.stripe.com/error-low-level#server-errors), and a refund,
+	// unlike an orphan PaymentIntent, cannot be canceled, so a second
+	// attempt would be a second refund.
 	RetryAfter time.Duration
 	// Metrics counts reconciliations and duplicates (nil: nothing).
 	Metrics *Metrics
@@ -231,11 +226,12 @@ func (s *Service) create(ctx context.Context, tx *gorm.DB, c *idempotency.Claim,
 // run is the Stripe step and transaction 2, from wherever the refund's
 // step log stands: an attempt not yet answered is sent (again) under its
 // own key; an indeterminate one is reconciled by listing the
-// PaymentIntent's refunds, and only after RetryAfter without a match is a
-// new attempt made under the next key; a rejected one fails the refund.
-// Transaction 2 applies Stripe's refund and finishes the key with 201.
+// PaymentIntent's refunds, and after RetryAfter without a match the
+// refund is parked requires_attention, never sent under a new key; a
+// rejected one fails the refund. Transaction 2 applies Stripe's refund (or
+// parks it) and finishes the key with 201.
 func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (*idempotency.Response, error) {
-	for range 3 { // at most: reconcile, new attempt, its answer
+	for range 2 { // at most: an attempt past stripestep.ResendWindow marked indeterminate, then reconciled
 		a, err := latestAttempt(ctx, s.DB, r)
 		if err != nil {
 			return nil, s.fail(c, err)
@@ -243,11 +239,11 @@ func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (
 		switch {
 		case a == nil:
 			return nil, s.fail(c, fmt.Errorf("refund %s has no attempt", r.ID))
-		case a.Outcome == nil && s.now().Sub(a.CreatedAt) > resendWithin:
+		case a.Outcome == nil && s.now().Sub(a.CreatedAt) > stripestep.ResendWindow:
 			// Stripe may have pruned the key (it keeps keys at least 24
 			// hours): resending it could run the refund a second time.
 			if rerr := recordAttempt(ctx, s.DB, a, outcomeIndeterminate, nil,
-				fmt.Errorf("unanswered for %s: reconcile instead of resending the key", resendWithin), s.now()); rerr != nil {
+				fmt.Errorf("unanswered for %s: reconcile instead of resending the key", stripestep.ResendWindow), s.now()); rerr != nil {
 				return nil, s.fail(c, rerr)
 			}
 		case a.Outcome == nil:
@@ -309,23 +305,13 @@ func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (
 			if age := s.now().Sub(a.UpdatedAt); age < s.retryAfter() {
 				s.Metrics.reconciled(ReconcileNotYet)
 				return nil, s.fail(c, problem.Wrap(ErrPaymentUnavailable,
-					fmt.Errorf("refund %s attempt %d indeterminate %s ago and not at Stripe yet; a new attempt waits %s",
+					fmt.Errorf("refund %s attempt %d indeterminate %s ago and not at Stripe yet; parked after %s",
 						r.ID, a.Attempt, age.Round(time.Millisecond), s.retryAfter())))
 			}
-			err = postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
-				// Advance is the fence: only the key's owner adds an attempt.
-				if err := s.Keys.Advance(ctx, tx, c, RecoveryPointRefundCreated, r.OrderID); err != nil {
-					return err
-				}
-				_, err := insertAttempt(ctx, tx, r, a.Attempt+1, s.now())
-				return err
-			})
-			if err != nil {
-				return nil, s.fail(c, err)
-			}
-			s.Metrics.reconciled(ReconcileNewAttempt)
-			s.Logger.InfoContext(ctx, "refund not at Stripe after the reconciliation window; new attempt",
-				"refund_id", r.ID, "attempt", a.Attempt+1)
+			s.Metrics.reconciled(ReconcileParked)
+			s.Logger.ErrorContext(ctx, "refund not at Stripe after the reconciliation window; parked requires_attention, never resent",
+				"refund_id", r.ID, "order_id", r.OrderID, "attempt", a.Attempt, "idempotency_key", a.IdempotencyKey)
+			return s.settle(ctx, c, r, nil, "")
 		}
 	}
 	return nil, s.fail(c, problem.Wrap(ErrPaymentUnavailable, fmt.Errorf("refund %s: no final answer yet", r.ID)))
@@ -359,8 +345,9 @@ func (s *Service) reconcile(ctx context.Context, r *refundRow) (*StripeRefund, e
 }
 
 // settle is transaction 2: fenced by the key, it applies Stripe's refund
-// st (or, with st nil, fails the refund for failureReason), and finishes
-// the key with 201 and the refund as it now stands.
+// st (or, with st nil, fails the refund for failureReason, or parks it
+// requires_attention when failureReason is empty), and finishes the key
+// with 201 and the refund as it now stands.
 func (s *Service) settle(ctx context.Context, c *idempotency.Claim, r *refundRow, st *StripeRefund, failureReason string) (*idempotency.Response, error) {
 	var resp *idempotency.Response
 	now := s.now()
@@ -388,6 +375,10 @@ func (s *Service) settle(ctx context.Context, c *idempotency.Claim, r *refundRow
 			if _, err := s.ApplyRefund(ctx, tx, *st); err != nil && !errors.Is(err, ErrDuplicateAtStripe) {
 				return err
 			}
+		} else if failureReason == "" {
+			if err := park(ctx, tx, r, now); err != nil {
+				return err
+			}
 		} else if err := failUnsent(ctx, tx, r, failureReason, now); err != nil {
 			return err
 		}
@@ -409,6 +400,19 @@ func (s *Service) settle(ctx context.Context, c *idempotency.Claim, r *refundRow
 		return nil, translate(err)
 	}
 	return resp, nil
+}
+
+// park moves a pending refund that Stripe does not show after RetryAfter
+// to requires_attention; its amount stays reserved.
+func park(ctx context.Context, tx *gorm.DB, r *refundRow, now time.Time) error {
+	if _, err := lockOrder(ctx, tx, "", r.OrderID); err != nil {
+		return err
+	}
+	if err := tx.WithContext(ctx).Model(&refundRow{}).Where("id = ? AND status = ?", r.ID, StatusPending).
+		Updates(map[string]any{"status": StatusRequiresAttention, "updated_at": now}).Error; err != nil {
+		return fmt.Errorf("park refund %s: %w", r.ID, err)
+	}
+	return nil
 }
 
 // failUnsent fails a refund Stripe refused to create: no Stripe id, its

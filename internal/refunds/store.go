@@ -5,11 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
+
+	"github.com/onceonly/checkout/internal/stripestep"
 )
 
 // refundRow is the GORM model of refunds.
@@ -133,20 +134,13 @@ func (attemptRow) TableName() string { return "payment_attempts" }
 // Outcomes of an attempt (payment_attempts.outcome). NULL: sent, or about
 // to be, with no answer recorded: it may be resent under the same key.
 const (
-	outcomeSucceeded     = "succeeded"
-	outcomeRejected      = "rejected"
-	outcomeIndeterminate = "indeterminate"
+	outcomeSucceeded     = stripestep.Succeeded
+	outcomeRejected      = stripestep.Rejected
+	outcomeIndeterminate = stripestep.Indeterminate
 )
 
 // step is the saga step of refund id.
 func step(refundID string) string { return "refund:" + refundID }
-
-// attemptKey is the Stripe Idempotency-Key of one attempt of a step,
-// derived from persisted state only: "{order id}/{step}/{attempt}", the
-// saga's scheme.
-func attemptKey(orderID, step string, attempt int) string {
-	return orderID + "/" + step + "/" + strconv.Itoa(attempt)
-}
 
 // insertAttempt writes attempt n of r's step, before its call.
 func insertAttempt(ctx context.Context, tx *gorm.DB, r *refundRow, n int, now time.Time) (*attemptRow, error) {
@@ -159,7 +153,7 @@ func insertAttempt(ctx context.Context, tx *gorm.DB, r *refundRow, n int, now ti
 	}
 	a := &attemptRow{
 		OrderID: r.OrderID, TenantID: r.TenantID, Step: step(r.ID), Attempt: n,
-		IdempotencyKey: attemptKey(r.OrderID, step(r.ID), n), PaymentIntentID: &r.PaymentIntentID,
+		IdempotencyKey: stripestep.Key(r.OrderID, step(r.ID), n), PaymentIntentID: &r.PaymentIntentID,
 		RequestParams: string(params), CreatedAt: now, UpdatedAt: now,
 	}
 	if err := tx.WithContext(ctx).Create(a).Error; err != nil {

@@ -256,9 +256,9 @@ func (c *RedisCluster) Alive() []string {
 	return out
 }
 
-// Masters returns, as a live node sees it, each master's address with the
-// address of its replica ("" when it has none): the master of every slot
-// range and the first other node listed for it.
+// Masters returns, as a live node sees it (CLUSTER SHARDS), each master's
+// address with the address of a replica of it ("" when it has none),
+// leaving out the nodes it sees failed.
 func (c *RedisCluster) Masters(ctx context.Context) (map[string]string, error) {
 	alive := c.Alive()
 	if len(alive) == 0 {
@@ -271,17 +271,19 @@ func (c *RedisCluster) Masters(ctx context.Context) (map[string]string, error) {
 		return nil, err
 	}
 	out := map[string]string{}
-	for _, s := range shards {
-		if len(s.Slots) == 0 {
-			continue // a master that lost its slots, or one never given any
-		}
+	for _, sh := range shards {
 		master, replica := "", ""
-		for _, n := range s.Nodes {
+		for _, n := range sh.Nodes {
+			// "fail" is a dead node. Not "online" alone: Redis 7.0 shows a
+			// synchronised replica as "loading" while its master has had
+			// no write.
+			if n.Health == "fail" {
+				continue
+			}
 			addr := net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
-			switch {
-			case n.Role == "master":
+			if n.Role == "master" {
 				master = addr
-			case replica == "" && n.Health == "online":
+			} else if replica == "" {
 				replica = addr
 			}
 		}

@@ -331,7 +331,7 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64, outage time
 	}
 	for started.Load() < int64(n) && ctx.Err() == nil {
 		time.Sleep(time.Duration(200+rng.IntN(500)) * time.Millisecond)
-		switch k := rng.IntN(17); k {
+		switch k := rng.IntN(18); k {
 		case 0:
 			s.Fault(stripeemu.Fault{Kind: stripeemu.FaultFail, Count: 1 + rng.IntN(3), Status: []int{500, 503, 429}[rng.IntN(3)]})
 			faults.add("stripe 5xx/429", 1)
@@ -413,6 +413,15 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64, outage time
 				s.HookFault(stripeemu.HookFault{Kind: stripeemu.HookDropFirst, Count: 1 + rng.IntN(5)})
 				faults.add("webhooks dropped (first attempt)", 1)
 			}
+		case 17:
+			// A confirm answered with a stored 500 that Stripe executes a
+			// few seconds later, and the next confirm declined: Stripe
+			// keeps a declined PaymentIntent open, so the late confirm
+			// charges it unless the order's exit canceled it first.
+			s.Fault(stripeemu.Fault{Kind: stripeemu.FaultStored500, Op: stripeemu.OpPIConfirm, Count: 1,
+				RollForward: stripeemu.RollForwardAfter(time.Duration(1000+rng.IntN(2000)) * time.Millisecond)})
+			s.Fault(stripeemu.Fault{Kind: stripeemu.FaultDecline, Op: stripeemu.OpPIConfirm, Count: 1})
+			faults.add("stripe declined retry behind a stored 500 rolled forward", 1)
 		default:
 			// Quiet period.
 		}
@@ -608,6 +617,7 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*vi
 		unpublished = inv("no outbox row unpublished")
 		quiet       = inv("quiescence reached")
 		noneFailed  = inv("no notification failed")
+		noMoney     = inv("no money moved for an order that is not paid")
 	)
 	if quiesceErr != nil {
 		quiet.examples = append(quiet.examples, quiesceErr.Error())
@@ -712,6 +722,37 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*vi
 	if n := s.Unpublished(); n > 0 {
 		unpublished.examples = append(unpublished.examples, fmt.Sprintf("%d rows", n))
 	}
+	// No net charge for an order that is not paid: every money-moving
+	// PaymentIntent of such an order (which the lifecycle forbids) must
+	// have been refunded in full.
+	refunded := map[string]int64{}
+	for _, rf := range s.Refunds() {
+		if rf.Status != "failed" && rf.Status != "canceled" {
+			refunded[rf.PaymentIntent] += rf.Amount
+		}
+	}
+	unpaid, err := s.DB.Query(context.Background(), `SELECT id, status FROM orders WHERE status NOT IN ('paid', 'partially_refunded', 'refunded')`)
+	if err != nil {
+		panic(err)
+	}
+	for unpaid.Next() {
+		var id, status string
+		if err := unpaid.Scan(&id, &status); err != nil {
+			panic(err)
+		}
+		for _, pi := range byOrder[id] {
+			if stack.MoneyMoving([]stack.PaymentIntent{pi}) > 0 {
+				net := pi.Amount - refunded[pi.ID]
+				stray := fmt.Sprintf("order %s (%s): PaymentIntent %s is %s, %d charged net", id, status, pi.ID, pi.Status, net)
+				if net > 0 {
+					noMoney.examples = append(noMoney.examples, stray)
+				} else {
+					fmt.Fprintln(os.Stderr, "chaos: refunded stray payment:", stray)
+				}
+			}
+		}
+	}
+	unpaid.Close()
 	// Every customer played the challenge: no order may still wait for it.
 	settled := inv("every 3D Secure order settled")
 	if n := s.Count(`SELECT count(*) FROM orders WHERE status = 'requires_action'`); n > 0 {
@@ -722,7 +763,7 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*vi
 		noneFailed.examples = append(noneFailed.examples, fmt.Sprintf("%d notifications not sent (%d failed)", n,
 			s.Count(`SELECT count(*) FROM notifications WHERE status = 'failed'`)))
 	}
-	return []*violation{oneCharge, asStripe, orphans, oneOrder, oneEmail, noneFailed, seen201, sameAnswer, finished, unpublished, settled, quiet}, resends, canceledOrphans
+	return []*violation{oneCharge, asStripe, noMoney, orphans, oneOrder, oneEmail, noneFailed, seen201, sameAnswer, finished, unpublished, settled, quiet}, resends, canceledOrphans
 }
 
 // customer3DS plays the customer of a 202 requires_action answer: the 3D

@@ -40,7 +40,9 @@ type answer struct {
 //   - no order is charged twice (PaymentIntents moving money per order at
 //     the emulator), and every order has a key;
 //   - every key in flight at the kill resumes: its client's retries reach a
-//     final answer, a 201.
+//     final answer, a 201, within 10s of the promotion (the api releases
+//     the key's lease once the new primary answers; it would otherwise
+//     hold the key for IDEMPOTENCY_LEASE, 30s).
 //
 // It logs what a client sees: the promotion time, how long and with which
 // answers the clients saw errors, and the time to the first 201 after the
@@ -240,6 +242,13 @@ func TestFailoverToSynchronousStandby(t *testing.T) {
 		require.Equal(t, 201, a.result.Status, "key %s: %s %s", key, a.result, a.result.Body)
 	}
 	require.Positive(t, resumed+len(errs), "the kill landed mid-load: some client saw an error")
+	// An interrupted key resumes once the new primary takes writes, not a
+	// whole IDEMPOTENCY_LEASE (30s) later: the api releases the lease it
+	// could not release while the database was gone as soon as it can.
+	for key := range hadError {
+		require.Less(t, final[key].got.Sub(promotedAt), 10*time.Second,
+			"key %s, interrupted by the kill, answered 201 only %s after the promotion", key, final[key].got.Sub(promotedAt))
+	}
 
 	// The end state, on the new primary.
 	pool, err := pgxpool.New(context.Background(), countsURL)

@@ -83,19 +83,22 @@ func Start(addr string) (*Sink, error) { return StartWith(addr, Options{}) }
 // StartWith is Start with the demands of opts.
 func StartWith(addr string, opts Options) (*Sink, error) {
 	s := &Sink{opts: opts}
-	if err := s.listen(addr); err != nil {
+	ln, err := s.listen(addr)
+	if err != nil {
 		return nil, err
 	}
+	s.addr = ln.Addr().String() // before s is shared: Addr reads it unlocked
 	return s, nil
 }
 
-// listen starts a server on addr; s.mu is held or s not yet shared.
-func (s *Sink) listen(addr string) error {
+// listen starts a server on addr and returns its listener; s.mu is held
+// or s not yet shared.
+func (s *Sink) listen(addr string) (net.Listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("smtpsink: listen %s: %w", addr, err)
+		return nil, fmt.Errorf("smtpsink: listen %s: %w", addr, err)
 	}
-	s.addr = ln.Addr().String()
+	tcp := ln
 	if s.opts.ImplicitTLS {
 		ln = tls.NewListener(ln, s.opts.TLSConfig)
 	}
@@ -116,7 +119,7 @@ func (s *Sink) listen(addr string) error {
 		server.Serve(ln)
 	}()
 	s.server, s.done = server, done
-	return nil
+	return tcp, nil
 }
 
 // Addr is the address the sink listens on, host:port.
@@ -160,7 +163,8 @@ func (s *Sink) Up() error {
 	if s.server != nil {
 		return nil
 	}
-	return s.listen(s.addr)
+	_, err := s.listen(s.addr)
+	return err
 }
 
 // Messages returns a copy of the messages accepted so far, in order.

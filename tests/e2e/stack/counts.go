@@ -92,6 +92,25 @@ func (s *Stack) PaymentIntents() []PaymentIntent {
 	return st.PaymentIntents
 }
 
+// Refund is what the invariant checks read of one refund in the
+// emulator's state (GET /_emulator/state): Stripe's JSON, in part.
+type Refund struct {
+	ID            string `json:"id"`
+	PaymentIntent string `json:"payment_intent"`
+	Amount        int64  `json:"amount"`
+	Status        string `json:"status"`
+}
+
+// Refunds returns every refund the emulator holds (GET /_emulator/state).
+func (s *Stack) Refunds() []Refund {
+	s.t.Helper()
+	var st struct {
+		Refunds []Refund `json:"refunds"`
+	}
+	s.getJSON(s.EmulatorURL+"/_emulator/state", &st)
+	return st.Refunds
+}
+
 // IntentsByOrder groups pis by metadata[order_id].
 func IntentsByOrder(pis []PaymentIntent) map[string][]PaymentIntent {
 	m := map[string][]PaymentIntent{}
