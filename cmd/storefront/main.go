@@ -8,6 +8,9 @@
 //	STOREFRONT_ADDR        listen address, default ":8081"
 //	STOREFRONT_TENANT_KEY  the tenant's API key, default sk_test_acme; never sent to the browser
 //	API_URL                the checkout API, default http://127.0.0.1:8080
+//	STOREFRONT_SESSION_SECRET  signs the session cookies; default derived from
+//	                       the tenant key. Keep it across restarts: the API keys
+//	                       of the purchases still open depend on the sessions.
 //
 // A bad value stops it at start with an error naming the variable. It
 // serves GET /healthz besides the shop, logs JSON to stdout, and on SIGTERM
@@ -54,7 +57,8 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	addr := env("STOREFRONT_ADDR", ":8081")
 	apiURL := env("API_URL", "http://127.0.0.1:8080")
 	tenantKey := env("STOREFRONT_TENANT_KEY", "sk_test_acme")
-	shop, err := storefront.New(storefront.Config{APIURL: apiURL, TenantKey: tenantKey, Logger: logger})
+	shop, err := storefront.New(storefront.Config{APIURL: apiURL, TenantKey: tenantKey,
+		SessionSecret: getenv("STOREFRONT_SESSION_SECRET"), Logger: logger})
 	if err != nil {
 		return fmt.Errorf("API_URL %q: %w", apiURL, err)
 	}

@@ -1,12 +1,14 @@
 package storefront
 
 import (
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/onceonly/checkout/client"
@@ -15,16 +17,16 @@ import (
 // sessionCookie names the cookie that holds a browser's session id.
 const sessionCookie = "storefront_session"
 
-// session is one browser's state, in memory: a restart of the storefront
-// forgets carts and purchases (the orders stay in the API).
+// session is one browser's state. Its id lives in the browser's cookie,
+// signed with the storefront's secret, so it survives a restart of the
+// storefront: the API keys derived from it (apiKey) are the same after
+// one. The cart and the list of orders are in memory, and a restart
+// forgets them; a purchase needs neither: the browser keeps its request
+// (web/checkout.js) and the API its order.
 type session struct {
 	id string
 	// cart is the SKUs and quantities in the order they were added.
 	cart []client.Item
-	// purchases are the items of each purchase, by the browser's key,
-	// frozen at its first Pay: every retry of a purchase sends the same
-	// items, even after the cart has been emptied by its first answer.
-	purchases map[string][]client.Item
 	// orders are the session's orders, newest last: a browser sees only
 	// its own, though the tenant's secret could read every order.
 	orders []orderRef
@@ -38,26 +40,55 @@ type orderRef struct {
 
 // sessions holds every session; it is safe for concurrent use.
 type sessions struct {
-	mu   sync.Mutex
-	byID map[string]*session
+	// secret signs the session cookies: a browser cannot make up a
+	// session id, nor take another's without its cookie.
+	secret []byte
+	mu     sync.Mutex
+	byID   map[string]*session
 }
 
-// get returns the request's session, making one (and setting its cookie)
-// when the request has none or an unknown one. fn runs with the sessions
-// locked, so it must not block.
+// sign returns the cookie's value for session id: id.HMAC(secret, id).
+func (ss *sessions) sign(id string) string {
+	m := hmac.New(sha256.New, ss.secret)
+	m.Write([]byte(id))
+	return id + "." + hex.EncodeToString(m.Sum(nil))
+}
+
+// verify returns the session id of a cookie's value, if its signature is
+// the storefront's.
+func (ss *sessions) verify(value string) (string, bool) {
+	id, _, ok := strings.Cut(value, ".")
+	if !ok || !hmac.Equal([]byte(ss.sign(id)), []byte(value)) {
+		return "", false
+	}
+	return id, true
+}
+
+// with runs fn with the request's session: the one of its signed cookie
+// (in memory again, with an empty cart, after a restart), or a new one
+// whose cookie it sets. fn runs with the sessions locked, so it must not
+// block.
 func (ss *sessions) with(w http.ResponseWriter, r *http.Request, fn func(*session)) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	var s *session
+	var id string
 	if c, err := r.Cookie(sessionCookie); err == nil {
-		s = ss.byID[c.Value]
+		id, _ = ss.verify(c.Value)
 	}
-	if s == nil {
+	if id == "" {
 		var b [16]byte
 		_, _ = rand.Read(b[:])
-		s = &session{id: hex.EncodeToString(b[:]), purchases: map[string][]client.Item{}}
-		ss.byID[s.id] = s
-		http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: s.id, Path: "/", HttpOnly: true, SameSite: http.SameSiteLaxMode})
+		id = hex.EncodeToString(b[:])
+		c := &http.Cookie{Name: sessionCookie, Value: ss.sign(id), Path: "/", HttpOnly: true, SameSite: http.SameSiteLaxMode}
+		http.SetCookie(w, c)
+		// The request's later calls find the same session.
+		r.Header.Del("Cookie")
+		r.AddCookie(c)
+	}
+	s := ss.byID[id]
+	if s == nil {
+		s = &session{id: id}
+		ss.byID[id] = s
 	}
 	fn(s)
 }
@@ -76,21 +107,6 @@ func (s *session) add(sku string, quantity int) {
 // remove takes sku out of the cart.
 func (s *session) remove(sku string) {
 	s.cart = slices.DeleteFunc(s.cart, func(it client.Item) bool { return it.SKU == sku })
-}
-
-// purchase returns the items of the purchase under the browser's key: the
-// ones frozen at its first Pay, or else the cart's, frozen now (nil when
-// the cart is empty).
-func (s *session) purchase(browserKey string) []client.Item {
-	if items, ok := s.purchases[browserKey]; ok {
-		return items
-	}
-	if len(s.cart) == 0 {
-		return nil
-	}
-	items := slices.Clone(s.cart)
-	s.purchases[browserKey] = items
-	return items
 }
 
 // order returns the session's order id, if it is one.
@@ -124,8 +140,9 @@ var browserKey = regexp.MustCompile(`^[A-Za-z0-9_-]{8,64}$`)
 // browser's key sent as it is, a key copied from someone else's page (the
 // panel shows it) would replay their answer, their order and email
 // included. The hash keeps the session id, a secret, out of the API's
-// logs and tables, and is the same after a restart of the storefront, so
-// a purchase retried across one is still one purchase.
+// logs and tables. The session id is the signed cookie's, so the hash is
+// the same after a restart of the storefront: a purchase retried across
+// one is still one purchase.
 func apiKey(sessionID, purpose, key string) string {
 	sum := sha256.Sum256([]byte(sessionID + "\x00" + purpose + "\x00" + key))
 	return "sf_" + hex.EncodeToString(sum[:20])

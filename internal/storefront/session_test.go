@@ -3,6 +3,7 @@ package storefront_test
 import (
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -19,9 +20,12 @@ import (
 // fakeAPI answers the storefront's calls like the checkout API would for a
 // paid order, and records the keys and credentials each checkout carried.
 type fakeAPI struct {
-	mu    sync.Mutex
-	keys  []string
-	auths []string
+	mu     sync.Mutex
+	keys   []string
+	auths  []string
+	bodies []string
+	// reused makes every checkout answer 422 idempotency_key_reused.
+	reused bool
 }
 
 func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -33,7 +37,16 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		f.keys = append(f.keys, r.Header.Get("Idempotency-Key"))
 		f.auths = append(f.auths, r.Header.Get("Authorization"))
+		body, _ := io.ReadAll(r.Body)
+		f.bodies = append(f.bodies, string(body))
+		reused := f.reused
 		f.mu.Unlock()
+		if reused {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			_, _ = io.WriteString(w, `{"type":"about:blank","title":"Idempotency-Key reused","status":422,"code":"idempotency_key_reused"}`)
+			return
+		}
 		w.WriteHeader(http.StatusCreated)
 		_, _ = io.WriteString(w, `{"id":"ord_1","status":"paid","email":"a@example.com","currency":"usd","amount_total":2500,
 			"items":[{"sku":"sku_tee","quantity":1,"unit_amount":2500,"amount":2500}],"payment":{"provider":"stripe"},"created_at":"2026-01-01T00:00:00Z"}`)
@@ -48,6 +61,103 @@ func browserSession(t *testing.T) *http.Client {
 	jar, err := cookiejar.New(nil)
 	require.NoError(t, err)
 	return &http.Client{Jar: jar}
+}
+
+// purchaseBody is a Pay's body, as the page stores it at the first Pay.
+func purchaseBody(key, email string) string {
+	return `{"key":"` + key + `","items":[{"sku":"sku_tee","quantity":1}],"email":"` + email + `","payment_method":"pm_card_visa"}`
+}
+
+// payAs posts body to the shop's /checkout as browser c.
+func payAs(t *testing.T, c *http.Client, shopURL, body string) storefront.PayResult {
+	t.Helper()
+	res, err := c.Post(shopURL+"/checkout", "application/json", strings.NewReader(body))
+	require.NoError(t, err)
+	defer res.Body.Close()
+	var out storefront.PayResult
+	require.NoError(t, json.NewDecoder(res.Body).Decode(&out))
+	return out
+}
+
+// shopFor starts a storefront for api with cfg, at addr if given.
+func shopFor(t *testing.T, api http.Handler, cfg storefront.Config, addr ...string) *httptest.Server {
+	t.Helper()
+	apiSrv := httptest.NewServer(api)
+	t.Cleanup(apiSrv.Close)
+	cfg.APIURL = apiSrv.URL
+	shop, err := storefront.New(cfg)
+	require.NoError(t, err)
+	srv := httptest.NewUnstartedServer(shop)
+	if len(addr) > 0 {
+		ln, err := net.Listen("tcp", addr[0])
+		require.NoError(t, err)
+		srv.Listener.Close()
+		srv.Listener = ln
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// TestRestartKeepsThePurchase: a browser's Pay retried after a restart of
+// the storefront (a new Server, nothing in memory) reaches the API under
+// the same key with the same body, though the new server has no cart: the
+// session is the signed cookie's and the body is the browser's stored
+// request. A cookie whose signature is not the storefront's is a new
+// session. With sessions in memory, the retry was "Your cart is empty"
+// (final) and the next Pay a second order under another key.
+func TestRestartKeepsThePurchase(t *testing.T) {
+	t.Parallel()
+	api := &fakeAPI{}
+	cfg := storefront.Config{TenantKey: "sk_test_acme"}
+	before := shopFor(t, api, cfg)
+	alice := browserSession(t)
+	const key = "5f0c3b2a-9d1e-4c7b-8a6f-2e3d4c5b6a70"
+	first := payAs(t, alice, before.URL, purchaseBody(key, "a@example.com"))
+	before.Close()
+
+	after := shopFor(t, api, cfg, before.Listener.Addr().String()) // the restarted storefront
+	v, _ := url.Parse(after.URL)
+	again := payAs(t, alice, after.URL, purchaseBody(key, "a@example.com"))
+	require.Equal(t, "paid", again.Outcome, again.Message)
+	require.Equal(t, first.APIKey, again.APIKey, "the same purchase at the API after the restart")
+	require.Equal(t, api.bodies[0], api.bodies[1], "the same body")
+
+	forged := browserSession(t)
+	forged.Jar.SetCookies(v, []*http.Cookie{{Name: "storefront_session", Value: "0123456789abcdef0123456789abcdef.00"}})
+	other := payAs(t, forged, after.URL, purchaseBody(key, "a@example.com"))
+	require.NotEqual(t, first.APIKey, other.APIKey, "an unsigned session id is not a session")
+}
+
+// TestKeyReusedKeepsThePurchase: a 422 idempotency_key_reused is no
+// outcome of the purchase (its first request may still be charged): the
+// page keeps the key and is never told to start a new purchase.
+func TestKeyReusedKeepsThePurchase(t *testing.T) {
+	t.Parallel()
+	srv := shopFor(t, &fakeAPI{reused: true}, storefront.Config{TenantKey: "sk_test_acme"})
+	out := payAs(t, browserSession(t), srv.URL, purchaseBody("7a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d", "a@example.com"))
+	require.Equal(t, "unknown", out.Outcome)
+	require.False(t, out.Final, "the key is kept")
+	require.Contains(t, out.Message, "still being processed with its original details")
+	require.NotContains(t, out.Message, "Start a new one")
+}
+
+// TestPayChecksItems: the body the storefront sends the API is built from
+// the browser's request, so it checks the items: catalog SKUs, each once,
+// quantities 1..100, at least one line.
+func TestPayChecksItems(t *testing.T) {
+	t.Parallel()
+	api := &fakeAPI{}
+	srv := shopFor(t, api, storefront.Config{TenantKey: "sk_test_acme"})
+	for _, items := range []string{`[]`, `[{"sku":"sku_nope","quantity":1}]`, `[{"sku":"sku_tee","quantity":0}]`,
+		`[{"sku":"sku_tee","quantity":101}]`, `[{"sku":"sku_tee","quantity":1},{"sku":"sku_tee","quantity":1}]`} {
+		res, err := http.Post(srv.URL+"/checkout", "application/json",
+			strings.NewReader(`{"key":"7a1b2c3d-4e5f","items":`+items+`,"email":"a@example.com","payment_method":"pm_card_visa"}`))
+		require.NoError(t, err)
+		res.Body.Close()
+		require.Equal(t, http.StatusBadRequest, res.StatusCode, items)
+	}
+	require.Empty(t, api.keys, "nothing sent to the API")
 }
 
 // TestKeysAreScopedToTheSession: two browsers that send the same key (one
@@ -71,8 +181,7 @@ func TestKeysAreScopedToTheSession(t *testing.T) {
 		page, _ := io.ReadAll(res.Body)
 		res.Body.Close()
 		require.NotContains(t, string(page), "sk_test_secret_of_acme")
-		res, err = c.Post(srv.URL+"/checkout", "application/json",
-			strings.NewReader(`{"key":"`+key+`","email":"a@example.com","payment_method":"pm_card_visa"}`))
+		res, err = c.Post(srv.URL+"/checkout", "application/json", strings.NewReader(purchaseBody(key, "a@example.com")))
 		require.NoError(t, err)
 		defer res.Body.Close()
 		body, err := io.ReadAll(res.Body)

@@ -2,9 +2,12 @@
 // API, server-rendered with html/template and a little JavaScript, made to
 // show an Idempotency-Key's whole life:
 //
-//   - the browser makes the key when the checkout form is shown and keeps it
-//     in sessionStorage until a final answer, so a double click, a reload
-//     and a retry after a lost answer all send the same key
+//   - the browser makes the key when the checkout form is shown; at the
+//     first Pay it stores the key with the purchase's whole request (items,
+//     email, card) in sessionStorage and locks the form, and every Pay of
+//     the purchase sends that same request, until a final answer: a double
+//     click, a reload, a retry after a lost answer, or after a restart of
+//     the storefront, all send the same key and the same body
 //     (web/checkout.js);
 //   - the storefront server calls the API with the tenant's secret, which
 //     never reaches the browser, through the public client package, with
@@ -27,11 +30,13 @@
 //	GET  /orders/{id}             the order page, which follows the order
 //	GET  /orders/{id}/status      the order as JSON, for the page's polling
 //	POST /orders/{id}/cancel      cancel it while it waits for 3D Secure
-//	GET  /static/                 the page's JavaScript and CSS
+//	GET  /static/{file}           the page's JavaScript and CSS (no listing)
 package storefront
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"embed"
 	"encoding/json"
 	"errors"
@@ -39,8 +44,11 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"path"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/onceonly/checkout/client"
@@ -56,6 +64,11 @@ type Config struct {
 	// TenantKey is the tenant's secret API key (env STOREFRONT_TENANT_KEY).
 	// It is sent to the API only, never to the browser.
 	TenantKey string
+	// SessionSecret signs the session cookies (env
+	// STOREFRONT_SESSION_SECRET); empty derives one from TenantKey. It
+	// must be the same after a restart: the API keys of the purchases
+	// still open depend on the sessions it signed.
+	SessionSecret string
 	// Retry is the client's retry policy for a checkout; zero fields take
 	// the defaults below (a browser does not wait a minute for an answer).
 	Retry client.RetryPolicy
@@ -88,6 +101,10 @@ type Server struct {
 	sessions *sessions
 	pages    map[string]*template.Template
 	mux      *http.ServeMux
+
+	mu sync.Mutex
+	// catalog is the products last read, to check a Pay's SKUs.
+	catalog []client.Product
 }
 
 // New returns a Server for cfg, or an error when cfg.APIURL is not an
@@ -114,14 +131,20 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{api: api, logger: cfg.Logger, sessions: &sessions{byID: map[string]*session{}},
+	secret := []byte(cfg.SessionSecret)
+	if len(secret) == 0 {
+		m := hmac.New(sha256.New, []byte(cfg.TenantKey))
+		m.Write([]byte("storefront session cookies"))
+		secret = m.Sum(nil)
+	}
+	s := &Server{api: api, logger: cfg.Logger, sessions: &sessions{secret: secret, byID: map[string]*session{}},
 		pages: map[string]*template.Template{}, mux: http.NewServeMux()}
 	funcs := template.FuncMap{"money": money}
 	for _, page := range []string{"products", "cart", "checkout", "order", "message"} {
 		s.pages[page] = template.Must(template.New("layout.html").Funcs(funcs).ParseFS(webFS, "web/layout.html", "web/"+page+".html"))
 	}
 	static, _ := fs.Sub(webFS, "web")
-	s.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	s.mux.Handle("GET /static/{file}", staticFiles(static))
 	s.mux.HandleFunc("GET /{$}", s.products)
 	s.mux.HandleFunc("POST /cart", s.addToCart)
 	s.mux.HandleFunc("POST /cart/remove", s.removeFromCart)
@@ -133,6 +156,22 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("GET /orders/{id}/status", s.orderStatus)
 	s.mux.HandleFunc("POST /orders/{id}/cancel", s.cancel)
 	return s, nil
+}
+
+// staticFiles serves the page's scripts and stylesheet from dir by name:
+// no directory listing (the templates are in dir too), nothing else.
+func staticFiles(dir fs.FS) http.Handler {
+	files := http.FileServerFS(dir)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		name := r.PathValue("file")
+		if ext := path.Ext(name); ext != ".js" && ext != ".css" {
+			http.NotFound(w, r)
+			return
+		}
+		r2 := r.Clone(r.Context())
+		r2.URL.Path = "/" + name
+		files.ServeHTTP(w, r2)
+	})
 }
 
 // ServeHTTP serves the routes of the package documentation.
@@ -177,7 +216,7 @@ type line struct {
 func (s *Server) products(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := reading(r)
 	defer cancel()
-	ps, err := s.api.ListProducts(ctx)
+	ps, err := s.listProducts(ctx)
 	if err != nil {
 		s.apiFailed(w, r, err)
 		return
@@ -221,7 +260,7 @@ func (s *Server) cartLines(w http.ResponseWriter, r *http.Request) ([]line, int6
 	}
 	ctx, cancel := reading(r)
 	defer cancel()
-	ps, err := s.api.ListProducts(ctx)
+	ps, err := s.listProducts(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -257,14 +296,78 @@ func (s *Server) checkoutForm(w http.ResponseWriter, r *http.Request) {
 		s.apiFailed(w, r, err)
 		return
 	}
-	s.render(w, http.StatusOK, "checkout", map[string]any{"Lines": lines, "Total": total})
+	items := []client.Item{}
+	for _, l := range lines {
+		items = append(items, l.Item)
+	}
+	cart, _ := json.Marshal(items)
+	s.render(w, http.StatusOK, "checkout", map[string]any{"Lines": lines, "Total": total, "Items": string(cart)})
 }
 
-// payRequest is the body the checkout page posts on Pay.
+// payRequest is the body the checkout page posts on Pay: the whole
+// purchase, as the page stored it at the first Pay. Every Pay of the
+// purchase sends the same one, so the API gets the same body under the
+// same key, whatever the cart or the form became meanwhile, and whether
+// or not the storefront restarted.
 type payRequest struct {
-	Key           string `json:"key"`
-	Email         string `json:"email"`
-	PaymentMethod string `json:"payment_method"`
+	Key           string        `json:"key"`
+	Items         []client.Item `json:"items"`
+	Email         string        `json:"email"`
+	PaymentMethod string        `json:"payment_method"`
+}
+
+// catalogFor returns the catalog to check items against: the one last
+// read (by any page), read again when it is missing one of items' SKUs.
+func (s *Server) catalogFor(r *http.Request, items []client.Item) ([]client.Product, error) {
+	s.mu.Lock()
+	catalog := s.catalog
+	s.mu.Unlock()
+	for _, it := range items {
+		if !slices.ContainsFunc(catalog, func(p client.Product) bool { return p.SKU == it.SKU }) {
+			ctx, cancel := reading(r)
+			defer cancel()
+			ps, err := s.listProducts(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return ps.Products, nil
+		}
+	}
+	return catalog, nil
+}
+
+// listProducts reads the catalog and keeps it for catalogFor.
+func (s *Server) listProducts(ctx context.Context) (*client.ProductsResult, error) {
+	ps, err := s.api.ListProducts(ctx)
+	if err == nil {
+		s.mu.Lock()
+		s.catalog = ps.Products
+		s.mu.Unlock()
+	}
+	return ps, err
+}
+
+// maxLines bounds a purchase's lines.
+const maxLines = 20
+
+// checkItems says what is wrong with a purchase's items, "" when nothing:
+// 1..maxLines lines of catalog SKUs, each once, quantities 1..100.
+func checkItems(items []client.Item, catalog []client.Product) string {
+	if len(items) == 0 {
+		return "Your cart is empty."
+	}
+	if len(items) > maxLines {
+		return "Too many lines in the cart."
+	}
+	seen := map[string]bool{}
+	for _, it := range items {
+		known := slices.ContainsFunc(catalog, func(p client.Product) bool { return p.SKU == it.SKU })
+		if !known || seen[it.SKU] || it.Quantity < 1 || it.Quantity > 100 {
+			return "The purchase has an unknown product or a bad quantity."
+		}
+		seen[it.SKU] = true
+	}
+	return ""
 }
 
 // PayResult is the storefront's answer to one Pay: what the page shows in
@@ -288,27 +391,35 @@ type PayResult struct {
 }
 
 // pay serves POST /checkout: one browser request for the purchase under
-// the browser's key. The items are the purchase's (frozen at its first
-// Pay); the return_url brings the customer back here after 3D Secure. The
-// answer is JSON (PayResult), 200 for every answer of the API, 400 for a
-// request the page should not have sent.
+// the browser's key. The API's body is built from the browser's request
+// only (the purchase the page stored at its first Pay), never from server
+// memory, and the API key from the signed session and the browser's key:
+// a retry after a restart of the storefront is the same request under the
+// same key. The return_url brings the customer back here after 3D Secure.
+// The answer is JSON (PayResult), 200 for every answer of the API, 400 for
+// a request the page should not have sent.
 func (s *Server) pay(w http.ResponseWriter, r *http.Request) {
 	var in payRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<14)).Decode(&in); err != nil || !browserKey.MatchString(in.Key) {
 		writeJSON(w, http.StatusBadRequest, PayResult{Outcome: "invalid", Message: "The page sent no valid key; reload it."})
 		return
 	}
-	var items []client.Item
-	var sessionID string
-	s.sessions.with(w, r, func(ss *session) { sessionID, items = ss.id, ss.purchase(in.Key) })
-	if items == nil {
-		writeJSON(w, http.StatusOK, PayResult{Outcome: "failed", Final: true, Message: "Your cart is empty."})
+	catalog, err := s.catalogFor(r, in.Items)
+	if err != nil {
+		writeJSON(w, http.StatusOK, PayResult{Outcome: "unknown",
+			Message: "The shop cannot reach the checkout service. Press Pay again in a moment: it is safe."})
 		return
 	}
+	if bad := checkItems(in.Items, catalog); bad != "" {
+		writeJSON(w, http.StatusBadRequest, PayResult{Outcome: "invalid", Message: bad})
+		return
+	}
+	var sessionID string
+	s.sessions.with(w, r, func(ss *session) { sessionID = ss.id })
 	key := apiKey(sessionID, "checkout", in.Key)
 	ctx, log := withAttemptLog(r.Context())
 	res, err := s.api.CreateCheckout(ctx, key, client.CheckoutRequest{
-		Email: in.Email, Items: items, PaymentMethod: in.PaymentMethod,
+		Email: in.Email, Items: in.Items, PaymentMethod: in.PaymentMethod,
 		// Constant for the purchase: it is part of the key's fingerprint.
 		ReturnURL: "http://" + r.Host + "/checkout/return",
 	})
@@ -358,8 +469,11 @@ func (s *Server) payResult(err error, res *client.OrderResult) PayResult {
 		return PayResult{Outcome: "failed", Final: true, OrderID: e.OrderID,
 			Message: "The payment failed (" + string(e.Code) + "). Nothing was charged; try another card."}
 	case e.Code == client.CodeIdempotencyKeyReused:
-		return PayResult{Outcome: "failed", Final: true,
-			Message: "This purchase was already sent with other details (422). Start a new one."}
+		// Not an outcome of the purchase: its first request, with its
+		// original details, may be paid in a moment. Keep the key; a new
+		// purchase now could be a second charge.
+		return PayResult{Outcome: "unknown", Message: "This purchase is still being processed with its " +
+			"original details. Press Pay again in a moment to see its outcome; do not start a new one."}
 	default:
 		return PayResult{Outcome: "failed", Final: true, Message: e.Title + ": " + e.Detail}
 	}

@@ -5,6 +5,13 @@
 // a double click, a Pay after a reload, a Pay after an answer that never
 // came. Making a key per click, or per page load, would turn each of those
 // into a second order and a second charge.
+//
+// The purchase is defined at its first Pay: the page stores the whole
+// request (key, items, email, card) with the key and locks the form, and
+// every Pay sends that stored request, byte for byte. A retry with other
+// details would be refused by the API (422) while the first request may
+// still be charged; and the storefront keeps nothing of the purchase in
+// memory, so a retry after its restart is answered from this request.
 "use strict";
 
 const STORE = "storefront.purchase";
@@ -14,10 +21,11 @@ function load() {
   try { return JSON.parse(sessionStorage.getItem(STORE)); } catch { return null; }
 }
 
-// purchase is {key, pays, apiKey, attempts: [{pay, n, status, code, replayed, error}]}.
+// purchase is {key, request, pays, apiKey, attempts: [{pay, n, status, code, replayed, error}]};
+// request is the body of every Pay, set at the first one.
 let purchase = load();
 if (!purchase || !purchase.key) {
-  purchase = { key: crypto.randomUUID(), pays: 0, apiKey: "", attempts: [] };
+  purchase = { key: crypto.randomUUID(), request: null, pays: 0, apiKey: "", attempts: [] };
   sessionStorage.setItem(STORE, JSON.stringify(purchase));
 }
 let open = true;   // false once a final answer came: the key is forgotten
@@ -33,7 +41,29 @@ function answerText(a) {
   return a.status + (a.code ? " " + a.code : "");
 }
 
+// lock shows the stored request in the form and freezes it while the
+// purchase is open, and hides the button that would start another one.
+function lock() {
+  if (!purchase.request || !open) return;
+  $("email").value = purchase.request.email;
+  $("payment-method").value = purchase.request.payment_method;
+  $("email").disabled = $("payment-method").disabled = true;
+  $("locked").hidden = false;
+  $("new-purchase").hidden = true;
+}
+
+// unlock opens the form again after an "invalid" answer: the API executes
+// nothing it finds invalid, and every Pay sent the same body, so nothing
+// was done under the key yet; the fixed request is stored at the next Pay.
+function unlock() {
+  purchase.request = null;
+  $("email").disabled = $("payment-method").disabled = false;
+  $("locked").hidden = true;
+  $("new-purchase").hidden = false;
+}
+
 function render() {
+  lock();
   $("browser-key").textContent = purchase.key;
   $("api-key").textContent = purchase.apiKey || "not sent yet";
   const body = $("attempts").querySelector("tbody");
@@ -77,6 +107,12 @@ function finish() {
 $("pay-form").addEventListener("submit", async (ev) => {
   ev.preventDefault();
   if (!open) { finish(); return; }
+  if (!purchase.request) {
+    const items = JSON.parse($("pay-form").dataset.items || "[]");
+    if (items.length === 0) { show("Your cart is empty."); return; }
+    purchase.request = { key: purchase.key, items, email: $("email").value, payment_method: $("payment-method").value };
+    render();
+  }
   const pay = ++purchase.pays;
   save();
   inFlight++;
@@ -86,7 +122,7 @@ $("pay-form").addEventListener("submit", async (ev) => {
     const res = await fetch("/checkout", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ key: purchase.key, email: $("email").value, payment_method: $("payment-method").value }),
+      body: JSON.stringify(purchase.request),
     });
     out = await res.json();
   } catch (err) {
@@ -95,6 +131,7 @@ $("pay-form").addEventListener("submit", async (ev) => {
   inFlight--;
   for (const a of out.attempts || []) purchase.attempts.push({ pay, ...a });
   if (out.api_key) purchase.apiKey = out.api_key;
+  if (out.outcome === "invalid" && inFlight === 0) unlock();
   save();
   if (out.final) {
     // A final answer ends the purchase: forget its key, so that the next

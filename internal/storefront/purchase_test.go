@@ -1,0 +1,130 @@
+package storefront_test
+
+import (
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/checkout/internal/payments/stripeemu"
+	"github.com/onceonly/checkout/internal/storefront"
+)
+
+// payUntilDone presses Pay, as a shopper told "Pay again: it is safe"
+// does, until the page links the order (or d passes).
+func payUntilDone(t *testing.T, e *env, buyer string, ctxPay func(), done func() bool, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !done() {
+		require.True(t, time.Now().Before(deadline), "no order link after %s; orders %v", d, e.orders(t, buyer))
+		ctxPay()
+		time.Sleep(time.Second)
+	}
+}
+
+// TestStorefrontRestartDuringPay: the storefront dies (every connection
+// closed, nothing kept) while a Pay waits for a slow Stripe, and comes
+// back at the same address; the page, which got no answer, says Pay
+// again is safe; the shopper presses it: the same stored request under
+// the same key (the signed session cookie survived) is the same order,
+// replayed: one order, one charge at the emulator. With sessions and
+// purchases in the storefront's memory, the retry was "Your cart is
+// empty" (final), and a new cart a second order and a second charge.
+func TestStorefrontRestartDuringPay(t *testing.T) {
+	e := setup(t)
+	// A storefront of this test's own, which it kills and restarts.
+	serve := func(addr string) *http.Server {
+		shop, err := storefront.New(storefront.Config{APIURL: "http://" + e.apiLink.Addr(), TenantKey: "sk_test_acme", Retry: testRetry})
+		require.NoError(t, err)
+		ln, err := net.Listen("tcp", addr)
+		require.NoError(t, err)
+		srv := &http.Server{Handler: shop}
+		go func() { _ = srv.Serve(ln) }()
+		t.Cleanup(func() { _ = srv.Close() })
+		return srv
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close()
+	first := serve(addr)
+	mine := *e
+	mine.shopURL = "http://" + addr
+
+	ctx := e.tab(t, 2*time.Minute)
+	buyer := email("restart")
+	mine.toCheckout(t, ctx, buyer, "pm_card_visa")
+	e.st.Fault(stripeemu.Fault{Kind: stripeemu.FaultDelay, Op: stripeemu.OpPICreate, Count: 1, Before: 3 * time.Second})
+	t.Cleanup(e.st.ClearFaults)
+	do(t, ctx, chromedp.Click(chromedp.CSS("#pay")))
+	deadline := time.Now().Add(10 * time.Second)
+	for len(e.orders(t, buyer)) == 0 {
+		require.True(t, time.Now().Before(deadline), "the Pay reached the api")
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.NoError(t, first.Close()) // the crash: the Pay in flight is never answered
+	until(t, ctx, 10*time.Second, `document.getElementById("result").textContent.includes("Press Pay again")`)
+	serve(addr) // the restart: a new storefront, nothing in memory
+
+	payUntilDone(t, e, buyer, func() { do(t, ctx, chromedp.Click(chromedp.CSS("#pay"))) }, func() bool {
+		return eval[bool](t, ctx, `!!document.getElementById("order-link")`) ||
+			eval[bool](t, ctx, `document.getElementById("result").textContent.includes("empty")`)
+	}, 30*time.Second)
+	orders := e.orders(t, buyer)
+	require.Len(t, orders, 1, "one order")
+	pis := e.intents(orders[0])
+	require.Len(t, pis, 1, "one PaymentIntent")
+	require.Equal(t, "succeeded", pis[0].Status, "one charge")
+	require.True(t, eval[bool](t, ctx, `!!document.getElementById("order-link")`),
+		"the retry got the order: %s", eval[string](t, ctx, `document.getElementById("result").textContent`))
+	href := eval[string](t, ctx, `document.getElementById("order-link").getAttribute("href")`)
+	require.Equal(t, "/orders/"+orders[0], href)
+}
+
+// TestChangedDetailsAfterLostAnswer: the answer to the first Pay is lost
+// (the api paid the order); the form is locked from the first Pay, and
+// even an email changed behind its back is not sent: every Pay sends the
+// request stored at the first one, so the retry is the replay of the
+// first order, not a 422 that told the shopper to start a new purchase
+// while the first was being charged. One order, one charge, under the
+// first email.
+func TestChangedDetailsAfterLostAnswer(t *testing.T) {
+	e := setup(t)
+	ctx := e.tab(t, time.Minute)
+	buyer, other := email("changed-first"), email("changed-other")
+	e.toCheckout(t, ctx, buyer, "pm_card_visa")
+
+	require.NoError(t, e.apiLink.DropAnswers())
+	t.Cleanup(e.apiLink.Heal)
+	do(t, ctx, chromedp.Click(chromedp.CSS("#pay")))
+	until(t, ctx, 20*time.Second, `document.getElementById("result").textContent.includes("we do not know")`)
+	e.apiLink.Heal()
+	require.Len(t, e.orders(t, buyer), 1, "the api executed the lost Pay")
+
+	require.True(t, eval[bool](t, ctx, `document.getElementById("email").disabled && document.getElementById("payment-method").disabled`),
+		"the form is locked while the purchase is open")
+	require.True(t, eval[bool](t, ctx, `document.getElementById("new-purchase").hidden`),
+		"no invitation to a second purchase while the first is open")
+	do(t, ctx, chromedp.Reload())
+	until(t, ctx, 10*time.Second, `document.getElementById("email") && document.getElementById("email").disabled`)
+	require.Equal(t, buyer, eval[string](t, ctx, `document.getElementById("email").value`), "the reload shows the stored email")
+	// The shopper changes the email anyway (the page's form is not the guard).
+	do(t, ctx, chromedp.Evaluate[chromedp.Void](`(() => { const el = document.getElementById("email"); el.disabled = false; el.value = "`+other+`"; document.getElementById("payment-method").disabled = false; })()`))
+	do(t, ctx, chromedp.Click(chromedp.CSS("#pay")))
+	until(t, ctx, 20*time.Second, `document.getElementById("order-link") || document.getElementById("result").textContent.includes("422")`)
+
+	orders := e.orders(t, buyer)
+	require.Len(t, orders, 1, "one order")
+	require.Empty(t, e.orders(t, other), "the changed email was never sent")
+	pis := e.intents(orders[0])
+	require.Len(t, pis, 1)
+	require.Equal(t, "succeeded", pis[0].Status, "one charge")
+	_, rows := panel(t, ctx)
+	last := rows[len(rows)-1]
+	require.True(t, strings.HasPrefix(last.Answer, "201"), "%+v", rows)
+	require.Equal(t, "yes", last.Replayed, "the first order, replayed")
+}
