@@ -690,11 +690,12 @@ func TestUnansweredAttemptPastKeyRetentionIsReconciledNotResent(t *testing.T) {
 	orderID, pi := h.paidOrder()
 	first := decodeRefund(t, h.refund(orderID, "old", `{"amount":1000}`))
 
-	// Back to the state of a crash right after the call, 13 hours ago.
+	// Back to the state of a crash right after the call, 25 hours ago:
+	// past stripestep.ResendWindow (23h), as Stripe may prune a key after 24h.
 	for _, q := range []string{
 		`UPDATE refunds SET status = 'pending', stripe_refund_id = NULL, stripe_status = NULL, settled_at = NULL WHERE order_id = $1`,
 		`UPDATE orders SET amount_refunded = 0, status = 'paid' WHERE id = $1`,
-		`UPDATE payment_attempts SET outcome = NULL, stripe_object_id = NULL, stripe_status = NULL, created_at = now() - interval '13 hours' WHERE order_id = $1 AND step LIKE 'refund:%'`,
+		`UPDATE payment_attempts SET outcome = NULL, stripe_object_id = NULL, stripe_status = NULL, created_at = now() - interval '25 hours' WHERE order_id = $1 AND step LIKE 'refund:%'`,
 		`DELETE FROM outbox WHERE aggregate_id = $1 AND type = 'order.refunded'`,
 	} {
 		require.NoError(t, h.db.Exec(q, orderID).Error)
