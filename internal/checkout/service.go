@@ -8,7 +8,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/idempotency"
@@ -296,47 +295,10 @@ func (s *Service) event(typ string, o *Order, at time.Time) outbox.Event {
 	return outbox.Event{Type: typ, OccurredAt: at, TenantID: o.tenantID, AggregateID: o.ID, Data: o}
 }
 
-// release ends the key's lease early after a transient failure, so the
-// client's retry resumes at once rather than after the lease expires.
-//
-// When the database itself failed (a failover: the primary gone, its
-// standby not promoted yet), the release fails too; it is then retried in
-// the background for up to one lease, so the key resumes as soon as the new
-// primary takes writes rather than a whole IDEMPOTENCY_LEASE later
-// (TestFailoverToSynchronousStandby). The release is compare-and-set on the
-// owner: a late one after a takeover changes nothing.
+// release ends the key's lease early after a transient failure
+// (idempotency.Store.ReleaseEarly, retried through a database failover).
 func (s *Service) release(c *idempotency.Claim) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	err := s.Keys.Release(ctx, s.DB, c)
-	cancel()
-	if err == nil {
-		return
-	}
-	if !postgres.IsTransient(err) || s.Keys.Lease <= 0 {
-		s.Logger.Warn("release key lease", "err", err, "key_hash", c.Scope.Hash()[:16])
-		return
-	}
-	s.Logger.Warn("release key lease failed; retrying in the background", "err", err, "key_hash", c.Scope.Hash()[:16])
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), s.Keys.Lease)
-		defer cancel()
-		b := backoff.NewExponentialBackOff()
-		b.InitialInterval, b.MaxInterval = 100*time.Millisecond, time.Second
-		_, err := backoff.Retry(ctx, func() (struct{}, error) {
-			attempt, cancel := context.WithTimeout(ctx, 2*time.Second)
-			defer cancel()
-			err := s.Keys.Release(attempt, s.DB, c)
-			if err != nil && !postgres.IsTransient(err) {
-				return struct{}{}, backoff.Permanent(err)
-			}
-			return struct{}{}, err
-		}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(0))
-		if err != nil {
-			s.Logger.Warn("release key lease: gave up; the lease expires by itself", "err", err, "key_hash", c.Scope.Hash()[:16])
-			return
-		}
-		s.Logger.Info("key lease released after the database came back", "key_hash", c.Scope.Hash()[:16])
-	}()
+	s.Keys.ReleaseEarly(s.DB, c, s.Logger)
 }
 
 // translate keeps domain errors and the idempotency layer's problems as

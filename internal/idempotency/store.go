@@ -10,10 +10,12 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
+	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/problem"
 )
 
@@ -430,4 +432,50 @@ func (s *Store) Release(ctx context.Context, db *gorm.DB, c *Claim) error {
 		return fmt.Errorf("release key lease: %w", err)
 	}
 	return nil
+}
+
+// ReleaseEarly ends c's lease after a transient failure of the request that
+// holds it, so that the client's retry resumes at once rather than after
+// the lease expires. It returns at once; failures are logged to logger.
+//
+// When the database itself failed (a failover: the primary gone, its
+// standby not promoted yet), the release fails too; it is then retried in
+// the background with backoff (100ms to 1s) for up to one Lease, so the key
+// resumes as soon as the new primary takes writes rather than a whole
+// IDEMPOTENCY_LEASE later (TestFailoverToSynchronousStandby). Release is
+// compare-and-set on the owner: a late one after a takeover changes
+// nothing. A non-transient error (postgres.IsTransient) is not retried.
+func (s *Store) ReleaseEarly(db *gorm.DB, c *Claim, logger *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	err := s.Release(ctx, db, c)
+	cancel()
+	if err == nil {
+		return
+	}
+	hash := c.Scope.Hash()[:16]
+	if !postgres.IsTransient(err) || s.Lease <= 0 {
+		logger.Warn("release key lease", "err", err, "key_hash", hash)
+		return
+	}
+	logger.Warn("release key lease failed; retrying in the background", "err", err, "key_hash", hash)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), s.Lease)
+		defer cancel()
+		b := backoff.NewExponentialBackOff()
+		b.InitialInterval, b.MaxInterval = 100*time.Millisecond, time.Second
+		_, err := backoff.Retry(ctx, func() (struct{}, error) {
+			attempt, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			err := s.Release(attempt, db, c)
+			if err != nil && !postgres.IsTransient(err) {
+				return struct{}{}, backoff.Permanent(err)
+			}
+			return struct{}{}, err
+		}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(0))
+		if err != nil {
+			logger.Warn("release key lease: gave up; the lease expires by itself", "err", err, "key_hash", hash)
+			return
+		}
+		logger.Info("key lease released after the database came back", "key_hash", hash)
+	}()
 }

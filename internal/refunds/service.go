@@ -443,12 +443,10 @@ func (s *Service) fail(c *idempotency.Claim, err error) error {
 	return translate(err)
 }
 
+// release ends the key's lease early after a transient failure, as
+// checkout does (idempotency.Store.ReleaseEarly).
 func (s *Service) release(c *idempotency.Claim) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	if err := s.Keys.Release(ctx, s.DB, c); err != nil {
-		s.Logger.Warn("release key lease", "err", err, "key_hash", c.Scope.Hash()[:16])
-	}
+	s.Keys.ReleaseEarly(s.DB, c, s.Logger)
 }
 
 // translate keeps problems, and turns anything else (the database failing,
