@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
@@ -18,15 +17,8 @@ import (
 
 	"github.com/onceonly/checkout/internal/notify"
 	"github.com/onceonly/checkout/internal/notify/smtpsink"
+	"github.com/onceonly/checkout/internal/testenv"
 )
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return "127.0.0.1:" + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-}
 
 // TestSinkDemandsSTARTTLSAndLogin: with SMTP_SINK_TLS=starttls and an
 // account, the sink writes its certificate to SMTP_SINK_CERT_FILE; a
@@ -35,7 +27,7 @@ func freeAddr(t *testing.T) string {
 func TestSinkDemandsSTARTTLSAndLogin(t *testing.T) {
 	t.Parallel()
 	certFile := filepath.Join(t.TempDir(), "sink.pem")
-	smtpAddr, httpAddr := freeAddr(t), freeAddr(t)
+	smtpAddr, httpAddr := testenv.FreeAddr(t), testenv.FreeAddr(t)
 	env := map[string]string{"SMTP_SINK_ADDR": smtpAddr, "SMTP_SINK_HTTP_ADDR": httpAddr,
 		"SMTP_SINK_TLS": "starttls", "SMTP_SINK_CERT_FILE": certFile,
 		"SMTP_SINK_USERNAME": "shop", "SMTP_SINK_PASSWORD": "right"}

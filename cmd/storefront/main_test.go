@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/checkout/internal/testenv"
 )
 
 func TestRunRejectsBadValues(t *testing.T) {
@@ -33,10 +35,7 @@ func TestRunServesAndDrains(t *testing.T) {
 	addr := ln.Addr().String()
 	dead := "http://" + addr // nothing listens there once closed
 	ln.Close()
-	ln2, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	shopAddr := ln2.Addr().String()
-	ln2.Close()
+	shopAddr := testenv.FreeAddr(t)
 
 	ctx, cancel := context.WithCancel(t.Context())
 	env := map[string]string{"STOREFRONT_ADDR": shopAddr, "API_URL": dead}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/payments/stripeemu"
 	"github.com/onceonly/checkout/internal/storefront"
+	"github.com/onceonly/checkout/internal/testenv"
 )
 
 // payUntilDone presses Pay, as a shopper told "Pay again: it is safe"
@@ -47,10 +48,7 @@ func TestStorefrontRestartDuringPay(t *testing.T) {
 		t.Cleanup(func() { _ = srv.Close() })
 		return srv
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := testenv.FreeAddr(t)
 	first := serve(addr)
 	mine := *e
 	mine.shopURL = "http://" + addr

@@ -110,17 +110,6 @@ func (s *RedisServer) Restart(t testing.TB) {
 	s.start(t)
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func FreePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("testenv: free port: %v", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // Random returns 2n random hex digits, for unique names.
 func Random(n int) string {
 	b := make([]byte, n)

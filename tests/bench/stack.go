@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,6 +20,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/onceonly/checkout/internal/rabbitmq"
+	"github.com/onceonly/checkout/internal/testenv"
 )
 
 // proc is one binary run as its own OS process, its output in a log file.
@@ -153,13 +153,14 @@ type stack struct {
 	byName  map[string]*proc
 }
 
+// freeAddr is a port for one of the stack's processes; testenv.Port says
+// why not one from Listen(":0").
 func freeAddr() string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := testenv.Port()
 	if err != nil {
 		panic(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return "127.0.0.1:" + strconv.Itoa(port)
 }
 
 // startStack starts the stack's processes from the binaries in binDir (this

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/onceonly/checkout/internal/testenv"
 )
 
 // TB is the part of testing.TB the servers need; *testing.T satisfies it,
@@ -77,12 +79,10 @@ func StartPgBouncer(t TB, upstream string, opts ...PgBouncerOptions) (*PgBouncer
 			return nil, err
 		}
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	listen, err := testenv.Port()
 	if err != nil {
 		return nil, err
 	}
-	listen := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
 
 	b := &PgBouncer{Addr: "127.0.0.1:" + strconv.Itoa(listen), PoolSize: o.PoolSize}
 	ini := fmt.Sprintf(`[databases]

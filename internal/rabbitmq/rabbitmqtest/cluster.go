@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/big"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/onceonly/checkout/internal/testenv"
 )
 
 // The RabbitMQ scripts themselves: /usr/sbin/rabbitmq-server is Debian's
@@ -87,7 +88,7 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	for i := range n {
 		nd := filepath.Join(dir, "node"+strconv.Itoa(i+1))
 		must(t, os.MkdirAll(nd, 0o755))
-		port, dist := freePort(t), freePort(t)
+		port, dist := testenv.FreePort(t), testenv.FreePort(t)
 		conf := fmt.Sprintf("listeners.tcp.default = 127.0.0.1:%d\nloopback_users = none\n", port)
 		must(t, os.WriteFile(filepath.Join(nd, "rabbitmq.conf"), []byte(conf), 0o644))
 		node := &Node{
@@ -402,17 +403,6 @@ func cookie() string {
 		b[i] = byte('A' + v.Int64())
 	}
 	return string(b)
-}
-
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("rabbitmqtest: free port: %v", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 func must(t testing.TB, err error) {

@@ -11,7 +11,6 @@ package stack
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -20,7 +19,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -282,7 +280,7 @@ func start(t TB, opts Options) (*Stack, error) {
 
 	ports := map[string]string{}
 	for _, name := range []string{"api", "emulator", "smtp", "sink", "dispatcher", "worker"} {
-		p, err := freePort()
+		p, err := testenv.Port()
 		if err != nil {
 			return nil, err
 		}
@@ -535,40 +533,11 @@ func mustParse(raw string) *url.URL {
 	return u
 }
 
-// handedOut holds every port freePort has returned in this test binary:
-// the kernel may give a port that was just probed and released to the next
-// probe, so two processes of one stack (or of two parallel tests) could be
-// told the same port.
-var handedOut = struct {
-	sync.Mutex
-	ports map[int]bool
-}{ports: map[int]bool{}}
-
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago and
-// that no earlier call in this process returned.
-func freePort() (int, error) {
-	handedOut.Lock()
-	defer handedOut.Unlock()
-	for range 100 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, err
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
-		if !handedOut.ports[port] {
-			handedOut.ports[port] = true
-			return port, nil
-		}
-	}
-	return 0, errors.New("no free port not handed out already")
-}
-
 // AddWorker starts another worker process beside s.Worker, a second
 // replica with the same settings and its own metrics port, and returns it
 // with its ops URL. It is killed in the TB's cleanup.
 func (s *Stack) AddWorker() (*Process, string, error) {
-	port, err := freePort()
+	port, err := testenv.Port()
 	if err != nil {
 		return nil, "", err
 	}
@@ -593,7 +562,7 @@ func (s *Stack) AddWorker() (*Process, string, error) {
 // second replica with the same settings (and the same proxied links) and
 // its own metrics port. It is killed in the TB's cleanup.
 func (s *Stack) AddDispatcher() (*Process, error) {
-	port, err := freePort()
+	port, err := testenv.Port()
 	if err != nil {
 		return nil, err
 	}
