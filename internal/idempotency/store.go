@@ -252,6 +252,22 @@ func (s *Store) Expired(ctx context.Context, db *gorm.DB, olderThan time.Time, l
 	return ids, nil
 }
 
+// OrderTaken reports whether a key of c's tenant and route other than c
+// has recorded orderID with its recovery point (Advance): another
+// execution of the route, under another key, got to that order first.
+// Inside the transaction that locked the order, the answer holds until
+// commit.
+func (s *Store) OrderTaken(ctx context.Context, tx *gorm.DB, c *Claim, orderID string) (bool, error) {
+	var n int64
+	err := tx.WithContext(ctx).Raw(`SELECT count(*) FROM idempotency_keys
+		WHERE order_id = ? AND tenant_id = ? AND route = ? AND id <> ?`,
+		orderID, c.Scope.Tenant, c.Scope.Route, c.ID).Row().Scan(&n)
+	if err != nil {
+		return false, fmt.Errorf("look for other keys of %s: %w", orderID, err)
+	}
+	return n > 0, nil
+}
+
 // Advance records a recovery point (and the route's order id) inside tx. It
 // is fenced: when the row no longer names c.Owner it returns ErrLeaseLost and
 // the caller must roll back.
