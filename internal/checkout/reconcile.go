@@ -36,73 +36,72 @@ type CancelCommand struct {
 // 409 too). Errors, not stored: ErrOrderNotFound (404), the idempotency layer's
 // 409 and 422, payment_provider_unavailable (502) and unavailable (503).
 func (s *Service) CancelOrder(ctx context.Context, cmd CancelCommand) (resp *idempotency.Response, replayed bool, err error) {
-	scope := idempotency.Scope{Tenant: cmd.Tenant, Route: CancelRoute, Key: cmd.IdempotencyKey}
-	var (
-		claim *idempotency.Claim
-		order *Order
-		final *idempotency.Response
-	)
 	if !validOrderID(cmd.OrderID) {
 		return nil, false, ErrOrderNotFound
 	}
-	err = postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
-		c, err := s.Keys.Claim(ctx, tx, scope, cmd.Fingerprint, cmd.Owner)
-		if err != nil {
-			return err
-		}
-		claim = c
-		switch {
-		case c.Response != nil:
-			return nil
-		case c.TakenOver:
-			order, err = s.resumedOrder(ctx, tx, c)
-			return err
-		}
-		// Cancellations of one order under different keys take turns on
-		// its row: the first to get past here cancels it, and the others
-		// answer as for an order no longer cancelable.
-		if err := tx.WithContext(ctx).Exec(`SELECT 1 FROM orders WHERE id = ? AND tenant_id = ? FOR UPDATE`,
-			cmd.OrderID, cmd.Tenant).Error; err != nil {
-			return fmt.Errorf("lock order %s: %w", cmd.OrderID, err)
-		}
-		// A not-found rolls the claim back: nothing is stored.
-		if order, err = loadOrder(ctx, tx, cmd.Tenant, cmd.OrderID); err != nil {
-			return err
-		}
-		if order.Status != StatusRequiresAction {
-			final = notCancelable(order)
-			return s.Keys.Finish(ctx, tx, c, final)
-		}
-		var others int64
-		if err := tx.WithContext(ctx).Raw(`SELECT count(*) FROM idempotency_keys
-			WHERE order_id = ? AND tenant_id = ? AND route = ? AND id <> ?`,
-			order.ID, cmd.Tenant, CancelRoute, c.ID).Scan(&others).Error; err != nil {
-			return fmt.Errorf("look for other cancellations of %s: %w", order.ID, err)
-		}
-		if others > 0 {
-			final = responseForError(&Error{Code: CodeNotCancelable,
-				Detail: "The order is being canceled under another Idempotency-Key; only one cancellation cancels it."})
-			return s.Keys.Finish(ctx, tx, c, final)
-		}
-		return s.Keys.Advance(ctx, tx, c, RecoveryPointCancelRequested, order.ID)
-	})
-	switch {
-	case err != nil:
+	scope := idempotency.Scope{Tenant: cmd.Tenant, Route: CancelRoute, Key: cmd.IdempotencyKey}
+	resp, replayed, err = s.executor().Execute(ctx, scope, cmd.Fingerprint, cmd.Owner, &cancellation{s: s, orderID: cmd.OrderID})
+	if err != nil {
 		return nil, false, s.translate(err)
-	case final != nil:
-		return final, false, nil
-	case claim.Response != nil:
-		return claim.Response, true, nil
 	}
-	resp, err = s.cancelOrder(ctx, claim, order)
-	return resp, false, err
+	return resp, replayed, nil
 }
 
-// cancelOrder is the saga of a cancellation after its key reached
+// cancellation is one execution of a cancellation (CancelRoute) as an
+// idempotency.Command.
+type cancellation struct {
+	s *Service
+	// orderID is the order a new key cancels.
+	orderID string
+	// order is the order, as Start or Resume loaded it.
+	order *Order
+}
+
+// Start locks the order and, when it is in requires_action and no other
+// key is canceling it, advances the key to cancel_requested; otherwise it
+// finishes the key with the stored 409 order_not_cancelable. A missing
+// order rolls the claim back: 404, nothing stored.
+func (x *cancellation) Start(ctx context.Context, tx *gorm.DB, c *idempotency.Claim) (*idempotency.Response, error) {
+	// Cancellations of one order under different keys take turns on
+	// its row: the first to get past here cancels it, and the others
+	// answer as for an order no longer cancelable.
+	if err := tx.WithContext(ctx).Exec(`SELECT 1 FROM orders WHERE id = ? AND tenant_id = ? FOR UPDATE`,
+		x.orderID, c.Scope.Tenant).Error; err != nil {
+		return nil, fmt.Errorf("lock order %s: %w", x.orderID, err)
+	}
+	o, err := loadOrder(ctx, tx, c.Scope.Tenant, x.orderID)
+	if err != nil {
+		return nil, err
+	}
+	x.order = o
+	if o.Status != StatusRequiresAction {
+		final := notCancelable(o)
+		return final, x.s.Keys.Finish(ctx, tx, c, final)
+	}
+	taken, err := x.s.Keys.OrderTaken(ctx, tx, c, o.ID)
+	if err != nil {
+		return nil, err
+	}
+	if taken {
+		final := responseForError(&Error{Code: CodeNotCancelable,
+			Detail: "The order is being canceled under another Idempotency-Key; only one cancellation cancels it."})
+		return final, x.s.Keys.Finish(ctx, tx, c, final)
+	}
+	return nil, x.s.Keys.Advance(ctx, tx, c, RecoveryPointCancelRequested, o.ID)
+}
+
+// Resume loads the order of a key taken over at cancel_requested.
+func (x *cancellation) Resume(ctx context.Context, tx *gorm.DB, c *idempotency.Claim) (err error) {
+	x.order, err = x.s.resumedOrder(ctx, tx, c)
+	return err
+}
+
+// Run is the saga of a cancellation after its key reached
 // cancel_requested: cancel the PaymentIntent, apply Stripe's answer, finish
 // the key.
-func (s *Service) cancelOrder(ctx context.Context, c *idempotency.Claim, o *Order) (*idempotency.Response, error) {
-	r := s.newRun(c, CancelRoute, o)
+func (x *cancellation) Run(ctx context.Context, c *idempotency.Claim) (*idempotency.Response, error) {
+	o := x.order
+	r := x.s.newRun(c, CancelRoute, o)
 	if o.Status != StatusRequiresAction || o.Payment.PaymentIntentID == "" {
 		return r.settle(ctx, nil)
 	}

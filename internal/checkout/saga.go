@@ -750,11 +750,12 @@ func (s *Service) applyTx(ctx context.Context, tx *gorm.DB, o *Order, ch change,
 }
 
 // stop ends a run that cannot settle now. A wait (Stripe unanswered or
-// indeterminate) releases the key's lease so that a retry resumes at once,
-// moves the order to payment_unknown once UnknownAfter has passed, and is
-// answered 502; Stripe refusing our credentials is 503
-// payment_provider_unavailable, the key released the same way; a lost lease
-// or attempt is 409 (another run owns the payment); anything else is 503.
+// indeterminate) moves the order to payment_unknown once UnknownAfter has
+// passed, and is answered 502; Stripe refusing our credentials is 503
+// payment_provider_unavailable; a lost lease or attempt is 409 (another
+// run owns the payment); anything else is 503. The executor
+// (idempotency.Executor.Continue) releases the key's lease after any of
+// them but the lost lease, so that a retry resumes at once.
 func (r *run) stop(ctx context.Context, err error) (*idempotency.Response, error) {
 	var w *waitError
 	var refusal *PaymentRefusal
@@ -766,12 +767,10 @@ func (r *run) stop(ctx context.Context, err error) (*idempotency.Response, error
 		// is stored, the stock stays reserved, and the retry resumes.
 		r.s.Logger.ErrorContext(ctx, "Stripe refused the service's credentials (401/403): check STRIPE_SECRET_KEY",
 			"order_id", r.o.ID, "err", err)
-		r.release()
 		return nil, providerCredentials(r.o.ID, err)
 	case errors.As(err, &w), errors.Is(err, ErrProviderUnanswered), errors.Is(err, ErrProviderIndeterminate),
 		errors.As(err, &refusal):
 		r.markUnknown(ctx)
-		r.release()
 		e := paymentUnavailable(r.o.ID, err)
 		if w != nil && !w.until.IsZero() {
 			// Whole seconds, rounded up: a retry sooner only gets this 502.
@@ -779,7 +778,6 @@ func (r *run) stop(ctx context.Context, err error) (*idempotency.Response, error
 		}
 		return nil, e
 	}
-	r.release()
 	return nil, r.s.translate(err)
 }
 
@@ -803,14 +801,6 @@ func (r *run) markUnknown(ctx context.Context) {
 	}
 	r.s.Logger.ErrorContext(ctx, "payment outcome unknown; the order is payment_unknown and is still reconciled",
 		"order_id", r.o.ID, "since", cur.unknownSince)
-}
-
-// release ends the key's lease early, so that the client's retry resumes at
-// once rather than after the lease expires.
-func (r *run) release() {
-	if r.claim != nil {
-		r.s.release(r.claim)
-	}
 }
 
 // cancelOrphans cancels, best effort, every PaymentIntent of found other

@@ -71,99 +71,82 @@ func (s *Service) Checkout(ctx context.Context, cmd CheckoutCommand) (resp *idem
 	case first != nil && first.final != nil:
 		return first.final, false, nil // out of stock
 	case first != nil:
-		resp, err = s.newRun(first.claim, Route, first.order).payFirst(ctx, first.create)
+		resp, err = s.executor().Continue(ctx, first.claim, func(ctx context.Context, c *idempotency.Claim) (*idempotency.Response, error) {
+			return s.newRun(c, Route, first.order).payFirst(ctx, first.create)
+		})
 		return resp, false, err
 	}
 	// Not a first execution (the key exists, or the body is wrong): the
 	// general path, which reads what is stored and applies the contract's
 	// rules in its order.
 	scope := idempotency.Scope{Tenant: cmd.Tenant, Route: Route, Key: cmd.IdempotencyKey}
-	var (
-		claim *idempotency.Claim
-		order *Order
-		final *idempotency.Response
-	)
-	err = postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
-		c, err := s.Keys.Claim(ctx, tx, scope, cmd.Fingerprint, cmd.Owner)
-		if err != nil {
-			return err
-		}
-		claim = c
-		switch {
-		case c.Response != nil:
-			return nil
-		case c.TakenOver:
-			order, err = s.resumedOrder(ctx, tx, c)
-			return err
-		}
-		in := cmd.Input
-		if in == nil {
-			in = &Request{}
-		}
-		order, final, err = s.createOrder(ctx, tx, c, in, cmd.InputErrors)
-		return err
-	})
+	resp, replayed, err = s.executor().Execute(ctx, scope, cmd.Fingerprint, cmd.Owner,
+		&checkoutCommand{s: s, in: cmd.Input, inputErrs: cmd.InputErrors})
 	if err != nil {
 		return nil, false, s.translate(err)
 	}
-	if final != nil {
-		return final, false, nil // finished by this request (out of stock)
-	}
-	if claim.Response != nil {
-		return claim.Response, true, nil
-	}
-	if claim.TakenOver {
-		s.Logger.InfoContext(ctx, "resuming checkout after an expired lease", "order_id", order.ID, "recovery_point", claim.RecoveryPoint)
-	}
-	resp, err = s.newRun(claim, Route, order).pay(ctx)
-	return resp, false, err
+	return resp, replayed, nil
 }
 
-// KeyRoutes are the routes whose keys Complete resumes: the checkout
-// (Route) and the cancellation (CancelRoute), every route of this package
-// that takes an Idempotency-Key. The worker's completer hands it exactly
-// these (internal/api.Completer).
-func (s *Service) KeyRoutes() []string { return []string{Route, CancelRoute} }
+// checkoutCommand is one execution of a checkout (Route) on the general
+// path, as an idempotency.Command.
+type checkoutCommand struct {
+	s *Service
+	// in and inputErrs are a new key's decoded body and what decoding
+	// found wrong with it.
+	in        *Request
+	inputErrs []FieldError
+	// order is the order, as Start or Resume loaded it.
+	order *Order
+}
 
-// Complete finishes the unfinished key id whose lease has expired, through
-// the same saga a client's retry would run, with the same Stripe keys: a
-// checkout (Route) or a cancellation (CancelRoute). Keys of other routes
-// are not touched (not even taken over). It reports false when there was
-// nothing to do (finished meanwhile, lease live, another process holds the
-// row, another route). While it works it extends the key's lease every
-// Keys.Lease/3, as the API's gateway does. The completer and the reconciler
-// call it.
+// Start is createOrder.
+func (x *checkoutCommand) Start(ctx context.Context, tx *gorm.DB, c *idempotency.Claim) (final *idempotency.Response, err error) {
+	in := x.in
+	if in == nil {
+		in = &Request{}
+	}
+	x.order, final, err = x.s.createOrder(ctx, tx, c, in, x.inputErrs)
+	return final, err
+}
+
+// Resume loads the order of a key taken over at order_created.
+func (x *checkoutCommand) Resume(ctx context.Context, tx *gorm.DB, c *idempotency.Claim) (err error) {
+	x.order, err = x.s.resumedOrder(ctx, tx, c)
+	return err
+}
+
+// Run is the payment saga (run.pay).
+func (x *checkoutCommand) Run(ctx context.Context, c *idempotency.Claim) (*idempotency.Response, error) {
+	return x.s.newRun(c, Route, x.order).pay(ctx)
+}
+
+// executor runs the package's commands against Keys.
+func (s *Service) executor() *idempotency.Executor {
+	return &idempotency.Executor{Store: s.Keys, DB: s.DB, Logger: s.Logger}
+}
+
+// Commands are the package's routes that take an Idempotency-Key, each
+// with the command that resumes its keys: the checkout (Route) and the
+// cancellation (CancelRoute). Every process that completes keys hands
+// them to its completer (internal/api.Completer).
+func (s *Service) Commands() idempotency.Commands {
+	return idempotency.Commands{
+		Route:       func() idempotency.Command { return &checkoutCommand{s: s} },
+		CancelRoute: func() idempotency.Command { return &cancellation{s: s} },
+	}
+}
+
+// KeyRoutes are the routes of Commands, whose keys Complete resumes.
+func (s *Service) KeyRoutes() []string { return s.Commands().Routes() }
+
+// Complete finishes the unfinished key id of a checkout or a cancellation
+// whose lease has expired, through the same saga a client's retry would
+// run, with the same Stripe keys (idempotency.Executor.Complete with
+// Commands). Keys of other routes are not touched. It reports false when
+// there was nothing to do. The completer and the reconciler call it.
 func (s *Service) Complete(ctx context.Context, keyID int64) (bool, error) {
-	var (
-		claim *idempotency.Claim
-		order *Order
-	)
-	err := postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
-		c, err := s.Keys.TakeOver(ctx, tx, keyID, idempotency.NewOwnerToken(), s.KeyRoutes()...)
-		if err != nil || c == nil {
-			return err
-		}
-		claim = c
-		order, err = s.resumedOrder(ctx, tx, c)
-		return err
-	})
-	if err != nil || claim == nil {
-		return false, err
-	}
-	stop := s.Keys.KeepLease(ctx, s.DB, claim.Scope, claim.Owner, s.Logger)
-	defer stop()
-	s.Logger.InfoContext(ctx, "completing an unfinished key after an expired lease",
-		"order_id", order.ID, "route", claim.Scope.Route, "key_hash", claim.Scope.Hash()[:16])
-	var runErr error
-	if claim.Scope.Route == CancelRoute {
-		_, runErr = s.cancelOrder(ctx, claim, order)
-	} else {
-		_, runErr = s.newRun(claim, Route, order).pay(ctx)
-	}
-	if runErr != nil {
-		return false, runErr
-	}
-	return true, nil
+	return s.executor().Complete(ctx, keyID, s.Commands())
 }
 
 // createOrder is transaction 1 after a new claim: validate, reserve stock,
@@ -293,12 +276,6 @@ func (s *Service) resumedOrder(ctx context.Context, tx *gorm.DB, c *idempotency.
 
 func (s *Service) event(typ string, o *Order, at time.Time) outbox.Event {
 	return outbox.Event{Type: typ, OccurredAt: at, TenantID: o.tenantID, AggregateID: o.ID, Data: o}
-}
-
-// release ends the key's lease early after a transient failure
-// (idempotency.Store.ReleaseEarly, retried through a database failover).
-func (s *Service) release(c *idempotency.Claim) {
-	s.Keys.ReleaseEarly(s.DB, c, s.Logger)
 }
 
 // translate keeps domain errors and the idempotency layer's problems as

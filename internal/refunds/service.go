@@ -87,74 +87,66 @@ func (s *Service) retryAfter() time.Duration {
 // validation_error, 404 not_found, 502 payment_provider_unavailable and
 // 503 unavailable (the key keeps its recovery point; a retry resumes it).
 func (s *Service) Refund(ctx context.Context, req *idempotency.Request, orderID string, in *Request, inputErrs []FieldError) (*idempotency.Response, bool, error) {
-	var (
-		claim *idempotency.Claim
-		rf    *refundRow
-		final *idempotency.Response
-	)
-	err := postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
-		c, err := s.Keys.Claim(ctx, tx, req.Scope, req.Fingerprint, req.Owner)
-		if err != nil {
-			return err
-		}
-		claim = c
-		switch {
-		case c.Response != nil:
-			return nil
-		case c.TakenOver:
-			rf, err = refundOfKey(ctx, tx, c.ID)
-			return err
-		}
-		rf, final, err = s.create(ctx, tx, c, orderID, in, inputErrs)
-		return err
-	})
+	resp, replayed, err := s.executor().Execute(ctx, req.Scope, req.Fingerprint, req.Owner,
+		&refundCommand{s: s, orderID: orderID, in: in, inputErrs: inputErrs})
 	if err != nil {
 		return nil, false, translate(err)
 	}
-	if final != nil {
-		return final, false, nil
-	}
-	if claim.Response != nil {
-		return claim.Response, true, nil
-	}
-	if claim.TakenOver {
-		s.Logger.InfoContext(ctx, "resuming refund after an expired lease", "refund_id", rf.ID, "order_id", rf.OrderID)
-	}
-	resp, err := s.run(ctx, claim, rf)
-	return resp, false, err
+	return resp, replayed, nil
 }
 
-// KeyRoutes are the routes whose keys Complete resumes: Route, the only
-// route of this package that takes an Idempotency-Key.
-func (s *Service) KeyRoutes() []string { return []string{Route} }
+// refundCommand is one execution of a refund (Route) as an
+// idempotency.Command.
+type refundCommand struct {
+	s *Service
+	// orderID, in and inputErrs are a new key's order, decoded body and
+	// what decoding found wrong with it.
+	orderID   string
+	in        *Request
+	inputErrs []FieldError
+	// refund is the refund, as Start or Resume loaded it.
+	refund *refundRow
+}
+
+// Start is create.
+func (x *refundCommand) Start(ctx context.Context, tx *gorm.DB, c *idempotency.Claim) (final *idempotency.Response, err error) {
+	x.refund, final, err = x.s.create(ctx, tx, c, x.orderID, x.in, x.inputErrs)
+	return final, err
+}
+
+// Resume loads the refund of a key taken over at refund_created.
+func (x *refundCommand) Resume(ctx context.Context, tx *gorm.DB, c *idempotency.Claim) (err error) {
+	x.refund, err = refundOfKey(ctx, tx, c.ID)
+	return err
+}
+
+// Run is run.
+func (x *refundCommand) Run(ctx context.Context, c *idempotency.Claim) (*idempotency.Response, error) {
+	return x.s.run(ctx, c, x.refund)
+}
+
+// executor runs the package's command against Keys.
+func (s *Service) executor() *idempotency.Executor {
+	return &idempotency.Executor{Store: s.Keys, DB: s.DB, Logger: s.Logger}
+}
+
+// Commands is the package's one route that takes an Idempotency-Key,
+// Route, with the command that resumes its keys: what every process that
+// completes keys hands its completer (internal/api.Completer).
+func (s *Service) Commands() idempotency.Commands {
+	return idempotency.Commands{Route: func() idempotency.Command { return &refundCommand{s: s} }}
+}
+
+// KeyRoutes are the routes of Commands, whose keys Complete resumes.
+func (s *Service) KeyRoutes() []string { return s.Commands().Routes() }
 
 // Complete finishes the unfinished refund of key id whose lease expired,
-// through the same steps a retry would take. It reports false when there
-// was nothing to do. The completer calls it (for keys of Route only).
+// through the same steps a retry would take
+// (idempotency.Executor.Complete with Commands). It reports false when
+// there was nothing to do. The completer calls it (for keys of Route
+// only).
 func (s *Service) Complete(ctx context.Context, keyID int64) (bool, error) {
-	var (
-		claim *idempotency.Claim
-		rf    *refundRow
-	)
-	err := postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
-		c, err := s.Keys.TakeOver(ctx, tx, keyID, idempotency.NewOwnerToken(), s.KeyRoutes()...)
-		if err != nil || c == nil {
-			return err
-		}
-		claim = c
-		rf, err = refundOfKey(ctx, tx, c.ID)
-		return err
-	})
-	if err != nil || claim == nil {
-		return false, err
-	}
-	stop := s.Keys.KeepLease(ctx, s.DB, claim.Scope, claim.Owner, s.Logger)
-	defer stop()
-	s.Logger.InfoContext(ctx, "completing refund after an expired lease", "refund_id", rf.ID, "order_id", rf.OrderID)
-	if _, err := s.run(ctx, claim, rf); err != nil {
-		return false, err
-	}
-	return true, nil
+	return s.executor().Complete(ctx, keyID, s.Commands())
 }
 
 // create is transaction 1 after a new claim: validate, lock the order,
@@ -234,17 +226,17 @@ func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (
 	for range 2 { // at most: an attempt past stripestep.ResendWindow marked indeterminate, then reconciled
 		a, err := latestAttempt(ctx, s.DB, r)
 		if err != nil {
-			return nil, s.fail(c, err)
+			return nil, translate(err)
 		}
 		switch {
 		case a == nil:
-			return nil, s.fail(c, fmt.Errorf("refund %s has no attempt", r.ID))
+			return nil, translate(fmt.Errorf("refund %s has no attempt", r.ID))
 		case a.Outcome == nil && s.now().Sub(a.CreatedAt) > stripestep.ResendWindow:
 			// Stripe may have pruned the key (it keeps keys at least 24
 			// hours): resending it could run the refund a second time.
 			if rerr := recordAttempt(ctx, s.DB, a, outcomeIndeterminate, nil,
 				fmt.Errorf("unanswered for %s: reconcile instead of resending the key", stripestep.ResendWindow), s.now()); rerr != nil {
-				return nil, s.fail(c, rerr)
+				return nil, translate(rerr)
 			}
 		case a.Outcome == nil:
 			st, err := s.Stripe.CreateRefund(ctx, CreateParams{
@@ -259,14 +251,14 @@ func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (
 				return s.settle(ctx, c, r, &st, "")
 			case errors.Is(err, ErrRejected):
 				if rerr := recordAttempt(ctx, s.DB, a, outcomeRejected, nil, err, s.now()); rerr != nil {
-					return nil, s.fail(c, rerr)
+					return nil, translate(rerr)
 				}
 				return s.settle(ctx, c, r, nil, "stripe_rejected")
 			case errors.Is(err, ErrIndeterminate):
 				s.Logger.WarnContext(ctx, "refund attempt indeterminate; reconciling before any new attempt",
 					"refund_id", r.ID, "attempt", a.Attempt, "err", err)
 				if rerr := recordAttempt(ctx, s.DB, a, outcomeIndeterminate, nil, err, s.now()); rerr != nil {
-					return nil, s.fail(c, rerr)
+					return nil, translate(rerr)
 				}
 				// The next round reconciles at once: with a roll-forward
 				// of "0s" the refund is already there.
@@ -278,13 +270,13 @@ func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (
 				if rerr := noteAttemptError(ctx, s.DB, a, err, s.now()); rerr != nil {
 					s.Logger.WarnContext(ctx, "record refund attempt", "err", rerr)
 				}
-				return nil, s.fail(c, problem.Wrap(ErrPaymentUnavailable, err))
+				return nil, translate(problem.Wrap(ErrPaymentUnavailable, err))
 			}
 		case *a.Outcome == outcomeSucceeded && a.StripeObjectID != nil:
 			// Stripe answered but transaction 2 did not commit.
 			st, err := s.Stripe.GetRefund(ctx, *a.StripeObjectID)
 			if err != nil {
-				return nil, s.fail(c, problem.Wrap(ErrPaymentUnavailable, err))
+				return nil, translate(problem.Wrap(ErrPaymentUnavailable, err))
 			}
 			return s.settle(ctx, c, r, &st, "")
 		case *a.Outcome == outcomeRejected:
@@ -292,7 +284,7 @@ func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (
 		default: // indeterminate
 			found, err := s.reconcile(ctx, r)
 			if err != nil {
-				return nil, s.fail(c, problem.Wrap(ErrPaymentUnavailable, err))
+				return nil, translate(problem.Wrap(ErrPaymentUnavailable, err))
 			}
 			if found != nil {
 				s.Metrics.reconciled(ReconcileFound)
@@ -304,7 +296,7 @@ func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (
 			}
 			if age := s.now().Sub(a.UpdatedAt); age < s.retryAfter() {
 				s.Metrics.reconciled(ReconcileNotYet)
-				return nil, s.fail(c, problem.Wrap(ErrPaymentUnavailable,
+				return nil, translate(problem.Wrap(ErrPaymentUnavailable,
 					fmt.Errorf("refund %s attempt %d indeterminate %s ago and not at Stripe yet; parked after %s",
 						r.ID, a.Attempt, age.Round(time.Millisecond), s.retryAfter())))
 			}
@@ -314,7 +306,7 @@ func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (
 			return s.settle(ctx, c, r, nil, "")
 		}
 	}
-	return nil, s.fail(c, problem.Wrap(ErrPaymentUnavailable, fmt.Errorf("refund %s: no final answer yet", r.ID)))
+	return nil, translate(problem.Wrap(ErrPaymentUnavailable, fmt.Errorf("refund %s: no final answer yet", r.ID)))
 }
 
 // reconcile lists the PaymentIntent's refunds and returns the one carrying
@@ -354,7 +346,7 @@ func (s *Service) settle(ctx context.Context, c *idempotency.Claim, r *refundRow
 	err := postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
 		// The fence first: it locks the key row, so a takeover meanwhile
 		// stops us before any other write.
-		if err := s.Keys.Advance(ctx, tx, c, RecoveryPointRefundCreated, r.OrderID); err != nil {
+		if err := s.Keys.Fence(ctx, tx, c); err != nil {
 			return err
 		}
 		if st != nil {
@@ -394,9 +386,6 @@ func (s *Service) settle(ctx context.Context, c *idempotency.Claim, r *refundRow
 		return s.Keys.Finish(ctx, tx, c, resp)
 	})
 	if err != nil {
-		if !errors.Is(err, idempotency.ErrLeaseLost) {
-			s.release(c)
-		}
 		return nil, translate(err)
 	}
 	return resp, nil
@@ -432,21 +421,6 @@ func failUnsent(ctx context.Context, tx *gorm.DB, r *refundRow, reason string, n
 	}
 	return tx.WithContext(ctx).Exec(`UPDATE orders SET refund_reserved = refund_reserved - ?, updated_at = ? WHERE id = ?`,
 		r.Amount, now, r.OrderID).Error
-}
-
-// fail releases the key's lease after a transient failure, so the retry
-// resumes at once, and returns err as a problem.
-func (s *Service) fail(c *idempotency.Claim, err error) error {
-	if !errors.Is(err, idempotency.ErrLeaseLost) {
-		s.release(c)
-	}
-	return translate(err)
-}
-
-// release ends the key's lease early after a transient failure, as
-// checkout does (idempotency.Store.ReleaseEarly).
-func (s *Service) release(c *idempotency.Claim) {
-	s.Keys.ReleaseEarly(s.DB, c, s.Logger)
 }
 
 // translate keeps problems, and turns anything else (the database failing,
