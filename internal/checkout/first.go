@@ -117,9 +117,8 @@ func (r *run) payFirst(ctx context.Context, create *attempt) (*idempotency.Respo
 	}
 
 	// Phase 2.
-	keyID, owner := r.fence()
 	confirm := r.newAttempt(StepConfirm, 1, pi.ID, ConfirmIntentRequest{PaymentIntentID: pi.ID, ReturnURL: r.o.returnURL})
-	recorded, err := recordCreated(ctx, r.s.DB, create, pi, confirm, keyID, owner, r.now())
+	recorded, err := recordCreated(ctx, r.s.DB, create, pi, confirm, r.claim.Fence(), r.now())
 	if err != nil {
 		return r.stop(ctx, err)
 	}
@@ -190,7 +189,7 @@ func (r *run) settlePaid(ctx context.Context, confirm *attempt, got PaymentInten
 	if err != nil {
 		return nil, err
 	}
-	expiresAt, ok, err := settleFirstPaid(ctx, r.s.DB, confirm, got, now, r.claim.ID, r.claim.Owner,
+	expiresAt, ok, err := settleFirstPaid(ctx, r.s.DB, confirm, got, now, r.claim.Fence(),
 		transition, transitionArgs, event, eventArgs, finish, finishArgs)
 	if err != nil || !ok {
 		return nil, err
@@ -266,10 +265,11 @@ func createFirstOrder(ctx context.Context, db *gorm.DB, o *Order, want map[strin
 // nothing is charged twice. Phase 1 and phase 3 wait for the flush: the first
 // holds the order whose id names the Stripe keys, the last the response.
 func recordCreated(ctx context.Context, db *gorm.DB, create *attempt, pi PaymentIntentState, confirm *attempt,
-	keyID int64, owner string, now time.Time) (string, error) {
+	fence idempotency.Fence, now time.Time) (string, error) {
+	holds, holdsArgs := fence.Holds()
 	args := finishAttemptArgs(create.ID, outcomeSucceeded, &pi, "", now)
 	args = append(args, recordIntentArgs(create.OrderID, pi, now)...)
-	args = append(append(args, confirm.insertArgs()...), keyID, owner, pi.ID)
+	args = append(append(append(args, confirm.insertArgs()...), holdsArgs...), pi.ID)
 	var recorded string
 	var confirmID sql.NullInt64
 	err := db.WithContext(ctx).Raw(`
@@ -277,7 +277,7 @@ func recordCreated(ctx context.Context, db *gorm.DB, create *attempt, pi Payment
 		a AS (`+finishAttemptSQL+`),
 		o AS (`+recordIntentSQL+` RETURNING payment_intent_id),
 		c AS (`+insertAttemptSQL+`
-			WHERE EXISTS (SELECT 1 FROM idempotency_keys WHERE id = ? AND lease_owner = ?)
+			WHERE `+holds+`
 			  AND EXISTS (SELECT 1 FROM o WHERE o.payment_intent_id = ?)
 			ON CONFLICT DO NOTHING RETURNING id)
 		SELECT (SELECT payment_intent_id FROM o) AS recorded, (SELECT id FROM c) AS confirm_id FROM sc`, args...).Row().Scan(&recorded, &confirmID)
@@ -290,18 +290,19 @@ func recordCreated(ctx context.Context, db *gorm.DB, create *attempt, pi Payment
 
 // settleFirstPaid is phase 3's statement (see settlePaid): the confirm
 // attempt's answer always; the order's transition, the event and the key's
-// finish only together, while key keyID is owner's (locked first, so that
+// finish only together, while fence holds (the key locked first, so that
 // no takeover slips between the checks) and the order may move. It returns
 // the key's expires_at and whether they were applied.
-func settleFirstPaid(ctx context.Context, db *gorm.DB, confirm *attempt, got PaymentIntentState, now time.Time, keyID int64, owner string,
+func settleFirstPaid(ctx context.Context, db *gorm.DB, confirm *attempt, got PaymentIntentState, now time.Time, fence idempotency.Fence,
 	transition string, transitionArgs []any, event string, eventArgs []any, finish string, finishArgs []any) (time.Time, bool, error) {
+	lock, lockArgs := fence.Lock()
 	args := finishAttemptArgs(confirm.ID, outcomeSucceeded, &got, "", now)
-	args = append(args, keyID, owner, idempotency.RecoveryPointFinished)
+	args = append(args, lockArgs...)
 	args = append(append(append(args, transitionArgs...), eventArgs...), finishArgs...)
 	var expiresAt sql.NullTime
 	err := db.WithContext(ctx).Raw(`
 		WITH a AS (`+finishAttemptSQL+`),
-		f AS MATERIALIZED (SELECT id FROM idempotency_keys WHERE id = ? AND lease_owner = ? AND recovery_point <> ? FOR UPDATE),
+		f AS MATERIALIZED (`+lock+`),
 		o AS (`+transition+` AND EXISTS (SELECT 1 FROM f) RETURNING id),
 		e AS (`+event+` WHERE EXISTS (SELECT 1 FROM o)),
 		k AS (`+finish+` AND EXISTS (SELECT 1 FROM o) RETURNING expires_at)

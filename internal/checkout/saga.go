@@ -107,14 +107,6 @@ func (s *Service) newRun(c *idempotency.Claim, route string, o *Order) *run {
 
 func (r *run) now() time.Time { return r.s.Now().UTC().Truncate(time.Microsecond) }
 
-// fence returns the key id and owner that new attempts are fenced by.
-func (r *run) fence() (int64, string) {
-	if r.claim == nil {
-		return 0, ""
-	}
-	return r.claim.ID, r.claim.Owner
-}
-
 // pay drives a checkout's payment from its persisted state to an outcome:
 // create the PaymentIntent (or find the one an indeterminate create made),
 // confirm it, and settle the order. It returns the response the key was
@@ -270,8 +262,7 @@ func (r *run) newAttempt(step string, n int, target string, params any) *attempt
 
 // begin writes a new attempt before its call (fenced by the key's lease).
 func (r *run) begin(ctx context.Context, a *attempt) error {
-	keyID, owner := r.fence()
-	return insertAttempt(ctx, r.s.DB, a, keyID, owner)
+	return insertAttempt(ctx, r.s.DB, a, r.claim.Fence())
 }
 
 // create sends create attempt a (written first when isNew) and records the

@@ -12,6 +12,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
@@ -436,19 +437,13 @@ func loadAttempts(ctx context.Context, db *gorm.DB, orderID, step string) ([]att
 // the step now.
 var errAttemptTaken = errors.New("payment attempt taken by another run")
 
-// insertAttempt writes attempt a before its call. With fenceKeyID set, the
-// row is written only while the idempotency key fenceKeyID still names owner
-// as its lease owner.
-func insertAttempt(ctx context.Context, db *gorm.DB, a *attempt, fenceKeyID int64, owner string) error {
-	var res *gorm.DB
-	if fenceKeyID != 0 {
-		res = db.WithContext(ctx).Raw(insertAttemptSQL+`
-			WHERE EXISTS (SELECT 1 FROM idempotency_keys WHERE id = ? AND lease_owner = ?)
-			ON CONFLICT DO NOTHING RETURNING id`, append(a.insertArgs(), fenceKeyID, owner)...).Scan(&a.ID)
-	} else {
-		res = db.WithContext(ctx).Raw(insertAttemptSQL+`
-			ON CONFLICT DO NOTHING RETURNING id`, a.insertArgs()...).Scan(&a.ID)
-	}
+// insertAttempt writes attempt a before its call, only while fence holds
+// (idempotency.Fence.Holds; the zero Fence writes it unfenced).
+func insertAttempt(ctx context.Context, db *gorm.DB, a *attempt, fence idempotency.Fence) error {
+	holds, holdsArgs := fence.Holds()
+	res := db.WithContext(ctx).Raw(insertAttemptSQL+`
+			WHERE `+holds+`
+			ON CONFLICT DO NOTHING RETURNING id`, append(a.insertArgs(), holdsArgs...)...).Scan(&a.ID)
 	if res.Error != nil {
 		return fmt.Errorf("insert payment attempt %s: %w", a.IdempotencyKey, res.Error)
 	}
