@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/onceonly/checkout/internal/config"
-	"github.com/onceonly/checkout/internal/ops"
+	"github.com/onceonly/checkout/internal/daemon"
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/rabbitmq"
@@ -35,7 +35,7 @@ func main() {
 
 // settings are the dispatcher's environment variables (CONTRACT.md).
 type settings struct {
-	ops.Settings
+	config.Shared
 	MetricsAddr  string        `env:"METRICS_ADDR" envDefault:":9091"`
 	PollInterval time.Duration `env:"OUTBOX_POLL_INTERVAL" envDefault:"200ms"`
 	// BatchSize 1000 relayed a backlog faster than 500 in 5 of 6
@@ -47,7 +47,7 @@ type settings struct {
 
 // check validates what parsing cannot; each message names its variable.
 func (s *settings) check() error {
-	errs := s.Settings.Check()
+	errs := s.Shared.Check()
 	if _, _, err := net.SplitHostPort(s.MetricsAddr); err != nil {
 		errs = append(errs, fmt.Errorf("METRICS_ADDR: %w", err))
 	}
@@ -71,9 +71,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	logger := telemetry.NewLogger(stdout, s.LogLevel).With("process", "dispatcher")
 	logger.Info("starting dispatcher", config.Masked(&s)...)
 
-	deps := &ops.Deps{}
+	deps := &daemon.Deps{}
 	reg := telemetry.NewRegistry()
-	srv, err := ops.Serve(s.MetricsAddr, reg, deps.Checks("outbox")...)
+	srv, err := telemetry.Serve(s.MetricsAddr, reg, deps.Checks("outbox")...)
 	if err != nil {
 		return fmt.Errorf("METRICS_ADDR: %w", err)
 	}
@@ -108,7 +108,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 
 	logger.Info("dispatcher running")
-	err = ops.RunLoops(ctx, s.ShutdownTimeout, logger,
+	err = daemon.RunLoops(ctx, s.ShutdownTimeout, logger,
 		relay.Run,
 	)
 	logger.Info("dispatcher stopped", "err", err)

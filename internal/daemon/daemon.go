@@ -1,4 +1,8 @@
-package ops
+// Package daemon holds what the background processes (dispatcher, worker)
+// share around their loops: waiting for Postgres and RabbitMQ at start with
+// readiness checks that name what is missing (Deps), and running the loops
+// until a drain (RunLoops).
+package daemon
 
 import (
 	"context"
@@ -6,8 +10,10 @@ import (
 	"fmt"
 	"log/slog"
 	"sync/atomic"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"golang.org/x/sync/errgroup"
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/postgres"
@@ -39,7 +45,7 @@ func (d *Deps) Checks(tables ...string) []telemetry.Check {
 			if err := sqlDB.PingContext(ctx); err != nil {
 				return err
 			}
-			return SchemaReady(ctx, db, tables...)
+			return postgres.SchemaReady(ctx, db, tables...)
 		}},
 		{Name: "rabbitmq", Ping: func(ctx context.Context) error {
 			conn := d.conn.Load()
@@ -55,7 +61,7 @@ func (d *Deps) Checks(tables ...string) []telemetry.Check {
 // ctx ends, declares the topology names on every broker connection, and
 // waits until tables exist. The caller closes both on success.
 func (d *Deps) Open(ctx context.Context, databaseURL string, amqpCfg rabbitmq.Config, names rabbitmq.Names, logger *slog.Logger, tables ...string) (*gorm.DB, *rabbitmq.Conn, error) {
-	db, err := OpenDB(ctx, postgres.Config{URL: databaseURL}, logger)
+	db, err := postgres.OpenRetrying(ctx, postgres.Config{URL: databaseURL}, logger)
 	if err != nil {
 		return nil, nil, fmt.Errorf("postgres: %w", err)
 	}
@@ -71,10 +77,41 @@ func (d *Deps) Open(ctx context.Context, databaseURL string, amqpCfg rabbitmq.Co
 	d.conn.Store(conn)
 	logger.Info("topology declared", "exchange", names.Exchange, "queue", names.NotifyQueue, "dlq", names.NotifyDLQ)
 
-	if err := WaitForSchema(ctx, db, logger, tables...); err != nil {
+	if err := postgres.WaitForSchema(ctx, db, logger, tables...); err != nil {
 		conn.Close()
 		postgres.Close(db)
 		return nil, nil, err
 	}
 	return db, conn, nil
+}
+
+// Loop is a background loop: it runs until ctx ends, finishes its work in
+// flight, and returns nil, or returns an error if it cannot go on.
+type Loop func(ctx context.Context) error
+
+// RunLoops runs every loop until ctx ends or one returns an error (which
+// stops the others), then waits up to drain for all of them to return. It
+// returns the first loop error. A drain that takes longer is logged and
+// abandoned: the durable state (outbox rows, notification claims) lets
+// another process finish that work.
+func RunLoops(ctx context.Context, drain time.Duration, logger *slog.Logger, loops ...Loop) error {
+	g, gctx := errgroup.WithContext(ctx)
+	for _, l := range loops {
+		g.Go(func() error { return l(gctx) })
+	}
+	done := make(chan error, 1)
+	go func() { done <- g.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-gctx.Done():
+	}
+	logger.Info("draining", "timeout", drain.String())
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(drain):
+		logger.Error("drain timed out; work in flight is left to the durable state", "timeout", drain.String())
+		return nil
+	}
 }
