@@ -19,7 +19,6 @@ import (
 	"github.com/onceonly/checkout/internal/config"
 	"github.com/onceonly/checkout/internal/daemon"
 	"github.com/onceonly/checkout/internal/outbox"
-	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/rabbitmq"
 	"github.com/onceonly/checkout/internal/telemetry"
 )
@@ -71,28 +70,12 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	logger := telemetry.NewLogger(stdout, s.LogLevel).With("process", "dispatcher")
 	logger.Info("starting dispatcher", config.Masked(&s)...)
 
-	deps := &daemon.Deps{}
-	reg := telemetry.NewRegistry()
-	srv, err := telemetry.Serve(s.MetricsAddr, reg, deps.Checks("outbox")...)
-	if err != nil {
-		return fmt.Errorf("METRICS_ADDR: %w", err)
+	proc, err := daemon.Start(ctx, "dispatcher", &s.Shared, s.MetricsAddr, logger, "outbox")
+	if err != nil || proc == nil {
+		return err // nil: stopped while waiting for dependencies
 	}
-	logger.Info("ops server listening", "addr", srv.Addr())
-	defer func() {
-		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(shutdownCtx)
-	}()
-
-	db, conn, err := deps.Open(ctx, s.DatabaseURL, rabbitmq.Config{URL: s.AMQPURL, Name: "dispatcher", Logger: logger}, s.Names(), logger, "outbox")
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil // stopped while waiting for dependencies
-		}
-		return err
-	}
-	defer postgres.Close(db)
-	defer conn.Close()
+	defer proc.Close()
+	db, conn, reg := proc.DB, proc.Conn, proc.Registry
 
 	pub := rabbitmq.NewPublisher(conn, rabbitmq.PublisherConfig{Exchange: s.Exchange, ConfirmTimeout: 5 * time.Second, Logger: logger})
 	defer pub.Close()

@@ -32,8 +32,6 @@ import (
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/notify"
 	"github.com/onceonly/checkout/internal/payments"
-	"github.com/onceonly/checkout/internal/postgres"
-	"github.com/onceonly/checkout/internal/rabbitmq"
 	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/sweep"
 	"github.com/onceonly/checkout/internal/telemetry"
@@ -214,28 +212,12 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	logger := telemetry.NewLogger(stdout, s.LogLevel).With("process", "worker")
 	logger.Info("starting worker", config.Masked(&s)...)
 
-	deps := &daemon.Deps{}
-	reg := telemetry.NewRegistry()
-	srv, err := telemetry.Serve(s.MetricsAddr, reg, deps.Checks("notifications", "inbox")...)
-	if err != nil {
-		return fmt.Errorf("METRICS_ADDR: %w", err)
+	proc, err := daemon.Start(ctx, "worker", &s.Shared, s.MetricsAddr, logger, "notifications", "inbox")
+	if err != nil || proc == nil {
+		return err // nil: stopped while waiting for dependencies
 	}
-	logger.Info("ops server listening", "addr", srv.Addr())
-	defer func() {
-		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(shutdownCtx)
-	}()
-
-	db, conn, err := deps.Open(ctx, s.DatabaseURL, rabbitmq.Config{URL: s.AMQPURL, Name: "worker", Logger: logger}, s.Names(), logger, "notifications", "inbox")
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil // stopped while waiting for dependencies
-		}
-		return err
-	}
-	defer postgres.Close(db)
-	defer conn.Close()
+	defer proc.Close()
+	db, conn, reg := proc.DB, proc.Conn, proc.Registry
 
 	mailer, err := s.smtpMailer()
 	if err != nil {

@@ -12,14 +12,66 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/sync/errgroup"
 	"gorm.io/gorm"
 
+	"github.com/onceonly/checkout/internal/config"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/rabbitmq"
 	"github.com/onceonly/checkout/internal/telemetry"
 )
+
+// Process is a started background process: its ops server runs and its
+// dependencies are open. Close releases them.
+type Process struct {
+	DB       *gorm.DB
+	Conn     *rabbitmq.Conn
+	Registry *prometheus.Registry // served on /metrics; register the loops' metrics here
+	srv      *telemetry.Server
+}
+
+// Start begins the background process name ("dispatcher", "worker"): it
+// serves /metrics, /healthz and /readyz on metricsAddr at once (/readyz
+// failing, naming what is missing, until Postgres and RabbitMQ answer and
+// tables exist), then opens Postgres and RabbitMQ as Deps.Open does. A
+// metricsAddr that cannot be listened on is an error naming METRICS_ADDR.
+// When ctx ends while it waits, Start returns (nil, nil): the process was
+// stopped before it started.
+func Start(ctx context.Context, name string, s *config.Shared, metricsAddr string, logger *slog.Logger, tables ...string) (*Process, error) {
+	deps := &Deps{}
+	p := &Process{Registry: telemetry.NewRegistry()}
+	srv, err := telemetry.Serve(metricsAddr, p.Registry, deps.Checks(tables...)...)
+	if err != nil {
+		return nil, fmt.Errorf("METRICS_ADDR: %w", err)
+	}
+	p.srv = srv
+	logger.Info("ops server listening", "addr", srv.Addr())
+	p.DB, p.Conn, err = deps.Open(ctx, s.DatabaseURL, rabbitmq.Config{URL: s.AMQPURL, Name: name, Logger: logger}, s.Names(), logger, tables...)
+	if err != nil {
+		p.shutdownServer()
+		if ctx.Err() != nil {
+			return nil, nil
+		}
+		return nil, err
+	}
+	return p, nil
+}
+
+// Close closes the broker connection and the database, then stops the ops
+// server (letting a scrape in flight finish, for up to 5s).
+func (p *Process) Close() {
+	p.Conn.Close()
+	postgres.Close(p.DB)
+	p.shutdownServer()
+}
+
+func (p *Process) shutdownServer() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	p.srv.Shutdown(ctx)
+}
 
 // Deps holds a background process's dependencies as they become available,
 // so that the readiness checks can run before they are (and fail naming
