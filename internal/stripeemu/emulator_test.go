@@ -329,6 +329,9 @@ func TestAdminOverHTTP(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, r.status)
 	r = post(t, b, "", "", "/_emulator/faults", `{"kind":"delay","before":"soon"}`)
 	require.Equal(t, http.StatusBadRequest, r.status)
+	// One bad fault in an array refuses the whole array: none is added.
+	r = post(t, b, "", "", "/_emulator/faults", `[{"kind":"fail","count":1,"status":503},{"kind":"nope"}]`)
+	require.Equal(t, http.StatusBadRequest, r.status)
 
 	r = get(t, b, "", "/_emulator/faults")
 	var faults []stripeemu.Fault
