@@ -14,7 +14,7 @@ import (
 // gateway (every route that takes an Idempotency-Key, as the API registers
 // them) has a resume path in api.Completer, the completer every process
 // that completes keys runs (cmd/worker): a key of it whose process died is
-// handed to a service that says it resumes that route. A new keyed route
+// taken over and resumed by that route's command. A new keyed route
 // without one fails here, rather than leaving its unfinished keys to a
 // client's retry for ever.
 func TestEveryKeyedRouteHasACompleter(t *testing.T) {
@@ -25,10 +25,7 @@ func TestEveryKeyedRouteHasACompleter(t *testing.T) {
 
 	completer := api.Completer(h.db, h.api.Service, h.api.Refunds)
 	for _, route := range h.api.KeyRoutes {
-		c, ok := completer.Routes[route]
-		require.True(t, ok, "keyed route %q has no completer", route)
-		rc, ok := c.(interface{ KeyRoutes() []string })
-		require.True(t, ok, "the completer of %q does not name the routes it takes over", route)
-		require.Contains(t, rc.KeyRoutes(), route, "the completer of %q does not take its keys over", route)
+		require.Contains(t, completer.Commands.Routes(), route, "keyed route %q has no command to resume its keys", route)
+		require.NotNil(t, completer.Commands[route](), "keyed route %q has no command to resume its keys", route)
 	}
 }

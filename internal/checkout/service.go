@@ -137,9 +137,6 @@ func (s *Service) Commands() idempotency.Commands {
 	}
 }
 
-// KeyRoutes are the routes of Commands, whose keys Complete resumes.
-func (s *Service) KeyRoutes() []string { return s.Commands().Routes() }
-
 // Complete finishes the unfinished key id of a checkout or a cancellation
 // whose lease has expired, through the same saga a client's retry would
 // run, with the same Stripe keys (idempotency.Executor.Complete with

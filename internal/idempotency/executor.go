@@ -178,3 +178,17 @@ func (e *Executor) Complete(ctx context.Context, keyID int64, commands Commands)
 	}
 	return true, nil
 }
+
+// Resumer completes the expired keys of its Commands' routes through
+// Executor.Complete: the one resume path for every keyed route, whatever
+// process runs it. A key of a route not in Commands is never taken over
+// (false, nil). It is the completer's KeyCompleter (internal/sweep).
+type Resumer struct {
+	Executor *Executor
+	Commands Commands
+}
+
+// Complete is Executor.Complete of keyID with r.Commands.
+func (r *Resumer) Complete(ctx context.Context, keyID int64) (bool, error) {
+	return r.Executor.Complete(ctx, keyID, r.Commands)
+}

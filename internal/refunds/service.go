@@ -137,18 +137,6 @@ func (s *Service) Commands() idempotency.Commands {
 	return idempotency.Commands{Route: func() idempotency.Command { return &refundCommand{s: s} }}
 }
 
-// KeyRoutes are the routes of Commands, whose keys Complete resumes.
-func (s *Service) KeyRoutes() []string { return s.Commands().Routes() }
-
-// Complete finishes the unfinished refund of key id whose lease expired,
-// through the same steps a retry would take
-// (idempotency.Executor.Complete with Commands). It reports false when
-// there was nothing to do. The completer calls it (for keys of Route
-// only).
-func (s *Service) Complete(ctx context.Context, keyID int64) (bool, error) {
-	return s.executor().Complete(ctx, keyID, s.Commands())
-}
-
 // create is transaction 1 after a new claim: validate, lock the order,
 // check what is left to refund, insert the pending refund with its
 // reservation and its first attempt, advance the key. An order that cannot

@@ -1,7 +1,7 @@
 // Package sweep holds the loops that sweep the tables, outside the request
 // path, for what the request path left behind (DESIGN.md, "After the
 // commit"): the Completer finishes idempotency keys whose owner died (every
-// keyed route, through ByRoute), the Reconciler settles orders still waiting
+// keyed route, through idempotency.Resumer), the Reconciler settles orders still waiting
 // on Stripe, and the Reaper deletes rows past their retention. cmd/worker
 // runs them; any number of workers may run them at once.
 package sweep
