@@ -9,6 +9,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/ids"
 	"github.com/onceonly/checkout/internal/postgres"
 )
 
@@ -36,7 +37,7 @@ type CancelCommand struct {
 // 409 too). Errors, not stored: ErrOrderNotFound (404), the idempotency layer's
 // 409 and 422, payment_provider_unavailable (502) and unavailable (503).
 func (s *Service) CancelOrder(ctx context.Context, cmd CancelCommand) (resp *idempotency.Response, replayed bool, err error) {
-	if !validOrderID(cmd.OrderID) {
+	if !ids.Valid("ord", cmd.OrderID) {
 		return nil, false, ErrOrderNotFound
 	}
 	scope := idempotency.Scope{Tenant: cmd.Tenant, Route: CancelRoute, Key: cmd.IdempotencyKey}
@@ -187,7 +188,7 @@ func (s *Service) ApplyPaymentIntent(ctx context.Context, pi PaymentIntentState)
 // none, or an order that does not exist for that tenant.
 func orderOfIntent(ctx context.Context, db *gorm.DB, pi PaymentIntentState) (*Order, error) {
 	id, tenant := pi.Metadata["order_id"], pi.Metadata["tenant_id"]
-	if !validOrderID(id) || tenant == "" {
+	if !ids.Valid("ord", id) || tenant == "" {
 		return nil, ErrOrderNotFound
 	}
 	return loadOrder(ctx, db, tenant, id)

@@ -316,7 +316,7 @@ type OrderView struct {
 // Order returns tenant's order id with its notifications, or
 // ErrOrderNotFound.
 func (s *Service) Order(ctx context.Context, tenantID, id string) (*OrderView, error) {
-	if !validOrderID(id) {
+	if !ids.Valid("ord", id) {
 		return nil, ErrOrderNotFound // not even shaped like an id: no query
 	}
 	o, err := loadOrder(ctx, s.DB, tenantID, id)
@@ -338,18 +338,4 @@ func (s *Service) Order(ctx context.Context, tenantID, id string) (*OrderView, e
 		}
 	}
 	return &OrderView{Order: o, AmountRefunded: refunded, Refunds: rs, Notifications: ns}, nil
-}
-
-// validOrderID reports whether id has the form ids.New("ord") gives:
-// "ord_" and 32 lowercase hex digits.
-func validOrderID(id string) bool {
-	if len(id) != 36 || id[:4] != "ord_" {
-		return false
-	}
-	for i := 4; i < len(id); i++ {
-		if c := id[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	return true
 }

@@ -146,7 +146,7 @@ func (s *Service) create(ctx context.Context, tx *gorm.DB, c *idempotency.Claim,
 	if errs := in.validate(inputErrs); len(errs) > 0 {
 		return nil, nil, ValidationError(errs) // rolls the claim back: not stored
 	}
-	if !validOrderID(orderID) {
+	if !ids.Valid("ord", orderID) {
 		return nil, nil, ErrOrderNotFound
 	}
 	o, err := lockOrder(ctx, tx, c.Scope.Tenant, orderID)
@@ -433,18 +433,4 @@ func boolInt(b bool) int {
 		return 1
 	}
 	return 0
-}
-
-// validOrderID reports whether id has the form of an order id: "ord_" and
-// 32 lowercase hex digits.
-func validOrderID(id string) bool {
-	if len(id) != 36 || id[:4] != "ord_" {
-		return false
-	}
-	for i := 4; i < len(id); i++ {
-		if c := id[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	return true
 }
