@@ -38,6 +38,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/onceonly/checkout/internal/httpbody"
 	"golang.org/x/net/idna"
 )
 
@@ -171,10 +172,7 @@ type RequestItem struct {
 }
 
 // FieldError names one invalid field, e.g. {"field":"items[0].quantity",...}.
-type FieldError struct {
-	Field   string `json:"field"`
-	Message string `json:"message"`
-}
+type FieldError = httpbody.FieldError
 
 // MaxFieldErrors caps the errors one answer lists, so that a body of
 // thousands of unknown members cannot make a response larger than itself.
@@ -209,7 +207,7 @@ func (r *Request) validate(decoded []FieldError) []FieldError {
 	}
 	check := func(field, msg string) {
 		if msg != "" && !bad[field] {
-			errs = append(errs, FieldError{field, msg})
+			errs = append(errs, FieldError{Field: field, Message: msg})
 		}
 	}
 	check("email", checkEmail(r.Email))

@@ -5,12 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net/http"
-	"slices"
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/onceonly/checkout/internal/httpbody"
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/problem"
 )
@@ -53,12 +52,12 @@ func (h *Handler) createCheckout(c *gin.Context) {
 
 func (h *Handler) cancelOrder(c *gin.Context) {
 	req := idempotency.RequestOf(c)
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(req.Body, &fields); err != nil || fields == nil {
-		h.logFailure(c, nil, req.Fail(c.Writer, problemFor(ValidationError([]FieldError{{Field: "", Message: "must be a JSON object"}}))))
-		return
+	// The body has no members: {} or none at all.
+	var errs []FieldError
+	if body, ok := httpbody.Object(req.Body, "", "must be a JSON object", &errs); ok {
+		body.Unknown()
 	}
-	if errs := unknownFields("", fields); len(errs) > 0 {
+	if len(errs) > 0 {
 		h.logFailure(c, nil, req.Fail(c.Writer, problemFor(ValidationError(errs))))
 		return
 	}
@@ -231,68 +230,38 @@ func responseFor(route string, o *Order) *idempotency.Response {
 }
 
 // decodeRequest decodes the canonical (RFC 8785) checkout body member by
-// member, so that each wrong type is reported at its own path
-// ("items[0].quantity") in the API's words, and unknown members (matched
-// exactly, unlike encoding/json's case-insensitive matching) are reported
-// beside every other error rather than instead of them.
+// member (httpbody.Members), so that each wrong type is reported at its
+// own path ("items[0].quantity") and unknown members beside every other
+// error.
 func decodeRequest(body []byte) (*Request, []FieldError) {
 	var in Request
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(body, &top); err != nil || top == nil {
-		return &in, []FieldError{{Field: "", Message: "must be a JSON object"}}
+	var errs []FieldError
+	top, ok := httpbody.Object(body, "", "must be a JSON object", &errs)
+	if !ok {
+		return &in, errs
 	}
-	errs := unknownFields("", top, "email", "items", "payment_method", "return_url")
-	decodeString(top, "email", "email", &in.Email, &errs)
-	decodeString(top, "payment_method", "payment_method", &in.PaymentMethod, &errs)
-	decodeString(top, "return_url", "return_url", &in.ReturnURL, &errs)
-	if raw, ok := top["items"]; ok {
+	top.Unknown("email", "items", "payment_method", "return_url")
+	top.String("email", &in.Email)
+	top.String("payment_method", &in.PaymentMethod)
+	top.String("return_url", &in.ReturnURL)
+	if raw, ok := top.Get("items"); ok {
 		var items []json.RawMessage
 		if err := json.Unmarshal(raw, &items); err != nil || items == nil {
 			errs = append(errs, FieldError{Field: "items", Message: "must be an array of items"})
 		}
 		in.Items = make([]RequestItem, len(items))
 		for i, rawItem := range items {
-			path := fmt.Sprintf("items[%d]", i)
-			var item map[string]json.RawMessage
-			if err := json.Unmarshal(rawItem, &item); err != nil || item == nil {
-				errs = append(errs, FieldError{Field: path, Message: `must be an object like {"sku":"sku_tee","quantity":1}`})
+			item, ok := httpbody.Object(rawItem, fmt.Sprintf("items[%d]", i), `must be an object like {"sku":"sku_tee","quantity":1}`, &errs)
+			if !ok {
 				continue
 			}
-			errs = append(errs, unknownFields(path+".", item, "sku", "quantity")...)
-			decodeString(item, "sku", path+".sku", &in.Items[i].SKU, &errs)
-			if q, ok := item["quantity"]; ok {
-				// The canonical form writes every integral number as an
-				// integer (2.0 and 2e0 are 2), so this accepts exactly
-				// what the fingerprint treats as the same request.
-				if err := json.Unmarshal(q, &in.Items[i].Quantity); err != nil {
-					errs = append(errs, FieldError{Field: path + ".quantity", Message: fmt.Sprintf("must be an integer between 1 and %d", MaxQuantity)})
-				}
-			}
+			item.Unknown("sku", "quantity")
+			item.String("sku", &in.Items[i].SKU)
+			// The canonical form writes every integral number as an
+			// integer (2.0 and 2e0 are 2), so this accepts exactly what
+			// the fingerprint treats as the same request.
+			item.Decode("quantity", &in.Items[i].Quantity, fmt.Sprintf("must be an integer between 1 and %d", MaxQuantity))
 		}
 	}
 	return &in, errs
-}
-
-// decodeString decodes obj[name], when present, into dst, or notes that it
-// is not a string.
-func decodeString(obj map[string]json.RawMessage, name, path string, dst *string, errs *[]FieldError) {
-	raw, ok := obj[name]
-	if !ok {
-		return // absent: validate says it is required
-	}
-	if err := json.Unmarshal(raw, dst); err != nil || string(raw) == "null" {
-		*errs = append(*errs, FieldError{Field: path, Message: "must be a string"})
-	}
-}
-
-// unknownFields returns an error for each member of obj not in known, in
-// name order.
-func unknownFields(prefix string, obj map[string]json.RawMessage, known ...string) []FieldError {
-	var errs []FieldError
-	for _, name := range slices.Sorted(maps.Keys(obj)) {
-		if !slices.Contains(known, name) {
-			errs = append(errs, FieldError{Field: prefix + name, Message: "is not a known field"})
-		}
-	}
-	return errs
 }

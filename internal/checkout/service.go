@@ -217,7 +217,7 @@ func (in *Request) unknownSKUs(products map[string]Product) []FieldError {
 	var errs []FieldError
 	for i, it := range in.Items {
 		if _, ok := products[it.SKU]; !ok && checkToken(it.SKU, 64) == "" {
-			errs = append(errs, FieldError{fmt.Sprintf("items[%d].sku", i), fmt.Sprintf("unknown sku %q", it.SKU)})
+			errs = append(errs, FieldError{Field: fmt.Sprintf("items[%d].sku", i), Message: fmt.Sprintf("unknown sku %q", it.SKU)})
 		}
 	}
 	return errs
@@ -230,7 +230,7 @@ func (in *Request) mixedCurrencies(products map[string]Product) []FieldError {
 	currency := products[in.Items[0].SKU].Currency
 	for i, it := range in.Items {
 		if products[it.SKU].Currency != currency {
-			errs = append(errs, FieldError{fmt.Sprintf("items[%d].sku", i), "all items must have the same currency"})
+			errs = append(errs, FieldError{Field: fmt.Sprintf("items[%d].sku", i), Message: "all items must have the same currency"})
 		}
 	}
 	return errs

@@ -1,15 +1,14 @@
 package refunds
 
 import (
-	"encoding/json"
 	"log/slog"
-	"maps"
 	"net/http"
 	"slices"
 	"strings"
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/onceonly/checkout/internal/httpbody"
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/problem"
 )
@@ -24,10 +23,7 @@ type Request struct {
 }
 
 // FieldError names one invalid field.
-type FieldError struct {
-	Field   string `json:"field"`
-	Message string `json:"message"`
-}
+type FieldError = httpbody.FieldError
 
 // ValidationError returns the 400 validation_error problem listing errs in
 // field order. It is never stored: the same key may be sent again fixed.
@@ -50,42 +46,33 @@ func (r *Request) validate(decoded []FieldError) []FieldError {
 		return errs
 	}
 	if r.Amount != nil && *r.Amount < 1 && !bad["amount"] {
-		errs = append(errs, FieldError{"amount", "must be a positive integer (minor units)"})
+		errs = append(errs, FieldError{Field: "amount", Message: "must be a positive integer (minor units)"})
 	}
 	if r.Reason != "" && !slices.Contains(Reasons, r.Reason) && !bad["reason"] {
-		errs = append(errs, FieldError{"reason", "must be one of " + strings.Join(Reasons, ", ")})
+		errs = append(errs, FieldError{Field: "reason", Message: "must be one of " + strings.Join(Reasons, ", ")})
 	}
 	return errs
 }
 
-// decodeRequest decodes the canonical (RFC 8785) body member by member, so
-// that a wrong type is reported at its field and unknown members are
-// errors too. A null member is as if absent.
+// decodeRequest decodes the canonical (RFC 8785) body member by member
+// (httpbody.Members), so that a wrong type is reported at its field and
+// unknown members are errors too. A null member is as if absent.
 func decodeRequest(body []byte) (*Request, []FieldError) {
 	var in Request
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(body, &top); err != nil || top == nil {
-		return &in, []FieldError{{Field: "", Message: "must be a JSON object"}}
-	}
 	var errs []FieldError
-	for _, name := range slices.Sorted(maps.Keys(top)) {
-		if name != "amount" && name != "reason" {
-			errs = append(errs, FieldError{name, "is not a known field"})
-		}
+	top, ok := httpbody.Object(body, "", "must be a JSON object", &errs)
+	if !ok {
+		return &in, errs
 	}
-	if raw, ok := top["amount"]; ok && string(raw) != "null" {
+	top.Unknown("amount", "reason")
+	top.OmitNulls()
+	if _, ok := top.Get("amount"); ok {
 		var n int64
-		if err := json.Unmarshal(raw, &n); err != nil {
-			errs = append(errs, FieldError{"amount", "must be a positive integer (minor units)"})
-		} else {
+		if top.Decode("amount", &n, "must be a positive integer (minor units)") {
 			in.Amount = &n
 		}
 	}
-	if raw, ok := top["reason"]; ok && string(raw) != "null" {
-		if err := json.Unmarshal(raw, &in.Reason); err != nil {
-			errs = append(errs, FieldError{"reason", "must be a string"})
-		}
-	}
+	top.String("reason", &in.Reason)
 	return &in, errs
 }
 
