@@ -268,6 +268,40 @@ func (s *Store) OrderTaken(ctx context.Context, tx *gorm.DB, c *Claim, orderID s
 	return n > 0, nil
 }
 
+// CountExpired counts the unfinished keys whose lease ended before
+// olderThan: what the completer could not finish yet.
+func (s *Store) CountExpired(ctx context.Context, db *gorm.DB, olderThan time.Time) (int64, error) {
+	var n int64
+	err := db.WithContext(ctx).Raw(`
+		SELECT count(*) FROM idempotency_keys
+		WHERE recovery_point <> ? AND lease_expires_at < ?`, RecoveryPointFinished, olderThan).Row().Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count unfinished keys: %w", err)
+	}
+	return n, nil
+}
+
+// Reap deletes up to limit finished keys whose retention ended before
+// now, in one statement (its own transaction on db), and returns how many.
+// Only finished keys are deleted, never one a transaction holds: rows are
+// picked FOR UPDATE SKIP LOCKED, which rechecks the condition on the
+// latest version of the row, so a reaper never waits for a request and
+// several reapers share the work. The reaper (internal/sweep) calls it
+// until a batch comes back short.
+func Reap(ctx context.Context, db *gorm.DB, now time.Time, limit int) (int64, error) {
+	// The constant is a literal in the SQL so that the planner matches the
+	// partial index idempotency_keys_expires whatever the plan cache does.
+	res := db.WithContext(ctx).Exec(`
+		DELETE FROM idempotency_keys WHERE id = ANY(ARRAY(
+		  SELECT id FROM idempotency_keys
+		  WHERE recovery_point = '`+RecoveryPointFinished+`' AND expires_at < ?
+		  ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED))`, now, limit)
+	if res.Error != nil {
+		return 0, fmt.Errorf("delete expired keys: %w", res.Error)
+	}
+	return res.RowsAffected, nil
+}
+
 // Advance records a recovery point (and the route's order id) inside tx. It
 // is fenced: when the row no longer names c.Owner it returns ErrLeaseLost and
 // the caller must roll back.

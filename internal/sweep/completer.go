@@ -231,13 +231,9 @@ func (c *Completer) RunOnce(ctx context.Context) (Round, error) {
 
 	// Counted after the round, so that the gauge shows what the completer
 	// could not finish rather than what it is about to.
-	var n int64
-	err = c.db.WithContext(ctx).Raw(`
-		SELECT count(*) FROM idempotency_keys
-		WHERE recovery_point <> '`+idempotency.RecoveryPointFinished+`' AND lease_expires_at < ?`,
-		cutoff).Scan(&n).Error
+	n, err := c.keys.CountExpired(ctx, c.db, cutoff)
 	if err != nil {
-		return round, fmt.Errorf("count unfinished keys: %w", err)
+		return round, err
 	}
 	c.unfinished.Set(float64(n))
 	return round, nil

@@ -156,46 +156,51 @@ func (r *Reaper) RunOnce(ctx context.Context) (Reap, error) {
 	// outbox row that is not published, is never deleted. The constants
 	// are literals in the SQL so that the planner matches the partial
 	// indexes whatever the plan cache does.
-	res.Keys, errs = r.reap(ctx, TableIdempotencyKeys, errs, `
-		DELETE FROM idempotency_keys WHERE id = ANY(ARRAY(
-		  SELECT id FROM idempotency_keys
-		  WHERE recovery_point = '`+idempotency.RecoveryPointFinished+`' AND expires_at < ?
-		  ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED))`,
-		now)
+	res.Keys, errs = r.reap(ctx, TableIdempotencyKeys, errs, func(ctx context.Context, limit int) (int64, error) {
+		return idempotency.Reap(ctx, r.db, now, limit)
+	})
 	// Inbox rows are never updated, so their ctid is stable; it makes the
 	// delete a TID scan.
-	res.Inbox, errs = r.reap(ctx, TableInbox, errs, `
+	res.Inbox, errs = r.reap(ctx, TableInbox, errs, r.statement(`
 		DELETE FROM inbox WHERE ctid = ANY(ARRAY(
 		  SELECT ctid FROM inbox
 		  WHERE received_at < ?
 		  ORDER BY received_at LIMIT ? FOR UPDATE SKIP LOCKED))`,
-		now.Add(-r.cfg.InboxRetention))
-	res.Outbox, errs = r.reap(ctx, TableOutbox, errs, `
+		now.Add(-r.cfg.InboxRetention)))
+	res.Outbox, errs = r.reap(ctx, TableOutbox, errs, r.statement(`
 		DELETE FROM outbox WHERE id = ANY(ARRAY(
 		  SELECT id FROM outbox
 		  WHERE published_at IS NOT NULL AND published_at < ?
 		  ORDER BY published_at LIMIT ? FOR UPDATE SKIP LOCKED))`,
-		now.Add(-r.cfg.OutboxRetention))
+		now.Add(-r.cfg.OutboxRetention)))
 	return res, errors.Join(errs...)
 }
 
-// reap runs query (whose last placeholder is the batch size) until a batch
-// deletes fewer than BatchSize rows. Every statement runs outside any
-// transaction of ours, so each is committed on its own.
-func (r *Reaper) reap(ctx context.Context, table string, errs []error, query string, args ...any) (TableReap, []error) {
+// reap runs batch, which deletes up to its limit rows and returns how
+// many, until a batch deletes fewer than BatchSize rows. Every statement
+// runs outside any transaction of ours, so each is committed on its own.
+func (r *Reaper) reap(ctx context.Context, table string, errs []error, batch func(ctx context.Context, limit int) (int64, error)) (TableReap, []error) {
 	var t TableReap
-	args = append(args, r.cfg.BatchSize)
 	for ctx.Err() == nil {
-		res := r.db.WithContext(ctx).Exec(query, args...)
-		if res.Error != nil {
-			return t, append(errs, fmt.Errorf("reap %s: %w", table, res.Error))
+		n, err := batch(ctx, r.cfg.BatchSize)
+		if err != nil {
+			return t, append(errs, fmt.Errorf("reap %s: %w", table, err))
 		}
 		t.Statements++
-		t.Deleted += res.RowsAffected
-		r.deleted.WithLabelValues(table).Add(float64(res.RowsAffected))
-		if res.RowsAffected < int64(r.cfg.BatchSize) {
+		t.Deleted += n
+		r.deleted.WithLabelValues(table).Add(float64(n))
+		if n < int64(r.cfg.BatchSize) {
 			break
 		}
 	}
 	return t, errs
+}
+
+// statement returns a batch for reap that runs query (whose last
+// placeholder is the batch size) with args.
+func (r *Reaper) statement(query string, args ...any) func(ctx context.Context, limit int) (int64, error) {
+	return func(ctx context.Context, limit int) (int64, error) {
+		res := r.db.WithContext(ctx).Exec(query, append(args, limit)...)
+		return res.RowsAffected, res.Error
+	}
 }
