@@ -184,15 +184,6 @@ type wrapped struct {
 func (w *wrapped) Error() string   { return string(w.e.Code) + ": " + w.cause.Error() }
 func (w *wrapped) Unwrap() []error { return []error{w.e, w.cause} }
 
-// CodeOf returns the Code of the *Error err is or wraps, or "".
-func CodeOf(err error) Code {
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Code
-	}
-	return ""
-}
-
 // From returns the problem err renders as: the first *Error (through the
 // table) or *Problem in its chain, or Internal.
 func From(err error) *Problem {
