@@ -147,3 +147,23 @@ func TestEveryCodeHasARow(t *testing.T) {
 	}
 	require.Equal(t, len(table), n, "every row is a Code constant of codes.go")
 }
+
+// TestEveryCodeIsInTheOpenAPISpec: api/openapi.yaml's Problem.code enum
+// (which the public client's constants follow) names every code the table
+// answers with, the wire names, so that a generated client knows them all.
+func TestEveryCodeIsInTheOpenAPISpec(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "api", "openapi.yaml"))
+	require.NoError(t, err)
+	spec := strings.Join(strings.Fields(string(b)), " ")
+	i := strings.Index(spec, "code: type: string enum: [")
+	require.GreaterOrEqual(t, i, 0, "Problem.code's enum in api/openapi.yaml")
+	list := spec[i+len("code: type: string enum: ["):]
+	list = list[:strings.Index(list, "]")]
+	enum := map[string]bool{}
+	for _, c := range strings.Split(list, ",") {
+		enum[strings.TrimSpace(c)] = true
+	}
+	for code, r := range table {
+		require.True(t, enum[string(r.wire(code))], "api/openapi.yaml: Problem.code's enum lacks %q", r.wire(code))
+	}
+}
