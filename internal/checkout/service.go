@@ -282,7 +282,7 @@ func (s *Service) event(typ string, o *Order, at time.Time) outbox.Event {
 // deadline) into unavailable, wrapping the cause for the log.
 func (s *Service) translate(err error) error {
 	var e *Error
-	var p *problem.Problem
+	var p *problem.Error
 	switch {
 	case errors.As(err, &e), errors.As(err, &p):
 		return err

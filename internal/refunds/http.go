@@ -2,7 +2,6 @@ package refunds
 
 import (
 	"log/slog"
-	"net/http"
 	"slices"
 	"strings"
 
@@ -27,10 +26,10 @@ type FieldError = httpbody.FieldError
 
 // ValidationError returns the 400 validation_error problem listing errs in
 // field order. It is never stored: the same key may be sent again fixed.
-func ValidationError(errs []FieldError) *problem.Problem {
+func ValidationError(errs []FieldError) *problem.Error {
 	errs = slices.Clone(errs)
 	slices.SortStableFunc(errs, func(a, b FieldError) int { return strings.Compare(a.Field, b.Field) })
-	return problem.New(http.StatusBadRequest, "validation_error", "Validation failed",
+	return problem.New(problem.CodeValidation,
 		"The request body has invalid fields; see errors.").With("errors", errs)
 }
 
