@@ -168,14 +168,15 @@ func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.C
 	o := s.newOrder(c.Scope.Tenant, in, products)
 	now := o.CreatedAt
 	// One statement reserves the stock and, only if it could, writes the
-	// order, its items, its order.created event and the key's recovery
-	// point: out of stock leaves nothing to roll back.
+	// order, its items and its order.created event: out of stock leaves
+	// nothing to roll back. The key's recovery point is a second one, the
+	// key store's own (this path is rare: the fast path makes almost every
+	// order).
 	event, eventArgs, err := outbox.Statement(s.event(outbox.TypeOrderCreated, o, now))
 	if err != nil {
 		return nil, nil, err
 	}
-	advance, advanceArgs := s.Keys.AdvanceStatement(c, RecoveryPointOrderCreated, o.ID)
-	reserved, advanced, err := createOrderReserving(ctx, tx, o, want, event, eventArgs, advance, advanceArgs)
+	reserved, err := createOrderReserving(ctx, tx, o, want, event, eventArgs)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -186,10 +187,9 @@ func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.C
 		}
 		return nil, resp, nil
 	}
-	if !advanced {
-		return nil, nil, idempotency.ErrLeaseLost
+	if err := s.Keys.Advance(ctx, tx, c, RecoveryPointOrderCreated, o.ID); err != nil {
+		return nil, nil, err
 	}
-	c.Advanced(RecoveryPointOrderCreated, o.ID)
 	return o, nil, nil
 }
 

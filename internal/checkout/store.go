@@ -175,30 +175,26 @@ func adjustStock(ctx context.Context, tx *gorm.DB, delta map[string]int64) error
 	return nil
 }
 
-// createOrderReserving is the rest of transaction 1, in one statement
-// (data-modifying CTEs, one round trip instead of six): it reserves want's
+// createOrderReserving is most of transaction 1, in one statement
+// (data-modifying CTEs, one round trip instead of five): it reserves want's
 // units and, only if that succeeded, inserts the order, its items and the
-// event, and runs the key's fenced advance. It reports whether the stock
-// was reserved (when not, it changed nothing) and whether the key was
-// advanced (when reserved but not advanced, the lease was lost and the
-// caller must roll back).
+// event. It reports whether the stock was reserved (when not, it changed
+// nothing).
 func createOrderReserving(ctx context.Context, tx *gorm.DB, o *Order, want map[string]int64,
-	event string, eventArgs []any, advance string, advanceArgs []any) (reserved, advanced bool, err error) {
+	event string, eventArgs []any) (reserved bool, err error) {
 	skus, qtys := sortedSKUs(want)
 	args := append([]any{postgres.TextArray(skus), intArray(qtys)}, orderArgs(o)...)
-	args = append(append(args, eventArgs...), advanceArgs...)
-	var advancedRows int64
+	args = append(args, eventArgs...)
 	err = tx.WithContext(ctx).Raw(`
 		WITH r AS MATERIALIZED (SELECT reserve_stock(?::text[], ?::bigint[]) AS ok),
 		o AS (`+insertOrderSQL+` FROM r WHERE r.ok RETURNING id),
 		i AS (`+insertItemsSQL+`),
-		e AS (`+event+` WHERE EXISTS (SELECT 1 FROM o)),
-		k AS (`+advance+` AND EXISTS (SELECT 1 FROM o) RETURNING id)
-		SELECT r.ok AS reserved, (SELECT count(*) FROM k) AS advanced FROM r`, args...).Row().Scan(&reserved, &advancedRows)
+		e AS (`+event+` WHERE EXISTS (SELECT 1 FROM o))
+		SELECT r.ok AS reserved FROM r`, args...).Row().Scan(&reserved)
 	if err != nil {
-		return false, false, fmt.Errorf("insert order: %w", err)
+		return false, fmt.Errorf("insert order: %w", err)
 	}
-	return reserved, advancedRows == 1, nil
+	return reserved, nil
 }
 
 // insertOrderSQL and insertItemsSQL insert an order and its items

@@ -304,8 +304,9 @@ func Reap(ctx context.Context, db *gorm.DB, now time.Time, limit int) (int64, er
 // is fenced: when the row no longer names c.Owner it returns ErrLeaseLost and
 // the caller must roll back.
 func (s *Store) Advance(ctx context.Context, tx *gorm.DB, c *Claim, point, orderID string) error {
-	query, args := s.AdvanceStatement(c, point, orderID)
-	res := tx.WithContext(ctx).Exec(query, args...)
+	res := tx.WithContext(ctx).Exec(`UPDATE idempotency_keys SET recovery_point = ?, order_id = ?, updated_at = ?
+		WHERE id = ? AND lease_owner = ? AND recovery_point <> ?`,
+		point, orderID, s.Now(), c.ID, c.Owner, RecoveryPointFinished)
 	if res.Error != nil {
 		return fmt.Errorf("advance key to %s: %w", point, res.Error)
 	}
@@ -314,17 +315,6 @@ func (s *Store) Advance(ctx context.Context, tx *gorm.DB, c *Claim, point, order
 	}
 	c.Advanced(point, orderID)
 	return nil
-}
-
-// AdvanceStatement returns Advance's fenced UPDATE and its arguments, for a
-// route that runs it inside a larger statement (a data-modifying CTE) to
-// save a round trip. The statement ends with its WHERE clause, so the route
-// may add conditions and a RETURNING. The route must treat "no row updated"
-// as ErrLeaseLost, and call c.Advanced when a row was.
-func (s *Store) AdvanceStatement(c *Claim, point, orderID string) (string, []any) {
-	return `UPDATE idempotency_keys SET recovery_point = ?, order_id = ?, updated_at = ?
-		WHERE id = ? AND lease_owner = ? AND recovery_point <> ?`,
-		[]any{point, orderID, s.Now(), c.ID, c.Owner, RecoveryPointFinished}
 }
 
 // ClaimNewStatement returns an INSERT that claims scope as a new key for
