@@ -22,7 +22,8 @@ import (
 )
 
 // KeyCompleter pushes one unfinished idempotency key forward through its
-// route's state machine. *checkout.Service satisfies it.
+// route's state machine. *idempotency.Resumer (what api.Completer builds for
+// every keyed route) and *checkout.Service (its own routes) satisfy it.
 //
 // Complete must be safe to call for any key, from any number of processes at
 // once: it takes the key over only if its lease has expired and nobody else

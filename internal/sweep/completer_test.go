@@ -32,7 +32,10 @@ import (
 )
 
 // The checkout service must satisfy the interface the completer declares.
-var _ sweep.KeyCompleter = (*checkout.Service)(nil)
+var (
+	_ sweep.KeyCompleter = (*checkout.Service)(nil)
+	_ sweep.KeyCompleter = (*idempotency.Resumer)(nil)
+)
 
 const (
 	teeBody      = `{"email":"buyer@example.com","items":[{"sku":"sku_tee","quantity":2}],"payment_method":"pm_card_visa"}`
