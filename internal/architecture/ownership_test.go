@@ -23,7 +23,7 @@ var owners = map[string]string{
 	"order_items":      "internal/checkout",
 	"products":         "internal/checkout",
 	"stock_buckets":    "internal/checkout",
-	"payment_attempts": "internal/checkout",
+	"payment_attempts": "internal/stripestep",
 	"refunds":          "internal/refunds",
 	"outbox":           "internal/outbox",
 	"outbox_sequences": "internal/outbox",
@@ -49,7 +49,6 @@ var debts = map[string]bool{
 	"orders internal/refunds":               true,
 	"outbox internal/maintenance":           true,
 	"payment_attempts internal/maintenance": true,
-	"payment_attempts internal/refunds":     true,
 	"refunds internal/notify":               true,
 	// The demo shows the outbox row a checkout wrote: a reader's view
 	// into the database, not a second writer.
