@@ -48,7 +48,6 @@ var debts = map[string]bool{
 	"orders internal/notify":                true,
 	"orders internal/refunds":               true,
 	"outbox internal/maintenance":           true,
-	"payment_attempts internal/maintenance": true,
 	"refunds internal/notify":               true,
 	// The demo shows the outbox row a checkout wrote: a reader's view
 	// into the database, not a second writer.
