@@ -1,7 +1,8 @@
 package stripestep
 
-// Conditions over the step log for the maintenance loops' queries over
-// orders: they read payment_attempts through these, never by naming it.
+// Conditions over the step log for the sweep's queries over orders
+// (internal/sweep): they read payment_attempts through these, never by
+// naming it.
 
 // RecreatedOrders returns an SQL subquery that yields the id of every
 // order with a create attempt after its first, written after the

@@ -5,8 +5,9 @@
 // the outcomes an attempt records, how a step's idempotency key is derived,
 // how long that key may be resent as it is, and how an answer from Stripe
 // (a value or an error) becomes an outcome. It is the one package that
-// reads and writes payment_attempts; both sagas and the maintenance loops
-// go through its Go API, so a fork changes each rule in one place.
+// reads and writes payment_attempts; both sagas and the sweep
+// (internal/sweep) go through its Go API, so a fork changes each rule in
+// one place.
 package stripestep
 
 import (
