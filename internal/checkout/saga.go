@@ -28,10 +28,6 @@ type SagaConfig struct {
 	// (https://docs.stripe.com/search#data-freshness). Tests set it to the
 	// emulator's STRIPE_EMULATOR_SEARCH_LAG.
 	SearchSettle time.Duration
-	// KeyWindow is how long after an attempt its key may still be resent
-	// as is (default stripestep.ResendWindow, 23h: Stripe keeps keys for
-	// at least 24 hours); an older attempt is reconciled instead of resent.
-	KeyWindow time.Duration
 	// UnknownAfter is how long a payment may stay unanswered or
 	// indeterminate before its order becomes payment_unknown (env
 	// PAYMENT_UNKNOWN_AFTER, default 1h). Such an order is still reconciled.
@@ -47,9 +43,6 @@ type SagaConfig struct {
 }
 
 func (c SagaConfig) withDefaults() SagaConfig {
-	if c.KeyWindow <= 0 {
-		c.KeyWindow = stripestep.ResendWindow
-	}
 	if c.UnknownAfter <= 0 {
 		c.UnknownAfter = time.Hour
 	}
@@ -170,7 +163,7 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 			return r.record(ctx, pi)
 		case last.Outcome.Refused():
 			return PaymentIntentState{}, &verdict{refusal: refusalOf(last)}, nil
-		case last.Outcome == stripestep.Open && r.fresh(last):
+		case last.Resendable(r.s.Now()):
 			// No final answer yet: Stripe either never saw the key or stored
 			// an answer it replays. The same key is safe while Stripe keeps it.
 			pi, v, err := r.create(ctx, last, false)
@@ -221,11 +214,6 @@ func deref(pi *PaymentIntentState) PaymentIntentState {
 		return PaymentIntentState{}
 	}
 	return *pi
-}
-
-// fresh reports whether a's key may be resent as is (KeyWindow).
-func (r *run) fresh(a *stripestep.Attempt) bool {
-	return r.s.Now().Sub(a.CreatedAt) < r.cfg.KeyWindow
 }
 
 // adoptable picks, among the PaymentIntents a search found for the order,
@@ -422,7 +410,7 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 			if cur.Status != PIRequiresConfirmation {
 				return r.verdictOf(cur)
 			}
-		case last.Outcome == stripestep.Open && r.fresh(last):
+		case last.Resendable(r.s.Now()):
 			v, err := r.confirmAttempt(ctx, pi.ID, last)
 			if v != nil || err != nil {
 				return v, err
@@ -862,7 +850,7 @@ func (r *run) cancel(ctx context.Context, piID, reason string) (PaymentIntentSta
 		}
 		var a *stripestep.Attempt
 		switch {
-		case last != nil && last.Outcome == stripestep.Open && r.fresh(last):
+		case last != nil && last.Resendable(r.s.Now()):
 			a = last
 		case last != nil:
 			cur, err := r.s.Payments.RetrievePaymentIntent(ctx, piID)

@@ -239,7 +239,7 @@ func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (
 		switch {
 		case a == nil:
 			return nil, s.fail(c, fmt.Errorf("refund %s has no attempt", r.ID))
-		case a.Outcome == stripestep.Open && s.now().Sub(a.CreatedAt) > stripestep.ResendWindow:
+		case a.Outcome == stripestep.Open && !a.Resendable(s.now()):
 			// Stripe may have pruned the key (it keeps keys at least 24
 			// hours): resending it could run the refund a second time.
 			if rerr := recordAttempt(ctx, s.DB, a, stripestep.Indeterminate, nil,

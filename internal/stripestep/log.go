@@ -65,6 +65,14 @@ func (a *Attempt) Target() string {
 	return *a.PaymentIntentID
 }
 
+// Resendable reports whether a's key may be sent again as it is at now:
+// a is Open (no final answer recorded) and was written less than
+// ResendWindow ago. An Open attempt older than that is reconciled with
+// Stripe instead: Stripe may have forgotten its key.
+func (a *Attempt) Resendable(now time.Time) bool {
+	return a.Outcome == Open && now.Sub(a.CreatedAt) < ResendWindow
+}
+
 // Load returns the order's attempts of step (of every step when step is
 // ""), ordered by step, then attempt.
 func Load(ctx context.Context, db *gorm.DB, orderID, step string) ([]Attempt, error) {

@@ -2,6 +2,7 @@ package stripestep_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/onceonly/checkout/internal/stripestep"
 )
@@ -27,5 +28,23 @@ func TestKey(t *testing.T) {
 	}
 	if stripestep.Key("ord_1", "confirm", 1) == stripestep.Key("ord_1", "confirm", 2) {
 		t.Error("two attempts of one step share a key")
+	}
+}
+
+// TestResendable: an attempt's key is sent again as it is only while it
+// is open and younger than ResendWindow; past it, it is reconciled.
+func TestResendable(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	a := stripestep.NewAttempt("ord_1", "acme", stripestep.StepCreate, 1, "", []byte(`{}`), now)
+	if !a.Resendable(now.Add(stripestep.ResendWindow - time.Second)) {
+		t.Error("an open attempt within the window is not resendable")
+	}
+	if a.Resendable(now.Add(stripestep.ResendWindow + time.Second)) {
+		t.Error("an open attempt past the window is resendable")
+	}
+	a.Outcome = stripestep.Indeterminate
+	if a.Resendable(now) {
+		t.Error("an answered attempt is resendable")
 	}
 }
