@@ -79,6 +79,13 @@ const (
 // "refund:{refund id}".
 func RefundStep(refundID string) string { return "refund:" + refundID }
 
+// StrayRefundStep returns the step of the refund of a stray PaymentIntent
+// piID of an order, one that moved money for an order that is not paid:
+// "stray-refund:{pi id}". It has one attempt and no row in the log: its key
+// is derived from the two ids alone, and Stripe refunds a PaymentIntent
+// only up to what it charged.
+func StrayRefundStep(piID string) string { return "stray-refund:" + piID }
+
 // Key returns the Stripe Idempotency-Key of attempt n of step of the
 // object objectID (an order): "{object}/{step}/{attempt}", e.g.
 // "ord_0123…/confirm/2" or "ord_0123…/refund:ref_…/1".

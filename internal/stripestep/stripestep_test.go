@@ -21,6 +21,7 @@ func TestKey(t *testing.T) {
 		{"ord_1", "refund:ref_9", 1, "ord_1/refund:ref_9/1"},
 		{"ord_0123456789abcdef0123456789abcdef", stripestep.StepConfirm, 2, "ord_0123456789abcdef0123456789abcdef/confirm/2"},
 		{"ord_1", stripestep.RefundStep("rf_2"), 3, "ord_1/refund:rf_2/3"},
+		{"ord_1", stripestep.StrayRefundStep("pi_7"), 1, "ord_1/stray-refund:pi_7/1"},
 	} {
 		if got := stripestep.Key(c.object, c.step, c.attempt); got != c.want {
 			t.Errorf("Key(%q, %q, %d) = %q, want %q", c.object, c.step, c.attempt, got, c.want)
