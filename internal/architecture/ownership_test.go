@@ -23,7 +23,7 @@ var owners = map[string]string{
 	"order_items":      "internal/checkout",
 	"products":         "internal/checkout",
 	"stock_buckets":    "internal/checkout",
-	"payment_attempts": "internal/checkout",
+	"payment_attempts": "internal/stripestep",
 	"refunds":          "internal/refunds",
 	"outbox":           "internal/outbox",
 	"outbox_sequences": "internal/outbox",
@@ -39,17 +39,15 @@ var owners = map[string]string{
 // that no longer occurs (a debt paid: strike it here, so the list stays
 // the truth).
 var debts = map[string]bool{
-	"idempotency_keys internal/sweep":   true,
-	"inbox internal/sweep":              true,
-	"inbox internal/webhooks":           true,
-	"notifications internal/checkout":   true,
-	"orders internal/sweep":             true,
-	"orders internal/notify":            true,
-	"orders internal/refunds":           true,
-	"outbox internal/sweep":             true,
-	"payment_attempts internal/sweep":   true,
-	"payment_attempts internal/refunds": true,
-	"refunds internal/notify":           true,
+	"idempotency_keys internal/sweep": true,
+	"inbox internal/sweep":            true,
+	"inbox internal/webhooks":         true,
+	"notifications internal/checkout": true,
+	"orders internal/sweep":           true,
+	"orders internal/notify":          true,
+	"orders internal/refunds":         true,
+	"outbox internal/sweep":           true,
+	"refunds internal/notify":         true,
 	// The demo shows the outbox row a checkout wrote: a reader's view
 	// into the database, not a second writer.
 	"outbox cmd": true,
