@@ -19,8 +19,8 @@ import (
 // through the owner's Go API.
 var owners = map[string]string{
 	"idempotency_keys": "internal/idempotency",
-	"orders":           "internal/checkout",
-	"order_items":      "internal/checkout",
+	"orders":           "internal/orders",
+	"order_items":      "internal/orders",
 	"products":         "internal/checkout",
 	"stock_buckets":    "internal/checkout",
 	"payment_attempts": "internal/checkout",
@@ -44,6 +44,8 @@ var debts = map[string]bool{
 	"inbox internal/maintenance":            true,
 	"inbox internal/webhooks":               true,
 	"notifications internal/checkout":       true,
+	"orders internal/checkout":              true,
+	"order_items internal/checkout":         true,
 	"orders internal/maintenance":           true,
 	"orders internal/notify":                true,
 	"orders internal/refunds":               true,
