@@ -29,7 +29,7 @@ func (o webhookOrders) OrderStatus(ctx context.Context, tenantID, orderID string
 	if err != nil {
 		return "", err
 	}
-	return v.Status, nil
+	return string(v.Status), nil
 }
 
 // ApplyPaymentIntent applies pi with checkout.Service.ApplyPaymentIntentTx.

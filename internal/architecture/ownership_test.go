@@ -44,8 +44,6 @@ var debts = map[string]bool{
 	"inbox internal/maintenance":            true,
 	"inbox internal/webhooks":               true,
 	"notifications internal/checkout":       true,
-	"orders internal/checkout":              true,
-	"order_items internal/checkout":         true,
 	"orders internal/maintenance":           true,
 	"orders internal/notify":                true,
 	"orders internal/refunds":               true,
