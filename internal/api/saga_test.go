@@ -347,7 +347,7 @@ func TestThreeDSecure(t *testing.T) {
 				require.Equal(t, before-2, h.stock("sku_tee"))
 			}
 			got := h.get("sk_test_acme", "/v1/orders/"+o.ID)
-			require.Equal(t, tc.wantStatus, decodeOrder(t, got).Status)
+			require.Equal(t, tc.wantStatus, string(decodeOrder(t, got).Status))
 			require.Empty(t, decodeOrder(t, got).Payment.ClientSecret, "the secret is shown only while action is required")
 
 			// The 202 stays the key's stored answer; settling again changes nothing.
