@@ -46,7 +46,6 @@ var debts = map[string]bool{
 	"notifications internal/checkout":       true,
 	"orders internal/maintenance":           true,
 	"orders internal/notify":                true,
-	"orders internal/refunds":               true,
 	"outbox internal/maintenance":           true,
 	"payment_attempts internal/maintenance": true,
 	"payment_attempts internal/refunds":     true,
