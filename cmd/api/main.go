@@ -26,7 +26,6 @@ import (
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/config"
 	"github.com/onceonly/checkout/internal/idempotency"
-	"github.com/onceonly/checkout/internal/ops"
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/ratelimit"
@@ -282,7 +281,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}, api.Deps{DB: db, Redis: rdb, Payments: pay, Keys: keys, Logger: logger, Registry: reg})
 
 	if s.MetricsAddr != "" {
-		metricsSrv, err := ops.Serve(s.MetricsAddr, reg, app.Checks...)
+		metricsSrv, err := telemetry.Serve(s.MetricsAddr, reg, app.Checks...)
 		if err != nil {
 			return fmt.Errorf("METRICS_ADDR: %w", err)
 		}

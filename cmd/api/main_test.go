@@ -17,9 +17,9 @@ import (
 
 	checkoutpkg "github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/config"
-	"github.com/onceonly/checkout/internal/payments/stripeemu"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
 	"github.com/onceonly/checkout/internal/refunds"
+	"github.com/onceonly/checkout/internal/stripeemu"
 	"github.com/onceonly/checkout/internal/testenv"
 )
 

@@ -17,9 +17,8 @@ import (
 	"time"
 
 	"github.com/onceonly/checkout/internal/config"
-	"github.com/onceonly/checkout/internal/ops"
+	"github.com/onceonly/checkout/internal/daemon"
 	"github.com/onceonly/checkout/internal/outbox"
-	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/rabbitmq"
 	"github.com/onceonly/checkout/internal/telemetry"
 )
@@ -35,7 +34,7 @@ func main() {
 
 // settings are the dispatcher's environment variables (CONTRACT.md).
 type settings struct {
-	ops.Settings
+	config.Shared
 	MetricsAddr  string        `env:"METRICS_ADDR" envDefault:":9091"`
 	PollInterval time.Duration `env:"OUTBOX_POLL_INTERVAL" envDefault:"200ms"`
 	// BatchSize 1000 relayed a backlog faster than 500 in 5 of 6
@@ -47,7 +46,7 @@ type settings struct {
 
 // check validates what parsing cannot; each message names its variable.
 func (s *settings) check() error {
-	errs := s.Settings.Check()
+	errs := s.Shared.Check()
 	if _, _, err := net.SplitHostPort(s.MetricsAddr); err != nil {
 		errs = append(errs, fmt.Errorf("METRICS_ADDR: %w", err))
 	}
@@ -71,28 +70,12 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	logger := telemetry.NewLogger(stdout, s.LogLevel).With("process", "dispatcher")
 	logger.Info("starting dispatcher", config.Masked(&s)...)
 
-	deps := &ops.Deps{}
-	reg := telemetry.NewRegistry()
-	srv, err := ops.Serve(s.MetricsAddr, reg, deps.Checks("outbox")...)
-	if err != nil {
-		return fmt.Errorf("METRICS_ADDR: %w", err)
+	proc, err := daemon.Start(ctx, "dispatcher", &s.Shared, s.MetricsAddr, logger, "outbox")
+	if err != nil || proc == nil {
+		return err // nil: stopped while waiting for dependencies
 	}
-	logger.Info("ops server listening", "addr", srv.Addr())
-	defer func() {
-		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(shutdownCtx)
-	}()
-
-	db, conn, err := deps.Open(ctx, s.DatabaseURL, rabbitmq.Config{URL: s.AMQPURL, Name: "dispatcher", Logger: logger}, s.Names(), logger, "outbox")
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil // stopped while waiting for dependencies
-		}
-		return err
-	}
-	defer postgres.Close(db)
-	defer conn.Close()
+	defer proc.Close()
+	db, conn, reg := proc.DB, proc.Conn, proc.Registry
 
 	pub := rabbitmq.NewPublisher(conn, rabbitmq.PublisherConfig{Exchange: s.Exchange, ConfirmTimeout: 5 * time.Second, Logger: logger})
 	defer pub.Close()
@@ -108,7 +91,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 
 	logger.Info("dispatcher running")
-	err = ops.RunLoops(ctx, s.ShutdownTimeout, logger,
+	err = daemon.RunLoops(ctx, s.ShutdownTimeout, logger,
 		relay.Run,
 	)
 	logger.Info("dispatcher stopped", "err", err)

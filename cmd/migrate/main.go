@@ -26,7 +26,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceonly/checkout/internal/config"
-	"github.com/onceonly/checkout/internal/ops"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/telemetry"
 )
@@ -75,7 +74,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	defer cancel()
 	// Two connections at most: goose holds the lock and runs every
 	// migration on one; the pool must not be capped at 1 (goose refuses it).
-	db, err := ops.OpenDB(ctx, postgres.Config{URL: s.DatabaseURL, MaxConns: 2}, logger)
+	db, err := postgres.OpenRetrying(ctx, postgres.Config{URL: s.DatabaseURL, MaxConns: 2}, logger)
 	if err != nil {
 		return timeoutError(ctx, s.Timeout, fmt.Errorf("DATABASE_URL: %w", err))
 	}

@@ -32,7 +32,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/onceonly/checkout/internal/payments/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeemu"
 )
 
 // shutdownTimeout bounds the drain of requests in flight on shutdown.

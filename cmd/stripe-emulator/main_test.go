@@ -14,8 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/stripe/stripe-go/v76/webhook"
 
-	"github.com/onceonly/checkout/internal/testenv"
 	"go.uber.org/goleak"
+
+	"github.com/onceonly/checkout/internal/testenv"
 )
 
 func TestMain(m *testing.M) {

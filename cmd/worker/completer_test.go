@@ -20,9 +20,9 @@ import (
 	"github.com/onceonly/checkout/internal/notify/smtpsink"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/payments"
-	"github.com/onceonly/checkout/internal/payments/stripeemu"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
 	"github.com/onceonly/checkout/internal/rabbitmq/rabbitmqtest"
+	"github.com/onceonly/checkout/internal/stripeemu"
 	"github.com/onceonly/checkout/internal/telemetry"
 	"github.com/onceonly/checkout/internal/testenv"
 )

@@ -28,14 +28,12 @@ import (
 	"github.com/onceonly/checkout/internal/api"
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/config"
+	"github.com/onceonly/checkout/internal/daemon"
 	"github.com/onceonly/checkout/internal/idempotency"
-	"github.com/onceonly/checkout/internal/maintenance"
 	"github.com/onceonly/checkout/internal/notify"
-	"github.com/onceonly/checkout/internal/ops"
 	"github.com/onceonly/checkout/internal/payments"
-	"github.com/onceonly/checkout/internal/postgres"
-	"github.com/onceonly/checkout/internal/rabbitmq"
 	"github.com/onceonly/checkout/internal/refunds"
+	"github.com/onceonly/checkout/internal/sweep"
 	"github.com/onceonly/checkout/internal/telemetry"
 )
 
@@ -50,7 +48,7 @@ func main() {
 
 // settings are the worker's environment variables (CONTRACT.md).
 type settings struct {
-	ops.Settings
+	config.Shared
 	SMTPAddr  string `env:"SMTP_ADDR" envDefault:"127.0.0.1:1025"`
 	SMTPFrom  string `env:"SMTP_FROM" envDefault:"orders@checkout.local"`
 	SMTPConns int    `env:"SMTP_CONCURRENCY" envDefault:"80"`
@@ -94,7 +92,7 @@ type settings struct {
 
 // check validates what parsing cannot; each message names its variable.
 func (s *settings) check() error {
-	errs := s.Settings.Check()
+	errs := s.Shared.Check()
 	if _, _, err := net.SplitHostPort(s.SMTPAddr); err != nil {
 		errs = append(errs, fmt.Errorf("SMTP_ADDR: %w", err))
 	}
@@ -214,28 +212,12 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	logger := telemetry.NewLogger(stdout, s.LogLevel).With("process", "worker")
 	logger.Info("starting worker", config.Masked(&s)...)
 
-	deps := &ops.Deps{}
-	reg := telemetry.NewRegistry()
-	srv, err := ops.Serve(s.MetricsAddr, reg, deps.Checks("notifications", "inbox")...)
-	if err != nil {
-		return fmt.Errorf("METRICS_ADDR: %w", err)
+	proc, err := daemon.Start(ctx, "worker", &s.Shared, s.MetricsAddr, logger, "notifications", "inbox")
+	if err != nil || proc == nil {
+		return err // nil: stopped while waiting for dependencies
 	}
-	logger.Info("ops server listening", "addr", srv.Addr())
-	defer func() {
-		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(shutdownCtx)
-	}()
-
-	db, conn, err := deps.Open(ctx, s.DatabaseURL, rabbitmq.Config{URL: s.AMQPURL, Name: "worker", Logger: logger}, s.Names(), logger, "notifications", "inbox")
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil // stopped while waiting for dependencies
-		}
-		return err
-	}
-	defer postgres.Close(db)
-	defer conn.Close()
+	defer proc.Close()
+	db, conn, reg := proc.DB, proc.Conn, proc.Registry
 
 	mailer, err := s.smtpMailer()
 	if err != nil {
@@ -275,7 +257,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		Now: time.Now, RetryAfter: s.RefundRetryAfter, Metrics: refunds.NewMetrics(reg)}
 	// Every route that takes a key (checkout, cancel, refund) is resumed
 	// here, through the API's one list of them.
-	completer, err := maintenance.NewCompleter(db, keys, api.Completer(db, svc, refundSvc), maintenance.CompleterConfig{
+	completer, err := sweep.NewCompleter(db, keys, api.Completer(db, svc, refundSvc), sweep.CompleterConfig{
 		Interval:   s.CompleterInterval,
 		Grace:      s.IdempotencyLease,
 		KeyTimeout: s.WorkTimeout, // detached; a run cut by the drain stays resumable
@@ -285,7 +267,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err != nil {
 		return err
 	}
-	reconciler, err := maintenance.NewReconciler(db, svc, maintenance.ReconcilerConfig{
+	reconciler, err := sweep.NewReconciler(db, svc, sweep.ReconcilerConfig{
 		Interval:     s.ReconcilerInterval,
 		OrderTimeout: s.WorkTimeout,
 		Grace:        s.IdempotencyLease,
@@ -296,7 +278,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err != nil {
 		return err
 	}
-	reaper, err := maintenance.NewReaper(db, maintenance.ReaperConfig{
+	reaper, err := sweep.NewReaper(db, sweep.ReaperConfig{
 		Interval:        s.ReaperInterval,
 		InboxRetention:  s.InboxRetention,
 		OutboxRetention: s.OutboxRetention,
@@ -309,7 +291,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 
 	logger.Info("worker running")
 	// One line per background loop; each returns after its work in flight.
-	err = ops.RunLoops(ctx, s.ShutdownTimeout, logger,
+	err = daemon.RunLoops(ctx, s.ShutdownTimeout, logger,
 		notifier.Run,
 		completer.Run,
 		reconciler.Run,

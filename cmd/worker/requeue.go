@@ -9,7 +9,6 @@ import (
 
 	"github.com/onceonly/checkout/internal/config"
 	"github.com/onceonly/checkout/internal/notify"
-	"github.com/onceonly/checkout/internal/ops"
 	"github.com/onceonly/checkout/internal/postgres"
 )
 
@@ -49,7 +48,7 @@ func requeue(ctx context.Context, args []string, getenv func(string) string, std
 	if fs.NArg() > 0 {
 		return fmt.Errorf("requeue-notifications: unexpected arguments %q", fs.Args())
 	}
-	var s ops.Settings
+	var s config.Shared
 	if err := config.Load(getenv, &s); err != nil {
 		return err
 	}

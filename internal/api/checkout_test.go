@@ -16,7 +16,7 @@ import (
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/orders"
-	"github.com/onceonly/checkout/internal/payments/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeemu"
 	"github.com/onceonly/checkout/internal/testenv"
 )
 

@@ -24,9 +24,9 @@ import (
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/payments"
-	"github.com/onceonly/checkout/internal/payments/stripeemu"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
 	"github.com/onceonly/checkout/internal/ratelimit"
+	"github.com/onceonly/checkout/internal/stripeemu"
 	"github.com/onceonly/checkout/internal/telemetry"
 	"github.com/onceonly/checkout/internal/testenv"
 )
@@ -70,6 +70,8 @@ type options struct {
 	// refundRetryAfter is REFUND_RETRY_AFTER (0: the default).
 	refundRetryAfter time.Duration
 	rateLimits       ratelimit.Config // zero: no limit
+	// logLevel is the services' log level (zero: debug, which tests read).
+	logLevel slog.Level
 }
 
 // harness is one test's running API over its own database and Redis prefix,
@@ -136,7 +138,7 @@ func (g gathered) Collect(ch chan<- prometheus.Metric) {
 
 func setup(t testing.TB, opt ...func(*options)) *harness {
 	t.Helper()
-	o := options{failureMode: idempotency.FailClosed, lease: 5 * time.Second, ttl: 24 * time.Hour}
+	o := options{failureMode: idempotency.FailClosed, lease: 5 * time.Second, ttl: 24 * time.Hour, logLevel: slog.LevelDebug}
 	for _, f := range opt {
 		f(&o)
 	}
@@ -167,7 +169,7 @@ func setup(t testing.TB, opt ...func(*options)) *harness {
 	t.Cleanup(h.emu.Close)
 	h.emuURL = emuSrv.URL
 
-	logger := telemetry.NewLogger(h.logs, slog.LevelDebug)
+	logger := telemetry.NewLogger(h.logs, o.logLevel)
 	keys, err := auth.ParseKeys(auth.DefaultKeys)
 	require.NoError(t, err)
 	stripeCfg := payments.Config{APIBase: emuSrv.URL, SecretKey: "sk_test_123", Timeout: 2 * time.Second, MaxElapsed: 3 * time.Second}

@@ -4,8 +4,8 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/checkout"
-	"github.com/onceonly/checkout/internal/maintenance"
 	"github.com/onceonly/checkout/internal/refunds"
+	"github.com/onceonly/checkout/internal/sweep"
 )
 
 // Completer returns what resumes the unfinished keys of every route the API
@@ -16,6 +16,6 @@ import (
 // it (cmd/worker), so that no route is left out of one of them; the test
 // TestEveryKeyedRouteHasACompleter holds it to the routes API.KeyRoutes
 // lists.
-func Completer(db *gorm.DB, checkouts *checkout.Service, refundSvc *refunds.Service) maintenance.ByRoute {
-	return maintenance.NewByRoute(db, checkouts, refundSvc)
+func Completer(db *gorm.DB, checkouts *checkout.Service, refundSvc *refunds.Service) sweep.ByRoute {
+	return sweep.NewByRoute(db, checkouts, refundSvc)
 }

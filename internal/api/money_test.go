@@ -11,10 +11,10 @@ import (
 	"github.com/stripe/stripe-go/v76"
 
 	"github.com/onceonly/checkout/internal/checkout"
-	"github.com/onceonly/checkout/internal/maintenance"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/payments"
-	"github.com/onceonly/checkout/internal/payments/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeemu"
+	"github.com/onceonly/checkout/internal/sweep"
 	"github.com/onceonly/checkout/internal/testenv"
 )
 
@@ -208,12 +208,12 @@ func TestActionTimeoutWhateverThePaymentIntentStatus(t *testing.T) {
 			rec := h.reconciler(clk.Now)
 			round, err := rec.RunOnce(context.Background())
 			require.NoError(t, err)
-			require.Equal(t, maintenance.ReconcileRound{Unchanged: 1}, round, "within the timeout: it waits")
+			require.Equal(t, sweep.ReconcileRound{Unchanged: 1}, round, "within the timeout: it waits")
 
 			clk.Advance(31 * time.Minute)
 			round, err = rec.RunOnce(context.Background())
 			require.NoError(t, err)
-			require.Equal(t, maintenance.ReconcileRound{Changed: 1}, round)
+			require.Equal(t, sweep.ReconcileRound{Changed: 1}, round)
 			pis := h.requirePaymentInvariants(o.ID, string(orders.PaymentFailed))
 			require.Equal(t, stripe.PaymentIntentStatusCanceled, pis[0].Status)
 			require.Equal(t, stripe.PaymentIntentCancellationReasonAbandoned, pis[0].CancellationReason)
@@ -259,7 +259,7 @@ func TestOrphanOfAnOrderWithoutPaymentIntent(t *testing.T) {
 	rec := h.reconciler(time.Now)
 	round, err := rec.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, maintenance.ReconcileRound{Orphans: 1}, round)
+	require.Equal(t, sweep.ReconcileRound{Orphans: 1}, round)
 	pis := h.requirePaymentInvariants(id, string(orders.PaymentFailed))
 	require.Len(t, pis, 1)
 	require.Equal(t, stripe.PaymentIntentStatusCanceled, pis[0].Status)
@@ -267,5 +267,5 @@ func TestOrphanOfAnOrderWithoutPaymentIntent(t *testing.T) {
 
 	round, err = rec.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, maintenance.ReconcileRound{}, round, "swept again only after ORPHAN_SWEEP_INTERVAL")
+	require.Equal(t, sweep.ReconcileRound{}, round, "swept again only after ORPHAN_SWEEP_INTERVAL")
 }

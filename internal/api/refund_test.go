@@ -15,8 +15,8 @@ import (
 
 	"github.com/onceonly/checkout/internal/api"
 	"github.com/onceonly/checkout/internal/idempotency"
-	"github.com/onceonly/checkout/internal/payments/stripeemu"
 	"github.com/onceonly/checkout/internal/refunds"
+	"github.com/onceonly/checkout/internal/stripeemu"
 	"github.com/onceonly/checkout/internal/testenv"
 	"github.com/onceonly/checkout/internal/webhooks"
 )

@@ -13,7 +13,7 @@ import (
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/payments"
-	"github.com/onceonly/checkout/internal/payments/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeemu"
 )
 
 // returnURLBody is a 3D Secure checkout with a return_url.

@@ -16,10 +16,10 @@ import (
 
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/idempotency"
-	"github.com/onceonly/checkout/internal/maintenance"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/payments"
-	"github.com/onceonly/checkout/internal/payments/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeemu"
+	"github.com/onceonly/checkout/internal/sweep"
 	"github.com/onceonly/checkout/internal/testenv"
 	"github.com/onceonly/checkout/internal/webhooks"
 )
@@ -233,16 +233,16 @@ func TestUnknownPaymentMethod(t *testing.T) {
 
 	// A round of each background loop, with every lease long expired.
 	require.NoError(t, h.db.Exec(`UPDATE idempotency_keys SET lease_expires_at = now() - interval '1 hour'`).Error)
-	c, err := maintenance.NewCompleter(h.db, h.api.KeyStore, h.api.Service, maintenance.CompleterConfig{Grace: time.Millisecond})
+	c, err := sweep.NewCompleter(h.db, h.api.KeyStore, h.api.Service, sweep.CompleterConfig{Grace: time.Millisecond})
 	require.NoError(t, err)
 	round, err := c.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, maintenance.Round{}, round)
-	rec, err := maintenance.NewReconciler(h.db, h.api.Service, maintenance.ReconcilerConfig{})
+	require.Equal(t, sweep.Round{}, round)
+	rec, err := sweep.NewReconciler(h.db, h.api.Service, sweep.ReconcilerConfig{})
 	require.NoError(t, err)
 	rr, err := rec.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, maintenance.ReconcileRound{}, rr)
+	require.Equal(t, sweep.ReconcileRound{}, rr)
 	require.Len(t, h.emu.Requests(), calls, "no further Stripe call for the order")
 	require.Len(t, h.intents(p.OrderID), 0)
 }
@@ -272,9 +272,9 @@ func threeDS(t *testing.T, h *harness, key string) checkout.Order {
 	return o
 }
 
-func (h *harness) reconciler(now func() time.Time) *maintenance.Reconciler {
+func (h *harness) reconciler(now func() time.Time) *sweep.Reconciler {
 	h.t.Helper()
-	rec, err := maintenance.NewReconciler(h.db, h.api.Service, maintenance.ReconcilerConfig{Now: now, Grace: time.Millisecond})
+	rec, err := sweep.NewReconciler(h.db, h.api.Service, sweep.ReconcilerConfig{Now: now, Grace: time.Millisecond})
 	require.NoError(h.t, err)
 	return rec
 }
@@ -322,13 +322,13 @@ func TestThreeDSecure(t *testing.T) {
 			rec := h.reconciler(clk.Now)
 			round, err := rec.RunOnce(context.Background())
 			require.NoError(t, err)
-			require.Equal(t, maintenance.ReconcileRound{Unchanged: 1}, round)
+			require.Equal(t, sweep.ReconcileRound{Unchanged: 1}, round)
 			require.Equal(t, string(orders.RequiresAction), h.order(o.ID).Status)
 
 			tc.act(h, clk, o.Payment.PaymentIntentID)
 			round, err = rec.RunOnce(context.Background())
 			require.NoError(t, err)
-			require.Equal(t, maintenance.ReconcileRound{Changed: 1}, round)
+			require.Equal(t, sweep.ReconcileRound{Changed: 1}, round)
 
 			h.requirePaymentInvariants(o.ID, tc.wantStatus)
 			pis := h.intents(o.ID)
@@ -355,7 +355,7 @@ func TestThreeDSecure(t *testing.T) {
 			require.Equal(t, http.StatusAccepted, again.status)
 			round, err = rec.RunOnce(context.Background())
 			require.NoError(t, err)
-			require.Equal(t, maintenance.ReconcileRound{}, round)
+			require.Equal(t, sweep.ReconcileRound{}, round)
 			require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = ?`, o.ID, tc.wantEvent))
 		})
 	}
@@ -585,13 +585,13 @@ func TestPaymentUnknown(t *testing.T) {
 	rec := h.reconciler(clk.Now)
 	round, err := rec.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, maintenance.ReconcileRound{Failed: 1}, round, "reconciled, still unknown")
+	require.Equal(t, sweep.ReconcileRound{Failed: 1}, round, "reconciled, still unknown")
 	require.Equal(t, string(orders.PaymentUnknown), h.order(orderID).Status)
 
 	h.emu.ClearFaults()
 	round, err = rec.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, maintenance.ReconcileRound{Changed: 1}, round)
+	require.Equal(t, sweep.ReconcileRound{Changed: 1}, round)
 	h.requirePaymentInvariants(orderID, string(orders.Paid))
 	retry := h.checkout("unknown-1", teeBody)
 	require.Equal(t, http.StatusCreated, retry.status, "%s", retry.body)
@@ -666,13 +666,13 @@ func TestOrphanSweep(t *testing.T) {
 	rec := h.reconciler(time.Now)
 	round, err := rec.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, maintenance.ReconcileRound{Orphans: 1}, round)
+	require.Equal(t, sweep.ReconcileRound{Orphans: 1}, round)
 	pis := h.requirePaymentInvariants(o.ID, string(orders.Paid))
 	require.Len(t, pis, 2)
 
 	round, err = rec.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, maintenance.ReconcileRound{}, round, "swept again only after ORPHAN_SWEEP_INTERVAL")
+	require.Equal(t, sweep.ReconcileRound{}, round, "swept again only after ORPHAN_SWEEP_INTERVAL")
 }
 
 // scripted wraps the real client and lets a test replace single calls.
@@ -839,11 +839,11 @@ func TestCancelResumedByCompleter(t *testing.T) {
 
 	h.emu.ClearFaults()
 	require.NoError(t, h.db.Exec(`UPDATE idempotency_keys SET lease_expires_at = now() - interval '1 hour' WHERE key = 'cancel-resume'`).Error)
-	c, err := maintenance.NewCompleter(h.db, h.api.KeyStore, h.api.Service, maintenance.CompleterConfig{Grace: time.Millisecond})
+	c, err := sweep.NewCompleter(h.db, h.api.KeyStore, h.api.Service, sweep.CompleterConfig{Grace: time.Millisecond})
 	require.NoError(t, err)
 	round, err := c.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, maintenance.Round{Completed: 1}, round)
+	require.Equal(t, sweep.Round{Completed: 1}, round)
 
 	h.requirePaymentInvariants(o.ID, string(orders.Canceled))
 	require.Equal(t, before, h.stock("sku_tee"))

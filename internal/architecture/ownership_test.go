@@ -39,20 +39,20 @@ var owners = map[string]string{
 // that no longer occurs (a debt paid: strike it here, so the list stays
 // the truth).
 var debts = map[string]bool{
-	"idempotency_keys internal/checkout":    true,
-	"idempotency_keys internal/maintenance": true,
-	"inbox internal/maintenance":            true,
-	"inbox internal/webhooks":               true,
-	"notifications internal/checkout":       true,
+	"idempotency_keys internal/checkout": true,
+	"idempotency_keys internal/sweep":    true,
+	"inbox internal/sweep":               true,
+	"inbox internal/webhooks":            true,
+	"notifications internal/checkout":    true,
 	// The reconciler's two candidate queries join orders with
 	// idempotency_keys and payment_attempts in one indexed statement (the
 	// sweep's plan is pinned by a test); their statuses come from orders'
 	// predicates (orders.SQLList), the rest of its reads from orders.
-	"orders internal/maintenance":           true,
-	"outbox internal/maintenance":           true,
-	"payment_attempts internal/maintenance": true,
-	"payment_attempts internal/refunds":     true,
-	"refunds internal/notify":               true,
+	"orders internal/sweep":             true,
+	"outbox internal/sweep":             true,
+	"payment_attempts internal/sweep":   true,
+	"payment_attempts internal/refunds": true,
+	"refunds internal/notify":           true,
 	// The demo shows the outbox row a checkout wrote: a reader's view
 	// into the database, not a second writer.
 	"outbox cmd": true,

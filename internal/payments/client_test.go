@@ -16,7 +16,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/payments"
-	"github.com/onceonly/checkout/internal/payments/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeemu"
 )
 
 func TestMain(m *testing.M) {

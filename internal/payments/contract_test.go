@@ -23,8 +23,8 @@ import (
 
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/payments"
-	"github.com/onceonly/checkout/internal/payments/stripeemu"
 	"github.com/onceonly/checkout/internal/refunds"
+	"github.com/onceonly/checkout/internal/stripeemu"
 )
 
 // The contract: the same client calls and raw requests, run against the

@@ -147,7 +147,7 @@ func classicDLQNames(t *testing.T, n int) rabbitmq.Names {
 	return names
 }
 
-// dialWithMigration dials as ops.Deps.Open does: MigrateDLQ, then the
+// dialWithMigration dials as daemon.Deps.Open does: MigrateDLQ, then the
 // topology.
 func dialWithMigration(t *testing.T, names rabbitmq.Names, within time.Duration) *rabbitmq.Conn {
 	t.Helper()

@@ -10,8 +10,8 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/checkout/internal/payments/stripeemu"
 	"github.com/onceonly/checkout/internal/storefront"
+	"github.com/onceonly/checkout/internal/stripeemu"
 	"github.com/onceonly/checkout/internal/testenv"
 )
 

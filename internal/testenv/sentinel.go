@@ -27,8 +27,8 @@ type RedisSentinel struct {
 	// Sentinels are the sentinels' addresses.
 	Sentinels []string
 
-	mu   sync.Mutex
-	cmds map[string]*exec.Cmd // by address; nil once killed
+	mu    sync.Mutex
+	procs map[string]*Proc // by address; nil once killed
 }
 
 // StartRedisSentinel starts the master, the replica and the three
@@ -38,11 +38,11 @@ type RedisSentinel struct {
 func StartRedisSentinel(t testing.TB) *RedisSentinel {
 	t.Helper()
 	dir := t.TempDir()
-	s := &RedisSentinel{MasterName: "checkout", cmds: map[string]*exec.Cmd{}}
+	s := &RedisSentinel{MasterName: "checkout", procs: map[string]*Proc{}}
 	t.Cleanup(func() {
 		s.mu.Lock()
-		addrs := make([]string, 0, len(s.cmds))
-		for a := range s.cmds {
+		addrs := make([]string, 0, len(s.procs))
+		for a := range s.procs {
 			addrs = append(addrs, a)
 		}
 		s.mu.Unlock()
@@ -52,12 +52,12 @@ func StartRedisSentinel(t testing.TB) *RedisSentinel {
 	})
 	start := func(addr string, args ...string) {
 		t.Helper()
-		cmd := exec.Command("redis-server", args...)
-		if err := cmd.Start(); err != nil {
+		proc, err := StartProc(exec.Command("redis-server", args...), "")
+		if err != nil {
 			t.Fatalf("testenv: start redis-server %v: %v", args, err)
 		}
 		s.mu.Lock()
-		s.cmds[addr] = cmd
+		s.procs[addr] = proc
 		s.mu.Unlock()
 		waitDial(t, addr)
 	}
@@ -103,12 +103,11 @@ func StartRedisSentinel(t testing.TB) *RedisSentinel {
 // dead one does nothing.
 func (s *RedisSentinel) Kill(addr string) {
 	s.mu.Lock()
-	cmd := s.cmds[addr]
-	s.cmds[addr] = nil
+	proc := s.procs[addr]
+	s.procs[addr] = nil
 	s.mu.Unlock()
-	if cmd != nil {
-		cmd.Process.Kill()
-		cmd.Wait()
+	if proc != nil {
+		proc.Kill()
 	}
 }
 
@@ -120,7 +119,7 @@ func (s *RedisSentinel) AwaitMaster(ctx context.Context, addr string, timeout ti
 		ok := true
 		for _, sa := range s.Sentinels {
 			s.mu.Lock()
-			dead := s.cmds[sa] == nil
+			dead := s.procs[sa] == nil
 			s.mu.Unlock()
 			if dead {
 				continue

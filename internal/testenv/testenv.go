@@ -58,7 +58,7 @@ func Redis(t testing.TB) (*redis.Client, string) {
 // RedisServer is a redis-server process a test owns.
 type RedisServer struct {
 	Addr string
-	cmd  *exec.Cmd
+	proc *Proc
 }
 
 // StartRedis starts redis-server on a free port, without persistence, and
@@ -73,12 +73,12 @@ func StartRedis(t testing.TB) *RedisServer {
 func (s *RedisServer) start(t testing.TB) {
 	t.Helper()
 	_, port, _ := net.SplitHostPort(s.Addr)
-	cmd := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no")
-	if err := cmd.Start(); err != nil {
+	proc, err := StartProc(exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no"), "")
+	if err != nil {
 		t.Fatalf("testenv: start redis-server: %v", err)
 	}
-	s.cmd = cmd
+	s.proc = proc
 	t.Cleanup(func() { s.Stop() })
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
@@ -96,10 +96,9 @@ func (s *RedisServer) URL() string { return "redis://" + s.Addr + "/0" }
 
 // Stop kills the server (SIGKILL: a crash, not a shutdown) and waits for it.
 func (s *RedisServer) Stop() {
-	if s.cmd != nil && s.cmd.Process != nil {
-		s.cmd.Process.Kill()
-		s.cmd.Wait()
-		s.cmd = nil
+	if s.proc != nil {
+		s.proc.Kill()
+		s.proc = nil
 	}
 }
 
@@ -126,8 +125,8 @@ func Random(n int) string {
 type RedisCluster struct {
 	Addrs []string
 
-	mu   sync.Mutex
-	cmds map[string]*exec.Cmd // by address; nil once killed
+	mu    sync.Mutex
+	procs map[string]*Proc // by address; nil once killed
 }
 
 // StartRedisCluster starts n redis-servers (n >= 3, the least
@@ -172,7 +171,7 @@ func StartRedisClusterWithReplicas(t testing.TB, masters int) *RedisCluster {
 func startRedisCluster(t testing.TB, n, replicas int) *RedisCluster {
 	t.Helper()
 	dir := t.TempDir()
-	c := &RedisCluster{cmds: map[string]*exec.Cmd{}}
+	c := &RedisCluster{procs: map[string]*Proc{}}
 	t.Cleanup(func() {
 		for _, addr := range c.Addrs {
 			c.Kill(addr)
@@ -184,12 +183,13 @@ func startRedisCluster(t testing.TB, n, replicas int) *RedisCluster {
 			"--save", "", "--appendonly", "no", "--dir", dir,
 			"--cluster-enabled", "yes", "--cluster-port", bus,
 			"--cluster-config-file", fmt.Sprintf("nodes-%d.conf", i), "--cluster-node-timeout", "2000")
-		if err := cmd.Start(); err != nil {
+		proc, err := StartProc(cmd, "")
+		if err != nil {
 			t.Fatalf("testenv: start redis-server (cluster): %v", err)
 		}
 		addr := "127.0.0.1:" + port
 		c.Addrs = append(c.Addrs, addr)
-		c.cmds[addr] = cmd
+		c.procs[addr] = proc
 	}
 	for _, addr := range c.Addrs {
 		waitDial(t, addr)
@@ -223,12 +223,11 @@ func startRedisCluster(t testing.TB, n, replicas int) *RedisCluster {
 // Killing a dead node does nothing.
 func (c *RedisCluster) Kill(addr string) {
 	c.mu.Lock()
-	cmd := c.cmds[addr]
-	c.cmds[addr] = nil
+	proc := c.procs[addr]
+	c.procs[addr] = nil
 	c.mu.Unlock()
-	if cmd != nil {
-		cmd.Process.Kill()
-		cmd.Wait()
+	if proc != nil {
+		proc.Kill()
 	}
 }
 
@@ -238,7 +237,7 @@ func (c *RedisCluster) Alive() []string {
 	defer c.mu.Unlock()
 	var out []string
 	for _, a := range c.Addrs {
-		if c.cmds[a] != nil {
+		if c.procs[a] != nil {
 			out = append(out, a)
 		}
 	}

@@ -1,7 +1,7 @@
 // Command createdb creates the database DATABASE_URL names when it is
 // missing, for `make run`: the processes migrate its schema themselves, but
 // PostgreSQL needs the database to exist first. DATABASE_URL is read as the
-// processes read it: with their own settings (ops.Settings through
+// processes read it: with their own settings (config.Shared through
 // config.Load, so unset or empty means their default), then
 // pgx.ParseConfig (a postgres:// URL or key=value pairs, with libpq's PG*
 // variables for what it leaves out). It connects with the same settings to
@@ -18,7 +18,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceonly/checkout/internal/config"
-	"github.com/onceonly/checkout/internal/ops"
 )
 
 func main() {
@@ -29,7 +28,7 @@ func main() {
 }
 
 func run() error {
-	var s ops.Settings
+	var s config.Shared
 	if err := config.Load(os.Getenv, &s); err != nil {
 		return err
 	}

@@ -34,7 +34,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/onceonly/checkout/internal/payments/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeemu"
 	"github.com/onceonly/checkout/tests/e2e/stack"
 )
 

@@ -11,7 +11,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/idempotency"
-	"github.com/onceonly/checkout/internal/payments/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeemu"
 	"github.com/onceonly/checkout/internal/testenv"
 	"github.com/onceonly/checkout/tests/e2e/stack"
 )

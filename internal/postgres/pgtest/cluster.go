@@ -69,9 +69,8 @@ type Server struct {
 	args    []string
 	logPath string
 
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
+	mu   sync.Mutex
+	proc *testenv.Proc
 }
 
 // StartCluster initializes a primary (initdb, trust authentication), takes a
@@ -217,14 +216,12 @@ func (s *Server) URL(db string) string {
 // shut down cleanly: no checkpoint, and connections are reset.
 func (s *Server) Kill() {
 	s.mu.Lock()
-	cmd, exited := s.cmd, s.exited
-	s.cmd = nil
+	proc := s.proc
+	s.proc = nil
 	s.mu.Unlock()
-	if cmd == nil {
-		return
+	if proc != nil {
+		proc.Kill()
 	}
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	<-exited
 }
 
 // Log returns the last lines of the server's log.
@@ -233,25 +230,14 @@ func (s *Server) Log() string { return tail(s.logPath) }
 func (s *Server) start(cred *syscall.Credential) {
 	t := s.t
 	t.Helper()
-	f, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		t.Fatalf("pgtest: %v", err)
-	}
 	cmd := exec.Command(filepath.Join(BinDir(), "postgres"), s.args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}
-	if err := cmd.Start(); err != nil {
-		f.Close()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	proc, err := testenv.StartProc(cmd, s.logPath)
+	if err != nil {
 		t.Fatalf("pgtest: start %s: %v", s.Name, err)
 	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		f.Close()
-		close(exited)
-	}()
 	s.mu.Lock()
-	s.cmd, s.exited = cmd, exited
+	s.proc = proc
 	s.mu.Unlock()
 	t.Cleanup(s.Kill)
 
@@ -263,7 +249,7 @@ func (s *Server) start(cred *syscall.Credential) {
 			return
 		}
 		select {
-		case <-exited:
+		case <-proc.Exited():
 			t.Fatalf("pgtest: %s exited at start:\n%s", s.Name, tail(s.logPath))
 		default:
 		}
@@ -306,28 +292,6 @@ func credential() (*syscall.Credential, error) {
 	uid, _ := strconv.Atoi(u.Uid)
 	gid, _ := strconv.Atoi(u.Gid)
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
-}
-
-// tailBuffer keeps what a process writes, for an error message.
-type tailBuffer struct {
-	mu sync.Mutex
-	b  []byte
-}
-
-func (b *tailBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.b = append(b.b, p...)
-	if len(b.b) > 8192 {
-		b.b = b.b[len(b.b)-8192:]
-	}
-	return len(p), nil
-}
-
-func (b *tailBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return string(b.b)
 }
 
 // runTool runs one of the PostgreSQL binaries to completion.

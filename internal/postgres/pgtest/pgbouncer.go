@@ -109,21 +109,14 @@ log_disconnections = 0
 	}
 	cmd := exec.Command(PgBouncerBin(), filepath.Join(dir, "pgbouncer.ini"))
 	cmd.Dir = dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}
-	out := &tailBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	outPath := filepath.Join(dir, "stdout.log")
+	proc, err := testenv.StartProc(cmd, outPath)
+	if err != nil {
 		return nil, fmt.Errorf("start pgbouncer: %w", err)
 	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(exited)
-	}()
-	t.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-exited
-	})
+	t.Cleanup(proc.Kill)
+	out := func() string { b, _ := os.ReadFile(outPath); return string(b) }
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		c, err := net.DialTimeout("tcp", b.Addr, time.Second)
@@ -132,13 +125,13 @@ log_disconnections = 0
 			return b, nil
 		}
 		select {
-		case <-exited:
+		case <-proc.Exited():
 			log, _ := os.ReadFile(filepath.Join(dir, "pgbouncer.log"))
-			return nil, fmt.Errorf("pgbouncer exited at start: %s\n%s", out, log)
+			return nil, fmt.Errorf("pgbouncer exited at start: %s\n%s", out(), log)
 		default:
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("pgbouncer not listening on %s after 20s: %s", b.Addr, out)
+			return nil, fmt.Errorf("pgbouncer not listening on %s after 20s: %s", b.Addr, out())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

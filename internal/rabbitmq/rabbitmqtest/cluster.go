@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -62,8 +61,7 @@ type Node struct {
 	env  []string
 	log  string
 	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc *testenv.Proc
 }
 
 // StartCluster starts n nodes (at once), joins nodes 2..n to node 1
@@ -262,27 +260,15 @@ func (c *Cluster) baseEnv() []string {
 // start runs rabbitmq-server in a process group of its own, so that Kill
 // reaches the Erlang VM under the script.
 func (n *Node) start() error {
-	f, err := os.OpenFile(n.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
 	cmd := exec.Command(serverBin)
 	cmd.Env = n.env
 	cmd.Dir = n.c.dir
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		f.Close()
+	proc, err := testenv.StartProc(cmd, n.log)
+	if err != nil {
 		return fmt.Errorf("rabbitmqtest: start %s: %w", n.Name, err)
 	}
-	done := make(chan struct{})
-	go func() {
-		cmd.Wait()
-		f.Close()
-		close(done)
-	}()
 	n.mu.Lock()
-	n.cmd, n.done = cmd, done
+	n.proc = proc
 	n.mu.Unlock()
 	return nil
 }
@@ -292,29 +278,19 @@ func (n *Node) start() error {
 // waits for it. Killing a stopped node does nothing.
 func (n *Node) Kill() {
 	n.mu.Lock()
-	cmd, done := n.cmd, n.done
-	n.cmd = nil
+	proc := n.proc
+	n.proc = nil
 	n.mu.Unlock()
-	if cmd == nil {
-		return
+	if proc != nil {
+		proc.Kill()
 	}
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	<-done
 }
 
 // IsRunning reports whether the node's process runs (it may still boot).
 func (n *Node) IsRunning() bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.cmd == nil {
-		return false
-	}
-	select {
-	case <-n.done:
-		return false
-	default:
-		return true
-	}
+	return n.proc != nil && n.proc.Running()
 }
 
 // Restart starts a killed node again, with its name and data: it rejoins

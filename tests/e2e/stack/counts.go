@@ -17,7 +17,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/notify/smtpsink"
-	"github.com/onceonly/checkout/internal/payments/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeemu"
 )
 
 // Tenant is the tenant of Client and DirectClient (API key sk_test_acme).

@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/onceonly/checkout/internal/payments/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeemu"
 )
 
 // emulatorWebhookEnv is the emulator's environment for Options.Webhooks.

@@ -1,4 +1,4 @@
-package ops
+package config
 
 import (
 	"errors"
@@ -11,10 +11,10 @@ import (
 	"github.com/onceonly/checkout/internal/rabbitmq"
 )
 
-// Settings are the environment variables the dispatcher and the worker
+// Shared are the environment variables the dispatcher and the worker
 // share (CONTRACT.md, "Configuration"). Each process embeds them in its own
 // settings and adds what only it needs.
-type Settings struct {
+type Shared struct {
 	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres@127.0.0.1:5432/checkout?sslmode=disable"`
 	// AMQPURL is one AMQP URI or a comma-separated list of a cluster's
 	// nodes (rabbitmq.ParseURLs).
@@ -29,7 +29,7 @@ type Settings struct {
 }
 
 // Check validates what parsing cannot; each error names its variable.
-func (s *Settings) Check() []error {
+func (s *Shared) Check() []error {
 	var errs []error
 	if _, err := pgx.ParseConfig(s.DatabaseURL); err != nil {
 		errs = append(errs, fmt.Errorf("DATABASE_URL: %w", err))
@@ -47,7 +47,7 @@ func (s *Settings) Check() []error {
 }
 
 // Names is the topology the process declares.
-func (s *Settings) Names() rabbitmq.Names {
+func (s *Shared) Names() rabbitmq.Names {
 	n := rabbitmq.DefaultNames()
 	n.Exchange = s.Exchange
 	n.NotifyQueue = s.NotifyQueue

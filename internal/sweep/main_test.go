@@ -1,4 +1,4 @@
-package maintenance_test
+package sweep_test
 
 import (
 	"testing"

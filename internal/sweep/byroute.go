@@ -1,4 +1,4 @@
-package maintenance
+package sweep
 
 import (
 	"context"
@@ -36,7 +36,7 @@ func NewByRoute(db *gorm.DB, completers ...RouteCompleter) ByRoute {
 	for _, c := range completers {
 		for _, route := range c.KeyRoutes() {
 			if _, dup := b.Routes[route]; dup {
-				panic(fmt.Sprintf("maintenance: two completers for route %q", route))
+				panic(fmt.Sprintf("sweep: two completers for route %q", route))
 			}
 			b.Routes[route] = c
 		}

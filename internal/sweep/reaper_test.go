@@ -1,4 +1,4 @@
-package maintenance_test
+package sweep_test
 
 import (
 	"context"
@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
 
-	"github.com/onceonly/checkout/internal/maintenance"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
+	"github.com/onceonly/checkout/internal/sweep"
 )
 
 // reaperEnv is one test's database, a reaper over it with a fixed clock,
@@ -20,7 +20,7 @@ type reaperEnv struct {
 	t      testing.TB
 	db     *gorm.DB
 	now    time.Time
-	reaper *maintenance.Reaper
+	reaper *sweep.Reaper
 	reg    *prometheus.Registry
 }
 
@@ -29,7 +29,7 @@ func setupReaper(t testing.TB) *reaperEnv {
 	e := &reaperEnv{t: t, now: time.Now().UTC().Truncate(time.Microsecond), reg: prometheus.NewRegistry()}
 	e.db, _ = pgtest.NewDB(t)
 	var err error
-	e.reaper, err = maintenance.NewReaper(e.db, maintenance.ReaperConfig{
+	e.reaper, err = sweep.NewReaper(e.db, sweep.ReaperConfig{
 		Registerer: e.reg,
 		Now:        func() time.Time { return e.now },
 	})
@@ -114,10 +114,10 @@ func TestReaperDeletesOnlyPastRetention(t *testing.T) {
 	res, err := e.reaper.RunOnce(context.Background())
 	require.NoError(t, err)
 	// Full batches, then one short batch that ends the table's loop.
-	require.Equal(t, maintenance.Reap{
-		Keys:   maintenance.TableReap{Deleted: 2000, Statements: 5},
-		Inbox:  maintenance.TableReap{Deleted: 700, Statements: 2},
-		Outbox: maintenance.TableReap{Deleted: 1200, Statements: 3},
+	require.Equal(t, sweep.Reap{
+		Keys:   sweep.TableReap{Deleted: 2000, Statements: 5},
+		Inbox:  sweep.TableReap{Deleted: 700, Statements: 2},
+		Outbox: sweep.TableReap{Deleted: 1200, Statements: 3},
 	}, res)
 
 	require.Equal(t, 0, e.count(`SELECT count(*) FROM idempotency_keys WHERE key LIKE 'expired-%'`))
@@ -131,19 +131,19 @@ func TestReaperDeletesOnlyPastRetention(t *testing.T) {
 	require.Equal(t, 25, e.count(`SELECT count(*) FROM outbox WHERE id LIKE 'unpublished-old-%'`))
 	require.Equal(t, 85, e.count(`SELECT count(*) FROM outbox`))
 
-	require.EqualValues(t, 2000, e.deleted(maintenance.TableIdempotencyKeys))
-	require.EqualValues(t, 700, e.deleted(maintenance.TableInbox))
-	require.EqualValues(t, 1200, e.deleted(maintenance.TableOutbox))
+	require.EqualValues(t, 2000, e.deleted(sweep.TableIdempotencyKeys))
+	require.EqualValues(t, 700, e.deleted(sweep.TableInbox))
+	require.EqualValues(t, 1200, e.deleted(sweep.TableOutbox))
 
 	// A second round finds nothing and moves no counter.
 	res, err = e.reaper.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, maintenance.Reap{
-		Keys: maintenance.TableReap{Statements: 1}, Inbox: maintenance.TableReap{Statements: 1}, Outbox: maintenance.TableReap{Statements: 1},
+	require.Equal(t, sweep.Reap{
+		Keys: sweep.TableReap{Statements: 1}, Inbox: sweep.TableReap{Statements: 1}, Outbox: sweep.TableReap{Statements: 1},
 	}, res)
-	require.EqualValues(t, 2000, e.deleted(maintenance.TableIdempotencyKeys))
-	require.EqualValues(t, 700, e.deleted(maintenance.TableInbox))
-	require.EqualValues(t, 1200, e.deleted(maintenance.TableOutbox))
+	require.EqualValues(t, 2000, e.deleted(sweep.TableIdempotencyKeys))
+	require.EqualValues(t, 700, e.deleted(sweep.TableInbox))
+	require.EqualValues(t, 1200, e.deleted(sweep.TableOutbox))
 
 	// Time passes: the fresh keys and the newer rows reach their retention;
 	// the unfinished keys and the unpublished rows still stay.
@@ -155,7 +155,7 @@ func TestReaperDeletesOnlyPastRetention(t *testing.T) {
 	require.EqualValues(t, 60, res.Outbox.Deleted)
 	require.Equal(t, 30, e.count(`SELECT count(*) FROM idempotency_keys WHERE recovery_point <> 'finished'`))
 	require.Equal(t, 25, e.count(`SELECT count(*) FROM outbox WHERE published_at IS NULL`))
-	require.EqualValues(t, 2050, e.deleted(maintenance.TableIdempotencyKeys))
+	require.EqualValues(t, 2050, e.deleted(sweep.TableIdempotencyKeys))
 }
 
 // TestReaperSkipsLockedRows: rows another transaction holds (a request
@@ -191,12 +191,12 @@ func TestReaperSkipsLockedRows(t *testing.T) {
 	require.NoError(t, tx.Commit().Error)
 	res, err = e.reaper.RunOnce(ctx)
 	require.NoError(t, err)
-	require.Equal(t, maintenance.Reap{
-		Keys:   maintenance.TableReap{Deleted: 1, Statements: 1},
-		Inbox:  maintenance.TableReap{Deleted: 1, Statements: 1},
-		Outbox: maintenance.TableReap{Deleted: 1, Statements: 1},
+	require.Equal(t, sweep.Reap{
+		Keys:   sweep.TableReap{Deleted: 1, Statements: 1},
+		Inbox:  sweep.TableReap{Deleted: 1, Statements: 1},
+		Outbox: sweep.TableReap{Deleted: 1, Statements: 1},
 	}, res)
-	require.EqualValues(t, 1200, e.deleted(maintenance.TableIdempotencyKeys))
+	require.EqualValues(t, 1200, e.deleted(sweep.TableIdempotencyKeys))
 }
 
 // TestReaperDoesNotBlockWriters: while the reaper deletes 20,000 keys in
@@ -259,8 +259,8 @@ func TestReaperDoesNotBlockWriters(t *testing.T) {
 func TestNewReaperRegistersOnce(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	_, err := maintenance.NewReaper(nil, maintenance.ReaperConfig{Registerer: reg})
+	_, err := sweep.NewReaper(nil, sweep.ReaperConfig{Registerer: reg})
 	require.NoError(t, err)
-	_, err = maintenance.NewReaper(nil, maintenance.ReaperConfig{Registerer: reg})
+	_, err = sweep.NewReaper(nil, sweep.ReaperConfig{Registerer: reg})
 	require.Error(t, err)
 }

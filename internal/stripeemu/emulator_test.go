@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/onceonly/checkout/internal/payments/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeemu"
 )
 
 func TestMain(m *testing.M) {
@@ -328,6 +328,9 @@ func TestAdminOverHTTP(t *testing.T) {
 	r = post(t, b, "", "", "/_emulator/faults", `{"kind":"nope"}`)
 	require.Equal(t, http.StatusBadRequest, r.status)
 	r = post(t, b, "", "", "/_emulator/faults", `{"kind":"delay","before":"soon"}`)
+	require.Equal(t, http.StatusBadRequest, r.status)
+	// One bad fault in an array refuses the whole array: none is added.
+	r = post(t, b, "", "", "/_emulator/faults", `[{"kind":"fail","count":1,"status":503},{"kind":"nope"}]`)
 	require.Equal(t, http.StatusBadRequest, r.status)
 
 	r = get(t, b, "", "/_emulator/faults")

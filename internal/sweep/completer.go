@@ -1,9 +1,10 @@
-// Package maintenance holds the background loops that keep the idempotency
-// and messaging tables healthy outside the request path (DESIGN.md, "After
-// the commit"): the Completer, which finishes checkouts whose owner died, and
-// the Reaper, which deletes rows past their retention. cmd/worker runs both;
-// any number of workers may run them at once.
-package maintenance
+// Package sweep holds the loops that sweep the tables, outside the request
+// path, for what the request path left behind (DESIGN.md, "After the
+// commit"): the Completer finishes idempotency keys whose owner died (every
+// keyed route, through ByRoute), the Reconciler settles orders still waiting
+// on Stripe, and the Reaper deletes rows past their retention. cmd/worker
+// runs them; any number of workers may run them at once.
+package sweep
 
 import (
 	"context"

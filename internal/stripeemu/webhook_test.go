@@ -15,7 +15,7 @@ import (
 	"github.com/stripe/stripe-go/v76"
 	"github.com/stripe/stripe-go/v76/webhook"
 
-	"github.com/onceonly/checkout/internal/payments/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeemu"
 )
 
 const whsec = "whsec_test_checkout"
@@ -254,7 +254,10 @@ func TestWebhookFaults(t *testing.T) {
 		t.Parallel()
 		rc := newReceiver(t, nil)
 		b := hookSetup(t, rc)
-		r := post(t, b, "", "", "/_emulator/webhooks/faults", `{"kind":"duplicate","count":1}`)
+		// One bad fault in an array refuses the whole array: none is added.
+		r := post(t, b, "", "", "/_emulator/webhooks/faults", `[{"kind":"duplicate","count":1},{"kind":"nope"}]`)
+		require.Equal(t, http.StatusBadRequest, r.status, string(r.body))
+		r = post(t, b, "", "", "/_emulator/webhooks/faults", `{"kind":"duplicate","count":1}`)
 		require.Equal(t, http.StatusNoContent, r.status, string(r.body))
 		paid(t, stripeClient(t, b, apiKey), 100)
 		l := allDelivered(t, b, 2)

@@ -537,28 +537,9 @@ func compactJSON(v any) json.RawMessage {
 // It answers 204, or 400 with {"error":"…"} when any fault is invalid (then
 // none is added).
 func (e *Emulator) postFaults(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
-	if err != nil {
-		writeAdminError(w, http.StatusBadRequest, err)
+	faults, ok := decodeFaults[Fault](w, r)
+	if !ok {
 		return
-	}
-	var faults []Fault
-	if trimmed := bytes.TrimSpace(body); len(trimmed) > 0 && trimmed[0] == '[' {
-		err = json.Unmarshal(trimmed, &faults)
-	} else {
-		var f Fault
-		err = json.Unmarshal(trimmed, &f)
-		faults = []Fault{f}
-	}
-	if err != nil {
-		writeAdminError(w, http.StatusBadRequest, err)
-		return
-	}
-	for i := range faults {
-		if err := faults[i].validate(); err != nil {
-			writeAdminError(w, http.StatusBadRequest, err)
-			return
-		}
 	}
 	for _, f := range faults {
 		if err := e.Inject(f); err != nil { // already validated; cannot fail
@@ -567,6 +548,39 @@ func (e *Emulator) postFaults(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// decodeFaults reads an admin POST body holding one fault object or an
+// array of them and validates each. On any error it answers 400
+// {"error":…} and returns false, so that none of them is added.
+func decodeFaults[F any, PF interface {
+	*F
+	validate() error
+}](w http.ResponseWriter, r *http.Request) ([]F, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		writeAdminError(w, http.StatusBadRequest, err)
+		return nil, false
+	}
+	var faults []F
+	if trimmed := bytes.TrimSpace(body); len(trimmed) > 0 && trimmed[0] == '[' {
+		err = json.Unmarshal(trimmed, &faults)
+	} else {
+		var f F
+		err = json.Unmarshal(trimmed, &f)
+		faults = []F{f}
+	}
+	if err != nil {
+		writeAdminError(w, http.StatusBadRequest, err)
+		return nil, false
+	}
+	for i := range faults {
+		if err := PF(&faults[i]).validate(); err != nil {
+			writeAdminError(w, http.StatusBadRequest, err)
+			return nil, false
+		}
+	}
+	return faults, true
 }
 
 // getFaults serves GET /_emulator/faults: the JSON array of Faults().

@@ -628,28 +628,9 @@ func (e *Emulator) getWebhooks(w http.ResponseWriter, _ *http.Request) {
 // postWebhookFaults serves POST /_emulator/webhooks/faults: one HookFault or
 // an array; 204, or 400 {"error":…} (then none is added).
 func (e *Emulator) postWebhookFaults(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
-	if err != nil {
-		writeAdminError(w, http.StatusBadRequest, err)
+	faults, ok := decodeFaults[HookFault](w, r)
+	if !ok {
 		return
-	}
-	var faults []HookFault
-	if trimmed := bytes.TrimSpace(body); len(trimmed) > 0 && trimmed[0] == '[' {
-		err = json.Unmarshal(trimmed, &faults)
-	} else {
-		var f HookFault
-		err = json.Unmarshal(trimmed, &f)
-		faults = []HookFault{f}
-	}
-	if err != nil {
-		writeAdminError(w, http.StatusBadRequest, err)
-		return
-	}
-	for i := range faults {
-		if err := faults[i].validate(); err != nil {
-			writeAdminError(w, http.StatusBadRequest, err)
-			return
-		}
 	}
 	for _, f := range faults {
 		_ = e.InjectWebhookFault(f) // validated

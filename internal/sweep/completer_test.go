@@ -1,4 +1,4 @@
-package maintenance_test
+package sweep_test
 
 import (
 	"bytes"
@@ -23,17 +23,17 @@ import (
 	"github.com/onceonly/checkout/internal/auth"
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/idempotency"
-	"github.com/onceonly/checkout/internal/maintenance"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/payments"
-	"github.com/onceonly/checkout/internal/payments/stripeemu"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
+	"github.com/onceonly/checkout/internal/stripeemu"
+	"github.com/onceonly/checkout/internal/sweep"
 	"github.com/onceonly/checkout/internal/telemetry"
 	"github.com/onceonly/checkout/internal/testenv"
 )
 
 // The checkout service must satisfy the interface the completer declares.
-var _ maintenance.KeyCompleter = (*checkout.Service)(nil)
+var _ sweep.KeyCompleter = (*checkout.Service)(nil)
 
 const (
 	teeBody      = `{"email":"buyer@example.com","items":[{"sku":"sku_tee","quantity":2}],"payment_method":"pm_card_visa"}`
@@ -96,7 +96,7 @@ func (e *completerEnv) payments(reg prometheus.Registerer) *payments.Client {
 // worker is what cmd/worker wires: its own key store and checkout service
 // (same database, same Stripe) and a completer over them.
 type worker struct {
-	completer *maintenance.Completer
+	completer *sweep.Completer
 	svc       *checkout.Service
 	reg       *prometheus.Registry
 }
@@ -104,7 +104,7 @@ type worker struct {
 // takeovers returns the registry the worker's key store counts takeovers on.
 func (e *completerEnv) takeovers(w *worker) *prometheus.Registry { return w.reg }
 
-func (e *completerEnv) worker(cfg maintenance.CompleterConfig, now func() time.Time) *worker {
+func (e *completerEnv) worker(cfg sweep.CompleterConfig, now func() time.Time) *worker {
 	e.t.Helper()
 	if now == nil {
 		now = time.Now
@@ -114,7 +114,7 @@ func (e *completerEnv) worker(cfg maintenance.CompleterConfig, now func() time.T
 	svc := &checkout.Service{DB: e.db, Keys: store, Payments: e.payments(reg),
 		Logger: e.logger.With("process", "worker"), Now: now}
 	cfg.Logger, cfg.Registerer = e.logger.With("process", "worker"), reg
-	c, err := maintenance.NewCompleter(e.db, store, svc, cfg)
+	c, err := sweep.NewCompleter(e.db, store, svc, cfg)
 	require.NoError(e.t, err)
 	return &worker{completer: c, svc: svc, reg: reg}
 }
@@ -212,10 +212,10 @@ func TestCompleterFinishesStuckCheckout(t *testing.T) {
 	e.stuck(teeBody, "stuck-1")
 	require.Equal(t, checkout.RecoveryPointOrderCreated, e.state("stuck-1").RecoveryPoint)
 
-	w := e.worker(maintenance.CompleterConfig{}, nil)
+	w := e.worker(sweep.CompleterConfig{}, nil)
 	round, err := w.completer.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, maintenance.Round{Completed: 1}, round)
+	require.Equal(t, sweep.Round{Completed: 1}, round)
 
 	s := e.state("stuck-1")
 	require.Equal(t, idempotency.RecoveryPointFinished, s.RecoveryPoint)
@@ -236,7 +236,7 @@ func TestCompleterFinishesStuckCheckout(t *testing.T) {
 	// Nothing is left to do: another round changes nothing.
 	round, err = w.completer.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, maintenance.Round{}, round)
+	require.Equal(t, sweep.Round{}, round)
 	require.Equal(t, 1, e.emu.TotalCreated())
 
 	require.EqualValues(t, 1, metric(t, w.reg, "checkout_completer_keys_total", "result", "completed"))
@@ -254,10 +254,10 @@ func TestCompleterDeclinedCard(t *testing.T) {
 	e.stuck(declinedBody, "declined-1")
 	require.Equal(t, before-2, e.stock("sku_tee"), "reserved by transaction 1")
 
-	w := e.worker(maintenance.CompleterConfig{}, nil)
+	w := e.worker(sweep.CompleterConfig{}, nil)
 	round, err := w.completer.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, maintenance.Round{Completed: 1}, round)
+	require.Equal(t, sweep.Round{Completed: 1}, round)
 
 	s := e.state("declined-1")
 	require.Equal(t, idempotency.RecoveryPointFinished, s.RecoveryPoint)
@@ -286,10 +286,10 @@ func TestCompleterLeavesLiveLeases(t *testing.T) {
 		time.Now().Add(time.Hour)).Error)
 	e.expireLease(time.Second, "grace-1")
 
-	w := e.worker(maintenance.CompleterConfig{Grace: 30 * time.Second}, nil)
+	w := e.worker(sweep.CompleterConfig{Grace: 30 * time.Second}, nil)
 	round, err := w.completer.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, maintenance.Round{Completed: 1}, round)
+	require.Equal(t, sweep.Round{Completed: 1}, round)
 
 	require.Equal(t, idempotency.RecoveryPointFinished, e.state("dead-1").RecoveryPoint)
 	for _, k := range []string{"live-1", "grace-1"} {
@@ -305,7 +305,7 @@ func TestCompleterLeavesLiveLeases(t *testing.T) {
 	e.expireLease(time.Minute, "grace-1")
 	round, err = w.completer.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, maintenance.Round{Completed: 1}, round)
+	require.Equal(t, sweep.Round{Completed: 1}, round)
 	require.Equal(t, idempotency.RecoveryPointFinished, e.state("grace-1").RecoveryPoint)
 	require.Equal(t, checkout.RecoveryPointOrderCreated, e.state("live-1").RecoveryPoint)
 	require.Equal(t, 2, e.emu.TotalCreated())
@@ -319,12 +319,12 @@ func TestCompleterRetriesAfterFailure(t *testing.T) {
 	e := setupCompleter(t)
 	e.stuck(teeBody, "flaky-1")
 	clk := &testenv.Clock{}
-	w := e.worker(maintenance.CompleterConfig{Interval: time.Second, Grace: 30 * time.Second}, clk.Now)
+	w := e.worker(sweep.CompleterConfig{Interval: time.Second, Grace: 30 * time.Second}, clk.Now)
 
 	require.NoError(t, e.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultFail, Status: http.StatusServiceUnavailable}))
 	round, err := w.completer.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, maintenance.Round{Failed: 1}, round)
+	require.Equal(t, sweep.Round{Failed: 1}, round)
 	require.Equal(t, checkout.RecoveryPointOrderCreated, e.state("flaky-1").RecoveryPoint)
 	require.Contains(t, e.logs.String(), "complete expired idempotency key")
 	require.EqualValues(t, 1, metric(t, w.reg, "checkout_completer_keys_total", "result", "failed"))
@@ -335,12 +335,12 @@ func TestCompleterRetriesAfterFailure(t *testing.T) {
 	e.emu.ClearFaults()
 	round, err = w.completer.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, maintenance.Round{}, round)
+	require.Equal(t, sweep.Round{}, round)
 
 	clk.Advance(time.Minute)
 	round, err = w.completer.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, maintenance.Round{Completed: 1}, round)
+	require.Equal(t, sweep.Round{Completed: 1}, round)
 	s := e.state("flaky-1")
 	require.Equal(t, string(orders.Paid), s.OrderStatus)
 	require.Equal(t, 1, e.charges("flaky-1", s))
@@ -361,7 +361,7 @@ func TestTwoCompletersConcurrently(t *testing.T) {
 	}
 	e.stuck(teeBody, keys...)
 
-	cfg := maintenance.CompleterConfig{Interval: 10 * time.Millisecond, Concurrency: 4}
+	cfg := sweep.CompleterConfig{Interval: 10 * time.Millisecond, Concurrency: 4}
 	workers := []*worker{e.worker(cfg, nil), e.worker(cfg, nil)}
 	ctx, cancel := context.WithCancel(context.Background())
 	var g errgroup.Group
@@ -407,10 +407,10 @@ func TestCompleterLeavesOtherRoutes(t *testing.T) {
 		VALUES ('acme', 'POST /v1/somewhere/else', 'other-1', 'fp', 'started', 'dead', ?, ?, ?, ?)
 		RETURNING id`, expired, expired, expired, time.Now().Add(time.Hour)).Scan(&id).Error)
 
-	w := e.worker(maintenance.CompleterConfig{}, nil)
+	w := e.worker(sweep.CompleterConfig{}, nil)
 	round, err := w.completer.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, maintenance.Round{Skipped: 1}, round)
+	require.Equal(t, sweep.Round{Skipped: 1}, round)
 
 	var row struct {
 		LeaseOwner     string
@@ -429,7 +429,7 @@ func TestCompleterLeavesOtherRoutes(t *testing.T) {
 type fakeCompleter struct {
 	db     *gorm.DB
 	mu     sync.Mutex
-	answer map[int64]string // a maintenance.Result*
+	answer map[int64]string // a sweep.Result*
 	calls  []int64
 }
 
@@ -439,9 +439,9 @@ func (f *fakeCompleter) Complete(ctx context.Context, id int64) (bool, error) {
 	answer := f.answer[id]
 	f.mu.Unlock()
 	switch answer {
-	case maintenance.ResultCompleted:
+	case sweep.ResultCompleted:
 		return true, f.db.WithContext(ctx).Exec(`UPDATE idempotency_keys SET recovery_point = 'finished' WHERE id = ?`, id).Error
-	case maintenance.ResultSkipped:
+	case sweep.ResultSkipped:
 		return false, nil
 	}
 	return false, errors.New("resume: order is not pending")
@@ -465,32 +465,32 @@ func TestCompleterFailingKeyDoesNotBlockOthers(t *testing.T) {
 	}
 	poison, good, skip := insert("poison", 3*time.Hour), insert("good", 2*time.Hour), insert("skip", time.Hour)
 	fake := &fakeCompleter{db: db, answer: map[int64]string{
-		poison: maintenance.ResultFailed, good: maintenance.ResultCompleted, skip: maintenance.ResultSkipped}}
+		poison: sweep.ResultFailed, good: sweep.ResultCompleted, skip: sweep.ResultSkipped}}
 
 	clk := &testenv.Clock{}
 	reg := prometheus.NewRegistry()
-	c, err := maintenance.NewCompleter(db, &idempotency.Store{Lease: 5 * time.Second, TTL: time.Hour, Now: clk.Now}, fake,
-		maintenance.CompleterConfig{BatchSize: 1, Interval: time.Second, Registerer: reg, Now: clk.Now})
+	c, err := sweep.NewCompleter(db, &idempotency.Store{Lease: 5 * time.Second, TTL: time.Hour, Now: clk.Now}, fake,
+		sweep.CompleterConfig{BatchSize: 1, Interval: time.Second, Registerer: reg, Now: clk.Now})
 	require.NoError(t, err)
 	counters := func() [3]float64 {
 		return [3]float64{
-			metric(t, reg, "checkout_completer_keys_total", "result", maintenance.ResultCompleted),
-			metric(t, reg, "checkout_completer_keys_total", "result", maintenance.ResultSkipped),
-			metric(t, reg, "checkout_completer_keys_total", "result", maintenance.ResultFailed),
+			metric(t, reg, "checkout_completer_keys_total", "result", sweep.ResultCompleted),
+			metric(t, reg, "checkout_completer_keys_total", "result", sweep.ResultSkipped),
+			metric(t, reg, "checkout_completer_keys_total", "result", sweep.ResultFailed),
 		}
 	}
 
 	for i, tc := range []struct {
 		advance time.Duration
-		round   maintenance.Round
+		round   sweep.Round
 		called  int64
 		metrics [3]float64 // completed, skipped, failed
 		gauge   float64
 	}{
-		{0, maintenance.Round{Failed: 1}, poison, [3]float64{0, 0, 1}, 3},
-		{0, maintenance.Round{Completed: 1}, good, [3]float64{1, 0, 1}, 2}, // poison is backing off
-		{0, maintenance.Round{Skipped: 1}, skip, [3]float64{1, 1, 1}, 2},
-		{time.Hour, maintenance.Round{Failed: 1}, poison, [3]float64{1, 1, 2}, 2}, // its backoff is over
+		{0, sweep.Round{Failed: 1}, poison, [3]float64{0, 0, 1}, 3},
+		{0, sweep.Round{Completed: 1}, good, [3]float64{1, 0, 1}, 2}, // poison is backing off
+		{0, sweep.Round{Skipped: 1}, skip, [3]float64{1, 1, 1}, 2},
+		{time.Hour, sweep.Round{Failed: 1}, poison, [3]float64{1, 1, 2}, 2}, // its backoff is over
 	} {
 		clk.Advance(tc.advance)
 		round, err := c.RunOnce(context.Background())
@@ -509,9 +509,9 @@ func TestNewCompleterRegistersOnce(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
 	store := &idempotency.Store{Now: time.Now}
-	_, err := maintenance.NewCompleter(nil, store, &fakeCompleter{}, maintenance.CompleterConfig{Registerer: reg})
+	_, err := sweep.NewCompleter(nil, store, &fakeCompleter{}, sweep.CompleterConfig{Registerer: reg})
 	require.NoError(t, err)
-	_, err = maintenance.NewCompleter(nil, store, &fakeCompleter{}, maintenance.CompleterConfig{Registerer: reg})
+	_, err = sweep.NewCompleter(nil, store, &fakeCompleter{}, sweep.CompleterConfig{Registerer: reg})
 	require.Error(t, err)
 }
 
@@ -527,20 +527,20 @@ func TestCompleterKeepsLeaseWhileSlow(t *testing.T) {
 	require.NoError(t, e.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultDelay, Op: stripeemu.OpPICreate, Count: 1, Before: 1500 * time.Millisecond}))
 
 	lease := 300 * time.Millisecond
-	mk := func() (*maintenance.Completer, *prometheus.Registry) {
+	mk := func() (*sweep.Completer, *prometheus.Registry) {
 		reg := prometheus.NewRegistry()
 		store := &idempotency.Store{Lease: lease, TTL: 24 * time.Hour, Now: time.Now, Metrics: idempotency.NewMetrics(reg)}
 		svc := &checkout.Service{DB: e.db, Keys: store, Payments: payments.NewClient(payments.Config{APIBase: e.emuURL,
 			SecretKey: "sk_test_123", Timeout: 5 * time.Second, MaxElapsed: 5 * time.Second}, e.logger, reg),
 			Logger: e.logger, Now: time.Now}
-		c, err := maintenance.NewCompleter(e.db, store, svc, maintenance.CompleterConfig{Grace: time.Millisecond, Registerer: reg})
+		c, err := sweep.NewCompleter(e.db, store, svc, sweep.CompleterConfig{Grace: time.Millisecond, Registerer: reg})
 		require.NoError(t, err)
 		return c, reg
 	}
 	first, firstReg := mk()
 	second, _ := mk()
 
-	done := make(chan maintenance.Round, 1)
+	done := make(chan sweep.Round, 1)
 	go func() {
 		r, err := first.RunOnce(context.Background())
 		assert.NoError(t, err)
@@ -555,9 +555,9 @@ func TestCompleterKeepsLeaseWhileSlow(t *testing.T) {
 	})
 	round, err := second.RunOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, maintenance.Round{}, round, "the lease is live: nothing to take over")
+	require.Equal(t, sweep.Round{}, round, "the lease is live: nothing to take over")
 
-	require.Equal(t, maintenance.Round{Completed: 1}, <-done)
+	require.Equal(t, sweep.Round{Completed: 1}, <-done)
 	require.GreaterOrEqual(t, metric(t, firstReg, "checkout_idempotency_lease_extensions_total", "store", "postgres"), 2.0)
 	s := e.state("slow-1")
 	require.Equal(t, string(orders.Paid), s.OrderStatus)
