@@ -210,12 +210,12 @@ func responseFor(route string, o *Order) *idempotency.Response {
 		}
 		return notCancelable(o)
 	}
-	switch o.Status {
-	case orders.Paid, orders.PartiallyRefunded, orders.Refunded:
+	switch {
+	case o.Status.PaidOnce():
 		return idempotency.JSONResponse(http.StatusCreated, body(), "/v1/orders/"+o.ID)
-	case orders.RequiresAction:
+	case o.Status == orders.RequiresAction:
 		return idempotency.JSONResponse(http.StatusAccepted, body(), "/v1/orders/"+o.ID)
-	case orders.PaymentFailed, orders.Canceled:
+	case o.Status.LeavesTheWayToPaid():
 		if o.FailureCode == CodeCardDeclined {
 			return responseForError(&Error{Code: CodeCardDeclined, OrderID: o.ID, DeclineCode: o.DeclineCode})
 		}

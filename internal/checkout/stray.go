@@ -49,7 +49,7 @@ func isStray(o *Order, pi PaymentIntentState) bool {
 	switch {
 	case recorded != "" && recorded != pi.ID:
 		return true
-	case o.Status == orders.PaymentFailed || o.Status == orders.Canceled:
+	case o.Status.LeavesTheWayToPaid():
 		return true
 	}
 	return false
