@@ -1,5 +1,5 @@
-// Package checkout is the checkout state machine: catalog, stock, orders and
-// the phases that turn one idempotent POST /v1/checkouts into exactly one
+// Package checkout is the checkout state machine: catalog, stock and the
+// phases that turn one idempotent POST /v1/checkouts into exactly one
 // order and at most one PaymentIntent that moves money, however often it is
 // retried or interrupted, whatever Stripe answers.
 //
@@ -26,7 +26,8 @@
 //
 // The API request, the worker's completer (expired leases) and its
 // reconciler (orders waiting for Stripe or the customer) all run the same
-// saga, and every change of an order's status is monotonic.
+// saga, and every change of an order's status goes through orders.Apply,
+// whose transitions table only moves forward.
 package checkout
 
 import (
