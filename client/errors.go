@@ -38,6 +38,7 @@ const (
 	CodeOrderNotRefundable         Code = "order_not_refundable"
 	CodeRefundExceedsPayment       Code = "refund_exceeds_payment"
 	CodeRateLimited                Code = "rate_limited"
+	CodeHeadersTooLarge            Code = "headers_too_large"
 )
 
 // Problem is an RFC 9457 problem details object as the service sends it

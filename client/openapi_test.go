@@ -149,7 +149,8 @@ func TestTypesFollowOpenAPI(t *testing.T) {
 			client.CodeValidationError, client.CodeCardDeclined, client.CodePaymentRejected, client.CodeOutOfStock,
 			client.CodeOrderNotCancelable, client.CodePaymentProviderUnavailable, client.CodeInvalidSignature,
 			client.CodeMalformedEvent, client.CodeUnavailable, client.CodeNotFound, client.CodeMethodNotAllowed,
-			client.CodeInternal, client.CodeOrderNotRefundable, client.CodeRefundExceedsPayment, client.CodeRateLimited)},
+			client.CodeInternal, client.CodeOrderNotRefundable, client.CodeRefundExceedsPayment, client.CodeRateLimited,
+			client.CodeHeadersTooLarge)},
 	} {
 		var spec []string
 		for _, v := range tc.spec.Enum {

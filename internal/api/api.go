@@ -137,10 +137,10 @@ func New(cfg Config, d Deps) *API {
 	r.RedirectTrailingSlash = false
 	r.Use(telemetry.RequestID(), telemetry.HTTPMetrics(reg, d.Logger), recovery(d.Logger))
 	r.NoRoute(func(c *gin.Context) {
-		problem.Write(c.Writer, problem.New(http.StatusNotFound, "not_found", "Not found", "No such route."))
+		problem.Write(c.Writer, problem.New(problem.CodeNotFound, "No such route."))
 	})
 	r.NoMethod(func(c *gin.Context) {
-		problem.Write(c.Writer, problem.New(http.StatusMethodNotAllowed, "method_not_allowed", "Method not allowed",
+		problem.Write(c.Writer, problem.New(problem.CodeMethodNotAllowed,
 			"This route does not accept "+c.Request.Method+"; the Allow header lists the methods it does."))
 	})
 

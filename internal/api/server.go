@@ -63,8 +63,8 @@ const headerSlack = 64 << 10
 
 // ErrHeadersTooLarge is the 431 of a request whose request line and headers
 // exceed ServerLimits.MaxHeaderBytes.
-var ErrHeadersTooLarge = problem.New(http.StatusRequestHeaderFieldsTooLarge, "headers_too_large",
-	"Request headers too large", "The request line and headers exceed the server's limit (HTTP_MAX_HEADER_BYTES).")
+var ErrHeadersTooLarge = problem.New(problem.CodeHeadersTooLarge,
+	"The request line and headers exceed the server's limit (HTTP_MAX_HEADER_BYTES).")
 
 // limitHeaders answers ErrHeadersTooLarge, without calling next, for a
 // request whose request line and headers, counted as they are sent

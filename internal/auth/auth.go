@@ -11,7 +11,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"strings"
 
 	"github.com/gin-gonic/gin"
@@ -98,7 +97,7 @@ func (k *Keys) Fingerprints() []string {
 }
 
 // ErrUnauthorized is the 401 answer to a missing or unknown API key.
-var ErrUnauthorized = problem.New(http.StatusUnauthorized, "unauthorized", "Unauthorized",
+var ErrUnauthorized = problem.New(problem.CodeUnauthorized,
 	"Send a valid API key as Authorization: Bearer <key>.")
 
 const tenantKey = "auth.tenant"

@@ -1,27 +1,32 @@
 package checkout
 
-import "errors"
+import (
+	"errors"
 
-// Error codes of the checkout domain. Each is the "code" member of the
-// problem the API answers with; http.go maps each to its HTTP status, in one
-// place (problemFor).
+	"github.com/onceonly/checkout/internal/problem"
+)
+
+// Error codes of the checkout domain: the problem codes (internal/problem,
+// whose table gives each its HTTP status, title and Retry-After) as the
+// strings the domain stores, e.g. as an order's failure code.
 const (
-	CodeValidation         = "validation_error"             // 400: the request is invalid; not stored
-	CodeNotFound           = "not_found"                    // 404: no such order for the tenant
-	CodeOutOfStock         = "out_of_stock"                 // 409: stored outcome, no order
-	CodeNotCancelable      = "order_not_cancelable"         // 409: stored outcome of a cancel
-	CodeCardDeclined       = "card_declined"                // 402: stored outcome, order payment_failed
-	CodePaymentRejected    = "payment_rejected"             // 402: stored outcome, order payment_failed
-	CodePaymentUnavailable = "payment_provider_unavailable" // 502: not stored, the key keeps its recovery point
-	CodeUnavailable        = "unavailable"                  // 503: not stored, the key keeps its recovery point
+	CodeValidation         = string(problem.CodeValidation)                 // the request is invalid; not stored
+	CodeNotFound           = string(problem.CodeNotFound)                   // no such order for the tenant
+	CodeOutOfStock         = string(problem.CodeOutOfStock)                 // stored outcome, no order
+	CodeNotCancelable      = string(problem.CodeOrderNotCancelable)         // stored outcome of a cancel
+	CodeCardDeclined       = string(problem.CodeCardDeclined)               // stored outcome, order payment_failed
+	CodePaymentRejected    = string(problem.CodePaymentRejected)            // stored outcome, order payment_failed
+	CodePaymentUnavailable = string(problem.CodePaymentProviderUnavailable) // not stored, the key keeps its recovery point
+	CodeUnavailable        = string(problem.CodeUnavailable)                // not stored, the key keeps its recovery point
 	// codeProviderCredentials is answered as payment_provider_unavailable
-	// with 503: Stripe refused our own credentials (401, 403); not stored,
-	// the key keeps its recovery point and the order its stock.
-	codeProviderCredentials = "payment_provider_credentials"
+	// (with its own status): Stripe refused our own credentials (401, 403);
+	// not stored, the key keeps its recovery point and the order its stock.
+	codeProviderCredentials = string(problem.CodePaymentProviderCredentials)
 )
 
 // Error is a domain error with a code (Code* constants). It carries no HTTP
-// status: http.go decides it.
+// status: http.go turns it into a coded problem.Error, whose table decides
+// it.
 type Error struct {
 	// Code is one of the Code* constants.
 	Code string
@@ -75,18 +80,19 @@ var (
 )
 
 // unavailable is a transient failure of a dependency (the database, a
-// deadline): 503, the key keeps its recovery point.
+// deadline): the key keeps its recovery point.
 func unavailable(cause error) error { return &Error{Code: CodeUnavailable, Cause: cause} }
 
 // providerCredentials is a payment that could not reach Stripe because
-// Stripe refused our own credentials: 503 payment_provider_unavailable.
+// Stripe refused our own credentials: payment_provider_unavailable, with
+// the status and Retry-After of codeProviderCredentials.
 func providerCredentials(orderID string, cause error) *Error {
 	return &Error{Code: codeProviderCredentials, OrderID: orderID, Cause: cause}
 }
 
 // paymentUnavailable is a payment whose outcome is not known yet (Stripe
 // unanswered, indeterminate and not reconcilable yet, or money still
-// moving): 502, the key keeps its recovery point.
+// moving): the key keeps its recovery point.
 func paymentUnavailable(orderID string, cause error) *Error {
 	return &Error{Code: CodePaymentUnavailable, OrderID: orderID, Cause: cause}
 }

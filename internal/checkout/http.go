@@ -104,53 +104,31 @@ func (h *Handler) logFailure(c *gin.Context, err error, known bool) {
 	}
 }
 
-// The problems of the checkout domain, by code: the one place where a
-// domain error becomes an HTTP status, a title and a detail.
-var problems = map[string]*problem.Problem{
-	CodeValidation: problem.New(http.StatusBadRequest, CodeValidation, "Validation failed",
-		"The request body has invalid fields; see errors."),
-	CodeNotFound: problem.New(http.StatusNotFound, CodeNotFound, "Not found", "No such order."),
-	CodeOutOfStock: problem.New(http.StatusConflict, CodeOutOfStock, "Out of stock",
-		"At least one item is not available in the requested quantity. No order was created and nothing was charged."),
-	CodeNotCancelable: problem.New(http.StatusConflict, CodeNotCancelable, "Order not cancelable",
-		"Only an order waiting for the customer's authentication (requires_action) can be canceled."),
-	CodeCardDeclined: problem.New(http.StatusPaymentRequired, CodeCardDeclined, "Card declined",
-		"The payment was declined. The order is payment_failed and its stock was released."),
-	CodePaymentRejected: problem.New(http.StatusPaymentRequired, CodePaymentRejected, "Payment rejected",
-		"The payment provider refused the payment request (for example an unknown payment method). The order is payment_failed and its stock was released; retrying cannot succeed."),
-	CodePaymentUnavailable: {Status: http.StatusBadGateway, Code: CodePaymentUnavailable,
-		Title: "Payment provider unavailable", RetryAfter: 2,
-		Detail: "The payment provider did not answer, or its answer is not known yet. Retry with the same Idempotency-Key: it resumes this request where it stopped and never charges twice."},
-	codeProviderCredentials: {Status: http.StatusServiceUnavailable, Code: CodePaymentUnavailable,
-		Title: "Payment provider unavailable", RetryAfter: 30,
-		Detail: "The payment provider refused this service's credentials; nothing was charged and the order keeps its stock. Retry with the same Idempotency-Key once the service is fixed: it resumes this request."},
-	CodeUnavailable: {Status: http.StatusServiceUnavailable, Code: CodeUnavailable,
-		Title: "Service unavailable", RetryAfter: 1,
-		Detail: "A dependency is unavailable. Retry with the same Idempotency-Key: it resumes this request where it stopped and never charges twice."},
+// details are the checkout domain's default details, by code; an Error's
+// own Detail replaces its code's.
+var details = map[string]string{
+	CodeValidation:          "The request body has invalid fields; see errors.",
+	CodeNotFound:            "No such order.",
+	CodeOutOfStock:          "At least one item is not available in the requested quantity. No order was created and nothing was charged.",
+	CodeNotCancelable:       "Only an order waiting for the customer's authentication (requires_action) can be canceled.",
+	CodeCardDeclined:        "The payment was declined. The order is payment_failed and its stock was released.",
+	CodePaymentRejected:     "The payment provider refused the payment request (for example an unknown payment method). The order is payment_failed and its stock was released; retrying cannot succeed.",
+	CodePaymentUnavailable:  "The payment provider did not answer, or its answer is not known yet. Retry with the same Idempotency-Key: it resumes this request where it stopped and never charges twice.",
+	codeProviderCredentials: "The payment provider refused this service's credentials; nothing was charged and the order keeps its stock. Retry with the same Idempotency-Key once the service is fixed: it resumes this request.",
+	CodeUnavailable:         "A dependency is unavailable. Retry with the same Idempotency-Key: it resumes this request where it stopped and never charges twice.",
 }
 
-// problemFor turns an error into the problem the client sees: a domain
-// *Error by its code (with its fields: errors, order_id, decline_code), a
-// problem of the idempotency layer as it is, anything else the generic 500.
-// The cause stays wrapped for the log.
-func problemFor(err error) error {
-	var e *Error
-	if !errors.As(err, &e) {
-		return err // an *problem.Problem of the idempotency layer, or a 500
+// coded returns the coded error the client sees for e (its detail, or its
+// code's, and its members: errors, order_id, decline_code), without the
+// cause. The problem package's table gives it its status and title.
+func (e *Error) coded() *problem.Error {
+	detail := e.Detail
+	if detail == "" {
+		detail = details[e.Code]
 	}
-	p, ok := problems[e.Code]
-	if !ok {
-		return err
-	}
-	if e.Detail != "" || e.RetryAfter > 0 {
-		q := *p
-		if e.Detail != "" {
-			q.Detail = e.Detail
-		}
-		if e.RetryAfter > 0 {
-			q.RetryAfter = e.RetryAfter
-		}
-		p = &q
+	p := problem.New(problem.Code(e.Code), detail)
+	if e.RetryAfter > 0 {
+		p = p.WithRetryAfter(e.RetryAfter)
 	}
 	if e.Fields != nil {
 		p = p.With("errors", e.Fields)
@@ -161,17 +139,28 @@ func problemFor(err error) error {
 	if e.DeclineCode != "" {
 		p = p.With("decline_code", e.DeclineCode)
 	}
-	if e.Cause != nil {
-		return problem.Wrap(p, e.Cause)
-	}
 	return p
+}
+
+// problemFor turns an error into the one the client sees: a domain *Error
+// as its coded problem.Error (the cause stays wrapped for the log), a coded
+// error of the idempotency layer as it is, anything else the generic 500.
+func problemFor(err error) error {
+	var e *Error
+	if !errors.As(err, &e) {
+		return err // a problem.Error of the idempotency layer, or a 500
+	}
+	if e.Cause != nil {
+		return problem.Wrap(e.coded(), e.Cause)
+	}
+	return e.coded()
 }
 
 // responseForError is the stored response of a domain error that is an
 // outcome (out_of_stock, order_not_cancelable, card_declined,
 // payment_rejected).
 func responseForError(e *Error) *idempotency.Response {
-	return idempotency.ProblemResponse(problem.From(problemFor(e)))
+	return idempotency.ProblemResponse(e.coded())
 }
 
 // notCancelable is the stored 409 of a cancellation of order o, which is not

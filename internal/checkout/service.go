@@ -309,7 +309,7 @@ func (s *Service) release(c *idempotency.Claim) {
 // deadline) into unavailable, wrapping the cause for the log.
 func (s *Service) translate(err error) error {
 	var e *Error
-	var p *problem.Problem
+	var p *problem.Error
 	switch {
 	case errors.As(err, &e), errors.As(err, &p):
 		return err

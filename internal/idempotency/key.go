@@ -31,26 +31,24 @@ const ReplayedHeader = "Idempotent-Replayed"
 // MaxKeyLength is the longest key accepted, in bytes (Stripe allows 255).
 const MaxKeyLength = 255
 
-// The problems of this package, in the contract's words.
+// The coded errors of this package, in the contract's words.
 var (
-	ErrKeyMissing = problem.New(http.StatusBadRequest, "idempotency_key_missing",
-		"Idempotency-Key missing", "This endpoint requires an Idempotency-Key header: a unique value, such as a UUID, that you send again on every retry of the same request.")
-	ErrKeyInvalid = problem.New(http.StatusBadRequest, "idempotency_key_invalid",
-		"Idempotency-Key invalid", "The Idempotency-Key must be 1 to 255 printable ASCII characters.")
-	ErrKeyReused = problem.New(http.StatusUnprocessableEntity, "idempotency_key_reused",
-		"Idempotency-Key reused", "This Idempotency-Key was already used with a different request (another body, or another resource on this route). Use a new key for a new request.")
-	ErrKeyInUse = &problem.Problem{Status: http.StatusConflict, Code: "idempotency_key_in_use",
-		Title: "Idempotency-Key in use", RetryAfter: 1,
-		Detail: "A request with this Idempotency-Key is still being processed. Retry later with the same key to get its response."}
-	ErrUnavailable = &problem.Problem{Status: http.StatusServiceUnavailable, Code: "unavailable",
-		Title: "Service unavailable", RetryAfter: 1,
-		Detail: "A dependency is unavailable. Nothing was executed for this request that a retry with the same Idempotency-Key would repeat."}
-	ErrMalformedJSON = problem.New(http.StatusBadRequest, "malformed_json",
-		"Malformed JSON", "The request body is not valid JSON.")
-	ErrUnsupportedMediaType = problem.New(http.StatusUnsupportedMediaType, "unsupported_media_type",
-		"Unsupported media type", "Send the body once, uncompressed, as UTF-8 JSON with exactly one Content-Type: application/json (a charset, if any, must be utf-8; no Content-Encoding).")
-	ErrPayloadTooLarge = problem.New(http.StatusRequestEntityTooLarge, "payload_too_large",
-		"Payload too large", "The request body must not exceed 64 KiB.")
+	ErrKeyMissing = problem.New(problem.CodeIdempotencyKeyMissing,
+		"This endpoint requires an Idempotency-Key header: a unique value, such as a UUID, that you send again on every retry of the same request.")
+	ErrKeyInvalid = problem.New(problem.CodeIdempotencyKeyInvalid,
+		"The Idempotency-Key must be 1 to 255 printable ASCII characters.")
+	ErrKeyReused = problem.New(problem.CodeIdempotencyKeyReused,
+		"This Idempotency-Key was already used with a different request (another body, or another resource on this route). Use a new key for a new request.")
+	ErrKeyInUse = problem.New(problem.CodeIdempotencyKeyInUse,
+		"A request with this Idempotency-Key is still being processed. Retry later with the same key to get its response.")
+	ErrUnavailable = problem.New(problem.CodeUnavailable,
+		"A dependency is unavailable. Nothing was executed for this request that a retry with the same Idempotency-Key would repeat.")
+	ErrMalformedJSON = problem.New(problem.CodeMalformedJSON,
+		"The request body is not valid JSON.")
+	ErrUnsupportedMediaType = problem.New(problem.CodeUnsupportedMediaType,
+		"Send the body once, uncompressed, as UTF-8 JSON with exactly one Content-Type: application/json (a charset, if any, must be utf-8; no Content-Encoding).")
+	ErrPayloadTooLarge = problem.New(problem.CodePayloadTooLarge,
+		"The request body must not exceed 64 KiB.")
 )
 
 // ValidateKey returns ErrKeyMissing for an empty key and ErrKeyInvalid for a
@@ -82,15 +80,13 @@ func Canonicalize(body []byte) ([]byte, error) {
 	if err != nil {
 		// The parser's reason ("Duplicate key: email") helps the client fix
 		// the body; it carries nothing of ours.
-		return nil, &problem.Problem{Status: ErrMalformedJSON.Status, Code: ErrMalformedJSON.Code,
-			Title: ErrMalformedJSON.Title, Detail: "The request body is not valid JSON: " + err.Error()}
+		return nil, problem.New(problem.CodeMalformedJSON, "The request body is not valid JSON: "+err.Error())
 	}
 	return canonical, nil
 }
 
 // errKeyRepeated answers a request with more than one Idempotency-Key.
-var errKeyRepeated = problem.New(http.StatusBadRequest, "idempotency_key_invalid",
-	"Idempotency-Key invalid", "Send exactly one Idempotency-Key header.")
+var errKeyRepeated = problem.New(problem.CodeIdempotencyKeyInvalid, "Send exactly one Idempotency-Key header.")
 
 // KeyFromHeader returns the request's key. It accepts the plain form Stripe
 // uses (Idempotency-Key: 8e03978e-…) and the Structured Field string of the

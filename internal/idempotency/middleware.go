@@ -271,8 +271,8 @@ func (g *Gateway) Cached(c *gin.Context, route string) bool {
 }
 
 // errBodyUnreadable answers a request whose body could not be read whole.
-var errBodyUnreadable = problem.New(http.StatusBadRequest, "malformed_json",
-	"Malformed JSON", "The request body ended early or arrived too slowly; send it whole, at once.")
+var errBodyUnreadable = problem.New(problem.CodeMalformedJSON,
+	"The request body ended early or arrived too slowly; send it whole, at once.")
 
 // checkContentType accepts exactly one Content-Type, application/json, in
 // UTF-8 (RFC 8259 section 8.1: JSON exchanged between systems is UTF-8), and

@@ -31,8 +31,10 @@ func JSONResponse(status int, body []byte, location string) *Response {
 	return &Response{Status: status, Header: h, Body: body}
 }
 
-// ProblemResponse returns a Response carrying p as problem+json.
-func ProblemResponse(p *problem.Problem) *Response {
+// ProblemResponse returns a Response carrying e as problem+json, rendered
+// through the problem table.
+func ProblemResponse(e *problem.Error) *Response {
+	p := e.Problem()
 	h := map[string]string{"Content-Type": problem.ContentType}
 	if p.RetryAfter > 0 {
 		h["Retry-After"] = strconv.Itoa(p.RetryAfter)

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -33,9 +32,8 @@ const (
 // ErrLeaseLost is returned by the fenced writes when another owner has taken
 // the key over (its lease expired while this request ran). The caller must
 // roll back: the new owner finishes the request. Clients see it as 409.
-var ErrLeaseLost = &problem.Problem{Status: http.StatusConflict, Code: "idempotency_key_in_use",
-	Title: "Idempotency-Key in use", RetryAfter: 1,
-	Detail: "Another attempt took over this request. Retry later with the same key to get its response."}
+var ErrLeaseLost = problem.New(problem.CodeIdempotencyKeyInUse,
+	"Another attempt took over this request. Retry later with the same key to get its response.")
 
 // Store is the Postgres layer, the authority on every key. Its methods take
 // the transaction explicitly so that the claim, the route's state change and

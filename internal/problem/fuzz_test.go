@@ -46,7 +46,7 @@ func FuzzWrite(f *testing.F) {
 		}
 		var err error = p
 		if wrap {
-			err = problem.Wrap(p, fmt.Errorf("cause: %s", detail))
+			err = fmt.Errorf("cause: %s: %w", detail, p)
 		}
 		w := httptest.NewRecorder()
 		if known := problem.Write(w, err); !known {

@@ -2,9 +2,11 @@
 // (application/problem+json): {"type","title","status","detail","code"} plus
 // extension members such as "errors" or "order_id".
 //
-// Domain code returns *Problem values (or errors wrapping them); this package
-// is the one place where an error becomes an HTTP response. Any other error
-// is a generic 500 that reveals nothing.
+// Domain packages return an *Error: a Code (codes.go) with a detail and
+// extension members, optionally wrapping its cause (Wrap). They never name
+// an HTTP status: this package's table maps each Code to its status, title
+// and Retry-After, and Write is the one place where an error becomes an
+// HTTP response. Any other error is a generic 500 that reveals nothing.
 package problem
 
 import (
@@ -21,8 +23,11 @@ const ContentType = "application/problem+json"
 // typeBase prefixes each code to form the problem's "type" URI.
 const typeBase = "https://checkout.local/problems/"
 
-// Problem is one problem detail. Code is the stable, machine-readable name
-// clients switch on; Status is the HTTP status code.
+// Problem is one rendered problem detail, as the client receives it: an
+// *Error after the table gave it its status, title and Retry-After. Only
+// this package builds one (internal/architecture holds every other package
+// to that); it is an error so that a rendered problem passes through Write
+// unchanged.
 type Problem struct {
 	Status int
 	Code   string
@@ -40,11 +45,6 @@ func (p *Problem) Error() string {
 		return p.Code + ": " + p.Detail
 	}
 	return p.Code + ": " + p.Title
-}
-
-// New returns a problem with the given status, code, title and detail.
-func New(status int, code, title, detail string) *Problem {
-	return &Problem{Status: status, Code: code, Title: title, Detail: detail}
 }
 
 // With returns a copy of p with one more extension member.
@@ -95,29 +95,101 @@ func (p *Problem) Body() []byte {
 	return b
 }
 
-// Internal is the problem every unexpected error becomes.
-var Internal = New(http.StatusInternalServerError, "internal", "Internal server error",
-	"The server failed to handle the request. It is safe to retry with the same Idempotency-Key.")
+// Error is a coded error: what a domain package returns for an answer the
+// client must see. It names a Code, never an HTTP status; Write renders it
+// through the table. The cause, for the log only, is attached with Wrap.
+// An *Error is not changed once made: With and WithRetryAfter copy.
+type Error struct {
+	// Code is one of the Code constants.
+	Code Code
+	// Detail is a sentence for people about this occurrence; empty sends
+	// no "detail".
+	Detail string
+	// RetryAfter, when positive, replaces the code's Retry-After (seconds).
+	RetryAfter int
+	// Extensions are extra members, e.g. "errors" or "order_id".
+	Extensions map[string]any
+}
 
-// Wrap returns an error that is p for errors.As and problem.From, and that
-// also wraps cause, so the cause can be logged while the client sees only p.
-func Wrap(p *Problem, cause error) error {
-	return &wrapped{p: p, cause: cause}
+// New returns the coded error code with detail.
+func New(code Code, detail string) *Error {
+	return &Error{Code: code, Detail: detail}
+}
+
+// Error returns "code: detail", or "code: title" without a detail.
+func (e *Error) Error() string {
+	if e.Detail != "" {
+		return string(e.Code) + ": " + e.Detail
+	}
+	return string(e.Code) + ": " + table[e.Code].Title
+}
+
+// With returns a copy of e with one more extension member.
+func (e *Error) With(name string, value any) *Error {
+	f := *e
+	f.Extensions = make(map[string]any, len(e.Extensions)+1)
+	for k, v := range e.Extensions {
+		f.Extensions[k] = v
+	}
+	f.Extensions[name] = value
+	return &f
+}
+
+// WithRetryAfter returns a copy of e whose Retry-After is seconds instead
+// of the code's.
+func (e *Error) WithRetryAfter(seconds int) *Error {
+	f := *e
+	f.RetryAfter = seconds
+	return &f
+}
+
+// Problem renders e through the table; a code the table lacks (a
+// programming error) renders as Internal.
+func (e *Error) Problem() *Problem {
+	spec, ok := table[e.Code]
+	if !ok {
+		return Internal
+	}
+	p := &Problem{Status: spec.Status, Code: string(spec.wire(e.Code)), Title: spec.Title, Detail: e.Detail,
+		RetryAfter: spec.RetryAfter, Extensions: e.Extensions}
+	if e.RetryAfter > 0 {
+		p.RetryAfter = e.RetryAfter
+	}
+	return p
+}
+
+// rendered is what From looks for in an error's chain: an *Error or an
+// already rendered *Problem.
+type rendered interface{ problem() *Problem }
+
+func (e *Error) problem() *Problem   { return e.Problem() }
+func (p *Problem) problem() *Problem { return p }
+
+// Internal is the problem every unexpected error becomes.
+var Internal = &Problem{Status: table[CodeInternal].Status, Code: string(CodeInternal), Title: table[CodeInternal].Title,
+	Detail: "The server failed to handle the request. It is safe to retry with the same Idempotency-Key."}
+
+// Wrap returns an error that is e for errors.Is, errors.As and From, and
+// that also wraps cause, so the cause can be logged while the client sees
+// only e.
+func Wrap(e *Error, cause error) error {
+	return &wrapped{e: e, cause: cause}
 }
 
 type wrapped struct {
-	p     *Problem
+	e     *Error
 	cause error
 }
 
-func (w *wrapped) Error() string   { return w.p.Code + ": " + w.cause.Error() }
-func (w *wrapped) Unwrap() []error { return []error{w.p, w.cause} }
+func (w *wrapped) Error() string   { return string(w.e.Code) + ": " + w.cause.Error() }
+func (w *wrapped) Unwrap() []error { return []error{w.e, w.cause} }
 
-// From returns the *Problem that err is or wraps, or Internal.
+// From returns the problem err renders as: the first *Error (through the
+// table) or *Problem in its chain, or Internal.
 func From(err error) *Problem {
-	var p *Problem
-	if errors.As(err, &p) {
-		return p
+	var r rendered
+	if errors.As(err, &r) {
+		return r.problem()
 	}
 	return Internal
 }

@@ -15,6 +15,7 @@ import (
 func TestWrite(t *testing.T) {
 	t.Parallel()
 	p := &problem.Problem{Status: 409, Code: "idempotency_key_in_use", Title: "In use", Detail: "Later.", RetryAfter: 1}
+	e := problem.New(problem.CodeIdempotencyKeyInUse, "Later.")
 	tests := []struct {
 		name   string
 		err    error
@@ -24,7 +25,11 @@ func TestWrite(t *testing.T) {
 	}{
 		{"a problem", p, 409, "idempotency_key_in_use", true},
 		{"a wrapped problem", fmt.Errorf("ctx: %w", p), 409, "idempotency_key_in_use", true},
-		{"a problem wrapping its cause", problem.Wrap(p, errors.New("db down")), 409, "idempotency_key_in_use", true},
+		{"a coded error", e, 409, "idempotency_key_in_use", true},
+		{"a wrapped coded error", fmt.Errorf("ctx: %w", e), 409, "idempotency_key_in_use", true},
+		{"a coded error wrapping its cause", problem.Wrap(e, errors.New("db down")), 409, "idempotency_key_in_use", true},
+		{"the credentials variant answers with its own status", problem.New(problem.CodePaymentProviderCredentials, ""), 503, "payment_provider_unavailable", true},
+		{"a code the table lacks is a generic 500", problem.New("no_such_code", "secret detail"), 500, "internal", false},
 		{"anything else is a generic 500", errors.New("secret detail"), 500, "internal", false},
 	}
 	for _, tc := range tests {
@@ -46,15 +51,23 @@ func TestWrite(t *testing.T) {
 	w := httptest.NewRecorder()
 	problem.Write(w, p)
 	require.Equal(t, "1", w.Header().Get("Retry-After"))
+	w = httptest.NewRecorder()
+	problem.Write(w, problem.Wrap(e, errors.New("db down")))
+	require.Equal(t, "1", w.Header().Get("Retry-After"), "the code's default")
+	w = httptest.NewRecorder()
+	problem.Write(w, e.WithRetryAfter(7))
+	require.Equal(t, "7", w.Header().Get("Retry-After"), "the error's own")
+	require.ErrorIs(t, problem.Wrap(e, errors.New("db down")), e, "a wrapped error is still e")
 }
 
 func TestExtensions(t *testing.T) {
 	t.Parallel()
-	base := problem.New(402, "card_declined", "Card declined", "")
-	p := base.With("order_id", "ord_1").With("status", 999)
+	base := problem.New(problem.CodeCardDeclined, "")
+	p := base.With("order_id", "ord_1").With("status", 999).Problem()
 	var body map[string]any
 	require.NoError(t, json.Unmarshal(p.Body(), &body))
 	require.Equal(t, "ord_1", body["order_id"])
+	require.Equal(t, "Card declined", body["title"])
 	require.EqualValues(t, 402, body["status"], "an extension never overrides a standard member")
 	require.NotContains(t, string(p.Body()), `"detail"`, "no empty detail")
 	require.Nil(t, base.Extensions, "With copies")

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -157,9 +156,8 @@ func New(rdb redis.UniversalClient, prefix string, cfg Config, logger *slog.Logg
 
 // ErrRateLimited is the 429 answer; Middleware sends a copy with the
 // request's own Retry-After.
-var ErrRateLimited = &problem.Problem{Status: http.StatusTooManyRequests, Code: "rate_limited",
-	Title: "Too many requests", RetryAfter: 1,
-	Detail: "This API key's rate limit is exceeded. Nothing was executed or stored: retry after Retry-After seconds, with the same Idempotency-Key."}
+var ErrRateLimited = problem.New(problem.CodeRateLimited,
+	"This API key's rate limit is exceeded. Nothing was executed or stored: retry after Retry-After seconds, with the same Idempotency-Key.")
 
 // Middleware counts the request against its tenant's bucket and answers
 // 429 rate_limited, with Retry-After in whole seconds rounded up, when the
@@ -212,9 +210,7 @@ func (l *Limiter) Middleware() gin.HandlerFunc {
 			return
 		}
 		l.limited.WithLabelValues(tenant, bucket).Inc()
-		p := *ErrRateLimited
-		p.RetryAfter = retryAfterSeconds(res.RetryAfter)
-		problem.Write(c.Writer, &p)
+		problem.Write(c.Writer, ErrRateLimited.WithRetryAfter(retryAfterSeconds(res.RetryAfter)))
 		c.Abort()
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"log/slog"
 	"maps"
-	"net/http"
 	"slices"
 	"strings"
 
@@ -31,10 +30,10 @@ type FieldError struct {
 
 // ValidationError returns the 400 validation_error problem listing errs in
 // field order. It is never stored: the same key may be sent again fixed.
-func ValidationError(errs []FieldError) *problem.Problem {
+func ValidationError(errs []FieldError) *problem.Error {
 	errs = slices.Clone(errs)
 	slices.SortStableFunc(errs, func(a, b FieldError) int { return strings.Compare(a.Field, b.Field) })
-	return problem.New(http.StatusBadRequest, "validation_error", "Validation failed",
+	return problem.New(problem.CodeValidation,
 		"The request body has invalid fields; see errors.").With("errors", errs)
 }
 

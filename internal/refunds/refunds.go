@@ -28,7 +28,6 @@ package refunds
 import (
 	"context"
 	"errors"
-	"net/http"
 	"time"
 
 	"github.com/onceonly/checkout/internal/problem"
@@ -78,12 +77,12 @@ type Refund struct {
 	CreatedAt      time.Time `json:"created_at"`
 }
 
-// Problems the refund endpoint answers with. The 409s are final outcomes,
-// stored under the key and replayed.
+// Coded errors the refund endpoint answers with. The 409s are final
+// outcomes, stored under the key and replayed.
 var (
-	ErrOrderNotRefundable = problem.New(http.StatusConflict, "order_not_refundable", "Order not refundable",
+	ErrOrderNotRefundable = problem.New(problem.CodeOrderNotRefundable,
 		"Only an order that is paid or partially_refunded can be refunded (or a refunded one whose refund Stripe failed afterwards).")
-	ErrRefundExceedsPayment = problem.New(http.StatusConflict, "refund_exceeds_payment", "Refund exceeds payment",
+	ErrRefundExceedsPayment = problem.New(problem.CodeRefundExceedsPayment,
 		"The amount is more than what is left to refund: what the order paid less its succeeded and pending refunds.")
 )
 

@@ -20,17 +20,15 @@ import (
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
-// Problems that are not stored under the key.
+// Coded errors that are not stored under the key.
 var (
-	ErrOrderNotFound = problem.New(http.StatusNotFound, "not_found", "Not found", "No such order.")
+	ErrOrderNotFound = problem.New(problem.CodeNotFound, "No such order.")
 	// ErrPaymentUnavailable: Stripe did not answer, or its answer was
 	// indeterminate and reconciliation has not settled it yet.
-	ErrPaymentUnavailable = &problem.Problem{Status: http.StatusBadGateway, Code: "payment_provider_unavailable",
-		Title: "Payment provider unavailable", RetryAfter: 2,
-		Detail: "The payment provider did not answer. Retry with the same Idempotency-Key: it resumes this refund and never refunds twice."}
-	ErrUnavailable = &problem.Problem{Status: http.StatusServiceUnavailable, Code: "unavailable",
-		Title: "Service unavailable", RetryAfter: 1,
-		Detail: "A dependency is unavailable. Retry with the same Idempotency-Key: it resumes this refund and never refunds twice."}
+	ErrPaymentUnavailable = problem.New(problem.CodePaymentProviderUnavailable,
+		"The payment provider did not answer. Retry with the same Idempotency-Key: it resumes this refund and never refunds twice.")
+	ErrUnavailable = problem.New(problem.CodeUnavailable,
+		"A dependency is unavailable. Retry with the same Idempotency-Key: it resumes this refund and never refunds twice.")
 )
 
 // DefaultRetryAfter is Service.RetryAfter's default: 24 hours, the time
@@ -174,8 +172,8 @@ func (s *Service) create(ctx context.Context, tx *gorm.DB, c *idempotency.Claim,
 	if err != nil {
 		return nil, nil, err
 	}
-	finish := func(p *problem.Problem) (*refundRow, *idempotency.Response, error) {
-		resp := idempotency.ProblemResponse(p.With("order_id", o.ID))
+	finish := func(e *problem.Error) (*refundRow, *idempotency.Response, error) {
+		resp := idempotency.ProblemResponse(e.With("order_id", o.ID))
 		if err := s.Keys.Finish(ctx, tx, c, resp); err != nil {
 			return nil, nil, err
 		}
@@ -448,11 +446,11 @@ func (s *Service) release(c *idempotency.Claim) {
 	s.Keys.ReleaseEarly(s.DB, c, s.Logger)
 }
 
-// translate keeps problems, and turns anything else (the database failing,
-// a deadline) into 503 unavailable, wrapping the cause for the log.
+// translate keeps coded errors, and turns anything else (the database
+// failing, a deadline) into 503 unavailable, wrapping the cause for the log.
 func translate(err error) error {
-	var p *problem.Problem
-	if errors.As(err, &p) {
+	var e *problem.Error
+	if errors.As(err, &e) {
 		return err
 	}
 	return problem.Wrap(ErrUnavailable, err)

@@ -113,18 +113,18 @@ type PaymentIntents interface {
 
 // Problems the endpoint answers with.
 var (
-	ErrSignatureProblem = problem.New(http.StatusBadRequest, "invalid_signature", "Invalid signature",
+	ErrSignatureProblem = problem.New(problem.CodeInvalidSignature,
 		"The Stripe-Signature header is missing, malformed, does not sign this exact body with the endpoint's secret, or is older than 300 seconds.")
-	ErrTooLargeProblem = problem.New(http.StatusRequestEntityTooLarge, "payload_too_large", "Payload too large",
+	ErrTooLargeProblem = problem.New(problem.CodePayloadTooLarge,
 		"A webhook body is at most 256 KiB.")
-	ErrMalformedProblem = problem.New(http.StatusBadRequest, "malformed_event", "Malformed event",
+	ErrMalformedProblem = problem.New(problem.CodeMalformedEvent,
 		"The body is signed but is not a Stripe event with an id, a type and a data.object.")
-	ErrUnavailableProblem = &problem.Problem{Status: http.StatusServiceUnavailable, Code: "unavailable",
-		Title: "Service unavailable", RetryAfter: 1,
-		Detail: "The event could not be recorded; nothing was changed. Stripe resends it."}
-	ErrStripeProblem = &problem.Problem{Status: http.StatusBadGateway, Code: "payment_provider_unavailable",
-		Title: "Payment provider unavailable", RetryAfter: 1,
-		Detail: "The PaymentIntent could not be retrieved from Stripe to settle the event; nothing was changed. Stripe resends it."}
+	ErrUnavailableProblem = problem.New(problem.CodeUnavailable,
+		"The event could not be recorded; nothing was changed. Stripe resends it.")
+	ErrStripeProblem = problem.New(problem.CodePaymentProviderUnavailable,
+		"The PaymentIntent could not be retrieved from Stripe to settle the event; nothing was changed. Stripe resends it.")
+	// errUnreadable answers a body that could not be read whole.
+	errUnreadable = problem.New(problem.CodeMalformedEvent, "The request body could not be read.")
 )
 
 // Handler serves POST /v1/webhooks/stripe. It needs no bearer key: the
@@ -169,7 +169,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			problem.Write(w, ErrTooLargeProblem)
 			return
 		}
-		problem.Write(w, problem.New(http.StatusBadRequest, "malformed_event", "Unreadable body", "The request body could not be read."))
+		problem.Write(w, errUnreadable)
 		return
 	}
 	if err := h.Verifier.Verify(payload, r.Header.Get("Stripe-Signature")); err != nil {
