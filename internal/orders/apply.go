@@ -66,9 +66,12 @@ var ErrNoTransition = errors.New("no transition to that status")
 //
 // The write is one conditional UPDATE (its WHERE clause names the statuses
 // ch.To may be reached from), which locks the row until tx ends; the order
-// and its items are then read back for the event and the caller.
+// and its items are then read back for the event and the caller. Commit
+// makes the change and its event durable together; rollback forgets both,
+// and applying the same change again later is safe.
 func Apply(ctx context.Context, tx *gorm.DB, id string, ch Change, now time.Time) (*Order, error) {
 	tx = tx.WithContext(ctx)
+	// "canceled" is Stripe's PaymentIntent status (checkout.PICanceled).
 	if ch.To.LeavesTheWayToPaid() && !ch.Closed && ch.PaymentStatus != "canceled" {
 		// The lifecycle's rule, checked where every change is written: no
 		// exit while the PaymentIntent is open.

@@ -69,7 +69,7 @@ func TestStatusesAreTheContracts(t *testing.T) {
 }
 
 // newOrder inserts an order of one sku_tee in status from and returns it.
-func newOrder(t *testing.T, db *gorm.DB, from orders.Status, piID string) *orders.Order {
+func newOrder(t testing.TB, db *gorm.DB, from orders.Status, piID string) *orders.Order {
 	t.Helper()
 	ctx := context.Background()
 	created := time.Now().UTC().Truncate(time.Microsecond).Add(-time.Hour)
@@ -94,7 +94,7 @@ type snapshot struct {
 	Events            int64
 }
 
-func snap(t *testing.T, db *gorm.DB, id string) snapshot {
+func snap(t testing.TB, db *gorm.DB, id string) snapshot {
 	t.Helper()
 	var s snapshot
 	require.NoError(t, db.Raw(`SELECT status, updated_at::text AS updated_at,
