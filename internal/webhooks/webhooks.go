@@ -80,7 +80,7 @@ var ErrNotOurs = errors.New("not an object of this service")
 type Orders interface {
 	// OrderStatus returns the status of tenant's order id (CONTRACT.md's
 	// order statuses), or an error wrapping ErrNotOurs when there is none.
-	OrderStatus(ctx context.Context, tenantID, orderID string) (string, error)
+	OrderStatus(ctx context.Context, tenantID, orderID string) (orders.Status, error)
 	// ApplyPaymentIntent applies Stripe's state of a PaymentIntent to the
 	// order its metadata names, inside tx, only forward: it reports
 	// changed=false when the order is already where pi would take it or
@@ -298,7 +298,7 @@ func (h *Handler) paymentIntent(ctx context.Context, ev Event, pi PaymentIntent)
 		// An order still on the way to paid (orders.Status.Waiting) waits
 		// for its payment's outcome: an event that is not final for the
 		// PaymentIntent is then checked against Stripe's current state.
-		if orders.Status(status).Waiting() {
+		if status.Waiting() {
 			// The event says e.g. requires_payment_method while the order
 			// still waits: the PaymentIntent may have moved on since (a later
 			// confirmation succeeded), and delivery order cannot tell. Stripe
