@@ -23,7 +23,7 @@ var owners = map[string]string{
 	"order_items":      "internal/orders",
 	"products":         "internal/checkout",
 	"stock_buckets":    "internal/checkout",
-	"payment_attempts": "internal/checkout",
+	"payment_attempts": "internal/stripestep",
 	"refunds":          "internal/refunds",
 	"outbox":           "internal/outbox",
 	"outbox_sequences": "internal/outbox",
@@ -45,14 +45,12 @@ var debts = map[string]bool{
 	"inbox internal/webhooks":            true,
 	"notifications internal/checkout":    true,
 	// The reconciler's two candidate queries join orders with
-	// idempotency_keys and payment_attempts in one indexed statement (the
-	// sweep's plan is pinned by a test); their statuses come from orders'
-	// predicates (orders.SQLList), the rest of its reads from orders.
-	"orders internal/sweep":             true,
-	"outbox internal/sweep":             true,
-	"payment_attempts internal/sweep":   true,
-	"payment_attempts internal/refunds": true,
-	"refunds internal/notify":           true,
+	// idempotency_keys and the Stripe step log in one indexed statement
+	// (the sweep's plan is pinned by a test); their statuses come from
+	// orders' predicates (orders.SQLList), its other reads from orders.
+	"orders internal/sweep":   true,
+	"outbox internal/sweep":   true,
+	"refunds internal/notify": true,
 	// The demo shows the outbox row a checkout wrote: a reader's view
 	// into the database, not a second writer.
 	"outbox cmd": true,
