@@ -18,6 +18,7 @@ import (
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/notify/smtpsink"
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
 	"github.com/onceonly/checkout/internal/rabbitmq/rabbitmqtest"
@@ -71,7 +72,7 @@ func TestWorkerCompletesAnInterruptedCancel(t *testing.T) {
 	require.Equal(t, http.StatusAccepted, status, "%s", body)
 	var o checkout.Order
 	require.NoError(t, json.Unmarshal(body, &o))
-	require.Equal(t, checkout.StatusRequiresAction, o.Status)
+	require.Equal(t, orders.RequiresAction, o.Status)
 
 	require.NoError(t, emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultFail, Op: stripeemu.OpPICancel, Status: 503}))
 	status, _, body = post("/v1/orders/"+o.ID+"/cancel", "cancel-1", `{}`)
@@ -118,12 +119,12 @@ func TestWorkerCompletesAnInterruptedCancel(t *testing.T) {
 	require.Equal(t, struct{ Status, Reason string }{"canceled", "requested_by_customer"}, pi, "canceled at Stripe")
 	var orderStatus string
 	require.NoError(t, db.Raw(`SELECT status FROM orders WHERE id = ?`, o.ID).Scan(&orderStatus).Error)
-	require.Equal(t, checkout.StatusCanceled, orderStatus)
+	require.Equal(t, string(orders.Canceled), orderStatus)
 
 	status, header, body := post("/v1/orders/"+o.ID+"/cancel", "cancel-1", `{}`)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	require.Equal(t, "true", header.Get(idempotency.ReplayedHeader))
 	var canceled checkout.Order
 	require.NoError(t, json.Unmarshal(body, &canceled))
-	require.Equal(t, checkout.StatusCanceled, canceled.Status)
+	require.Equal(t, orders.Canceled, canceled.Status)
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/stripeemu"
 	"github.com/onceonly/checkout/internal/testenv"
 )
@@ -64,7 +65,7 @@ func TestOutcomes(t *testing.T) {
 		require.Empty(t, first.header.Get(idempotency.ReplayedHeader))
 		o := decodeOrder(t, first)
 		require.Equal(t, "/v1/orders/"+o.ID, first.header.Get("Location"))
-		require.Equal(t, checkout.StatusPaid, o.Status)
+		require.Equal(t, orders.Paid, o.Status)
 		require.EqualValues(t, 5000, o.AmountTotal)
 		require.Equal(t, "usd", o.Currency)
 		require.Equal(t, []checkout.OrderItem{{SKU: "sku_tee", Quantity: 2, UnitAmount: 2500, Amount: 5000}}, o.Items)

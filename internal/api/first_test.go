@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/checkout/internal/checkout"
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/stripeemu"
 )
 
@@ -38,7 +39,7 @@ func TestFirstExecutionChargesTheCurrentPrice(t *testing.T) {
 		var stored int64
 		require.NoError(t, h.db.Raw(`SELECT amount_total FROM orders WHERE id = ?`, o.ID).Scan(&stored).Error)
 		require.Equal(t, o.AmountTotal, stored, key)
-		pis := h.requirePaymentInvariants(o.ID, checkout.StatusPaid)
+		pis := h.requirePaymentInvariants(o.ID, string(orders.Paid))
 		require.Len(t, pis, 1)
 		require.Equal(t, o.AmountTotal, pis[0].Amount, "%s: Stripe charged the new price", key)
 	}
@@ -148,7 +149,7 @@ func TestFirstExecutionSurvivesLosingPhaseTwo(t *testing.T) {
 	r = h.checkout("lost-phase-2", teeBody)
 	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
 	require.Equal(t, orderID, decodeOrder(t, r).ID)
-	pis := h.requirePaymentInvariants(orderID, checkout.StatusPaid)
+	pis := h.requirePaymentInvariants(orderID, string(orders.Paid))
 	require.Len(t, pis, 1, "one PaymentIntent")
 	keys := map[string][]string{}
 	for _, rq := range h.emu.Requests() {
@@ -188,5 +189,5 @@ func TestFirstExecutionOfAnExistingKeyWritesNothing(t *testing.T) {
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM order_items`))
 	require.Equal(t, 2, h.count(`SELECT count(*) FROM outbox`), "order.created and order.paid, once each")
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM idempotency_keys`))
-	require.Len(t, h.requirePaymentInvariants(o.ID, checkout.StatusPaid), 1)
+	require.Len(t, h.requirePaymentInvariants(o.ID, string(orders.Paid)), 1)
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/onceonly/checkout/internal/auth"
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
 	"github.com/onceonly/checkout/internal/ratelimit"
@@ -342,11 +343,11 @@ func (h *harness) requirePaymentInvariants(orderID, wantStatus string, expected4
 		require.Equal(h.t, stripe.PaymentIntentStatusCanceled, pi.Status, "PaymentIntent %s of order %s is an orphan", pi.ID, orderID)
 	}
 	switch wantStatus {
-	case checkout.StatusPaid:
+	case string(orders.Paid):
 		require.NotNil(h.t, mine, "the paid order's PaymentIntent exists at Stripe")
 		require.Equal(h.t, stripe.PaymentIntentStatusSucceeded, mine.Status)
 		require.Equal(h.t, 1, moving)
-	case checkout.StatusPaymentFailed, checkout.StatusCanceled:
+	case string(orders.PaymentFailed), string(orders.Canceled):
 		require.Zero(h.t, moving, "a failed order moved no money")
 	}
 	for _, r := range h.emu.Requests() {

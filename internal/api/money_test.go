@@ -11,6 +11,7 @@ import (
 	"github.com/stripe/stripe-go/v76"
 
 	"github.com/onceonly/checkout/internal/checkout"
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/stripeemu"
 	"github.com/onceonly/checkout/internal/sweep"
@@ -49,7 +50,7 @@ func TestDeclineBehindARolledForwardConfirm(t *testing.T) {
 	id := h.orderOfKey("declined-behind-500")
 
 	time.Sleep(2500 * time.Millisecond) // past the roll-forward
-	pis := h.requirePaymentInvariants(id, checkout.StatusPaymentFailed)
+	pis := h.requirePaymentInvariants(id, string(orders.PaymentFailed))
 	require.Len(t, pis, 1)
 	require.Equal(t, stripe.PaymentIntentStatusCanceled, pis[0].Status, "closed before the order failed")
 	require.Equal(t, before, h.stock("sku_tee"), "stock back")
@@ -77,8 +78,8 @@ func TestDeclineBehindAConfirmThatSucceededFirst(t *testing.T) {
 	r := h.checkout("declined-then-paid", teeBody)
 	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
 	o := decodeOrder(t, r)
-	require.Equal(t, checkout.StatusPaid, o.Status)
-	pis := h.requirePaymentInvariants(o.ID, checkout.StatusPaid, stripeemu.OpPICancel)
+	require.Equal(t, orders.Paid, o.Status)
+	pis := h.requirePaymentInvariants(o.ID, string(orders.Paid), stripeemu.OpPICancel)
 	require.Len(t, pis, 1)
 	require.Equal(t, before-2, h.stock("sku_tee"))
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.paid'`, o.ID))
@@ -127,7 +128,7 @@ func TestStrayPaymentRefunded(t *testing.T) {
 	require.Equal(t, stripe.RefundStatusSucceeded, rf.Status)
 	// Counted once Stripe's answer is back, just after the refund exists.
 	eventually(t, "the stray payment counted", func() bool { return h.strayTotal(checkout.StrayRefunded) == 1 })
-	require.Equal(t, checkout.StatusPaymentFailed, h.order(id).Status, "a stray payment pays no order")
+	require.Equal(t, string(orders.PaymentFailed), h.order(id).Status, "a stray payment pays no order")
 
 	changed, err := h.api.Service.ApplyPaymentIntent(context.Background(), pi)
 	require.NoError(t, err)
@@ -161,7 +162,7 @@ func TestStripeCredentialsRefused(t *testing.T) {
 		h.emu.ClearFaults()
 	}
 	id := h.orderOfKey("rotated-key")
-	require.Equal(t, checkout.StatusPendingPayment, h.order(id).Status)
+	require.Equal(t, string(orders.PendingPayment), h.order(id).Status)
 	require.Equal(t, before-2, h.stock("sku_tee"), "the stock stays reserved")
 	require.Zero(t, h.count(`SELECT count(*) FROM idempotency_keys WHERE key = 'rotated-key' AND recovery_point = 'finished'`), "nothing stored")
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM payment_attempts WHERE order_id = ? AND outcome IS NULL`, id), "the attempt stays open")
@@ -170,7 +171,7 @@ func TestStripeCredentialsRefused(t *testing.T) {
 	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
 	o := decodeOrder(t, r)
 	require.Equal(t, id, o.ID, "the same order, resumed")
-	pis := h.requirePaymentInvariants(id, checkout.StatusPaid)
+	pis := h.requirePaymentInvariants(id, string(orders.Paid))
 	require.Len(t, pis, 1)
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM payment_attempts WHERE order_id = ? AND step = 'create'`, id), "the same create key, sent again")
 }
@@ -213,7 +214,7 @@ func TestActionTimeoutWhateverThePaymentIntentStatus(t *testing.T) {
 			round, err = rec.RunOnce(context.Background())
 			require.NoError(t, err)
 			require.Equal(t, sweep.ReconcileRound{Changed: 1}, round)
-			pis := h.requirePaymentInvariants(o.ID, checkout.StatusPaymentFailed)
+			pis := h.requirePaymentInvariants(o.ID, string(orders.PaymentFailed))
 			require.Equal(t, stripe.PaymentIntentStatusCanceled, pis[0].Status)
 			require.Equal(t, stripe.PaymentIntentCancellationReasonAbandoned, pis[0].CancellationReason)
 			require.Equal(t, before, h.stock("sku_tee"), "stock back")
@@ -259,7 +260,7 @@ func TestOrphanOfAnOrderWithoutPaymentIntent(t *testing.T) {
 	round, err := rec.RunOnce(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, sweep.ReconcileRound{Orphans: 1}, round)
-	pis := h.requirePaymentInvariants(id, checkout.StatusPaymentFailed)
+	pis := h.requirePaymentInvariants(id, string(orders.PaymentFailed))
 	require.Len(t, pis, 1)
 	require.Equal(t, stripe.PaymentIntentStatusCanceled, pis[0].Status)
 	require.Equal(t, stripe.PaymentIntentCancellationReasonDuplicate, pis[0].CancellationReason)

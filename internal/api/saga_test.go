@@ -16,6 +16,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/stripeemu"
 	"github.com/onceonly/checkout/internal/sweep"
@@ -103,8 +104,8 @@ func TestStripeFaultsBySagaStep(t *testing.T) {
 				final := answers[len(answers)-1]
 				require.Equal(t, http.StatusCreated, final.status, "%s", final.body)
 				o := decodeOrder(t, final)
-				require.Equal(t, checkout.StatusPaid, o.Status)
-				pis := h.requirePaymentInvariants(o.ID, checkout.StatusPaid)
+				require.Equal(t, orders.Paid, o.Status)
+				pis := h.requirePaymentInvariants(o.ID, string(orders.Paid))
 				require.Len(t, pis, f.wantPIs(op), "PaymentIntents of the order")
 				require.Equal(t, o.Payment.PaymentIntentID, pis[0].ID)
 				require.Equal(t, 1, h.count(`SELECT count(*) FROM orders`), "one order for the key")
@@ -155,7 +156,7 @@ func TestIndeterminateCreateWaitsForSearch(t *testing.T) {
 	r = h.checkout("settle-1", teeBody)
 	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
 	o := decodeOrder(t, r)
-	pis := h.requirePaymentInvariants(o.ID, checkout.StatusPaid)
+	pis := h.requirePaymentInvariants(o.ID, string(orders.Paid))
 	require.Len(t, pis, 1, "the rolled-forward PaymentIntent was adopted")
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM payment_attempts WHERE step = 'create'`), "no second create")
 }
@@ -191,7 +192,7 @@ func TestOrphansCanceled(t *testing.T) {
 	final := h.untilFinal("orphan-1", teeBody)
 	last := final[len(final)-1]
 	require.Equal(t, http.StatusCreated, last.status, "%s", last.body)
-	pis := h.requirePaymentInvariants(orderID, checkout.StatusPaid)
+	pis := h.requirePaymentInvariants(orderID, string(orders.Paid))
 	require.Len(t, pis, 2, "adopted, not created again")
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM payment_attempts WHERE order_id = ? AND step = 'create'`, orderID))
 	canceled := 0
@@ -253,7 +254,7 @@ func threeDS(t *testing.T, h *harness, key string) checkout.Order {
 	require.Equal(t, http.StatusAccepted, r.status, "%s", r.body)
 	o := decodeOrder(t, r)
 	require.Equal(t, "/v1/orders/"+o.ID, r.header.Get("Location"))
-	require.Equal(t, checkout.StatusRequiresAction, o.Status)
+	require.Equal(t, orders.RequiresAction, o.Status)
 	require.Equal(t, "requires_action", o.Payment.Status)
 	require.Regexp(t, `^pi_`, o.Payment.PaymentIntentID)
 	require.Regexp(t, `^`+o.Payment.PaymentIntentID+`_secret_`, o.Payment.ClientSecret)
@@ -297,15 +298,15 @@ func TestThreeDSecure(t *testing.T) {
 		{name: "authenticated", act: func(h *harness, _ *testenv.Clock, pi string) {
 			_, err := h.emu.Authenticate(pi, true)
 			require.NoError(h.t, err)
-		}, wantStatus: checkout.StatusPaid, wantPI: stripe.PaymentIntentStatusSucceeded, wantEvent: "order.paid"},
+		}, wantStatus: string(orders.Paid), wantPI: stripe.PaymentIntentStatusSucceeded, wantEvent: "order.paid"},
 		{name: "authentication failed", act: func(h *harness, _ *testenv.Clock, pi string) {
 			_, err := h.emu.Authenticate(pi, false)
 			require.NoError(h.t, err)
-		}, wantStatus: checkout.StatusPaymentFailed, wantPI: stripe.PaymentIntentStatusCanceled,
+		}, wantStatus: string(orders.PaymentFailed), wantPI: stripe.PaymentIntentStatusCanceled,
 			wantEvent: "order.payment_failed", stockBack: true},
 		{name: "abandoned past the timeout", act: func(_ *harness, clk *testenv.Clock, _ string) {
 			clk.Advance(31 * time.Minute)
-		}, wantStatus: checkout.StatusPaymentFailed, wantPI: stripe.PaymentIntentStatusCanceled,
+		}, wantStatus: string(orders.PaymentFailed), wantPI: stripe.PaymentIntentStatusCanceled,
 			wantEvent: "order.payment_failed", stockBack: true},
 	}
 	for _, tc := range tests {
@@ -322,7 +323,7 @@ func TestThreeDSecure(t *testing.T) {
 			round, err := rec.RunOnce(context.Background())
 			require.NoError(t, err)
 			require.Equal(t, sweep.ReconcileRound{Unchanged: 1}, round)
-			require.Equal(t, checkout.StatusRequiresAction, h.order(o.ID).Status)
+			require.Equal(t, string(orders.RequiresAction), h.order(o.ID).Status)
 
 			tc.act(h, clk, o.Payment.PaymentIntentID)
 			round, err = rec.RunOnce(context.Background())
@@ -333,7 +334,7 @@ func TestThreeDSecure(t *testing.T) {
 			pis := h.intents(o.ID)
 			require.Len(t, pis, 1)
 			require.Equal(t, tc.wantPI, pis[0].Status)
-			if tc.wantStatus == checkout.StatusPaymentFailed {
+			if tc.wantStatus == string(orders.PaymentFailed) {
 				// The customer, who holds the client_secret, tries another
 				// card on the same PaymentIntent, as Stripe.js would.
 				h.confirmRefused(o.Payment.PaymentIntentID, "pm_card_visa")
@@ -346,7 +347,7 @@ func TestThreeDSecure(t *testing.T) {
 				require.Equal(t, before-2, h.stock("sku_tee"))
 			}
 			got := h.get("sk_test_acme", "/v1/orders/"+o.ID)
-			require.Equal(t, tc.wantStatus, decodeOrder(t, got).Status)
+			require.Equal(t, tc.wantStatus, string(decodeOrder(t, got).Status))
 			require.Empty(t, decodeOrder(t, got).Payment.ClientSecret, "the secret is shown only while action is required")
 
 			// The 202 stays the key's stored answer; settling again changes nothing.
@@ -383,7 +384,7 @@ func TestFailedChallengeThenAnotherCard(t *testing.T) {
 	changed, err := h.api.Service.ApplyPaymentIntent(context.Background(), failed)
 	require.NoError(t, err)
 	require.True(t, changed)
-	h.requirePaymentInvariants(o.ID, checkout.StatusPaid, stripeemu.OpPICancel)
+	h.requirePaymentInvariants(o.ID, string(orders.Paid), stripeemu.OpPICancel)
 	require.Equal(t, before-2, h.stock("sku_tee"))
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.paid'`, o.ID))
 	require.Zero(t, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.payment_failed'`, o.ID))
@@ -417,10 +418,10 @@ func TestCancelOrder(t *testing.T) {
 	r := h.cancelOrder(o.ID, "cancel-1", "")
 	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
 	got := decodeOrder(t, r)
-	require.Equal(t, checkout.StatusCanceled, got.Status)
+	require.Equal(t, orders.Canceled, got.Status)
 	require.Equal(t, o.ID, got.ID)
 	require.Equal(t, before, h.stock("sku_tee"), "stock returned")
-	h.requirePaymentInvariants(o.ID, checkout.StatusCanceled)
+	h.requirePaymentInvariants(o.ID, string(orders.Canceled))
 	pis := h.intents(o.ID)
 	require.Len(t, pis, 1)
 	require.Equal(t, stripe.PaymentIntentStatusCanceled, pis[0].Status)
@@ -445,7 +446,7 @@ func TestCancelOrder(t *testing.T) {
 	r = h.cancelOrder(paid.ID, "cancel-3", "{}")
 	require.Equal(t, http.StatusConflict, r.status, "%s", r.body)
 	require.Equal(t, "order_not_cancelable", decodeProblem(t, r).Code)
-	require.Equal(t, checkout.StatusPaid, h.order(paid.ID).Status)
+	require.Equal(t, string(orders.Paid), h.order(paid.ID).Status)
 	require.Equal(t, "true", h.cancelOrder(paid.ID, "cancel-3", "{}").header.Get(idempotency.ReplayedHeader))
 
 	reused := h.cancelOrder(paid.ID, "cancel-1", "{}")
@@ -470,7 +471,7 @@ func TestCancelAfterCustomerAuthenticated(t *testing.T) {
 	r := h.cancelOrder(o.ID, "cancel-late", "{}")
 	require.Equal(t, http.StatusConflict, r.status, "%s", r.body)
 	require.Equal(t, "order_not_cancelable", decodeProblem(t, r).Code)
-	h.requirePaymentInvariants(o.ID, checkout.StatusPaid, stripeemu.OpPICancel)
+	h.requirePaymentInvariants(o.ID, string(orders.Paid), stripeemu.OpPICancel)
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.paid'`, o.ID))
 }
 
@@ -497,14 +498,14 @@ func TestFailedChallengeWebhookWhileStripeCannotCancel(t *testing.T) {
 	require.Equal(t, http.StatusBadGateway, r.status, "%s", r.body)
 	require.Equal(t, "payment_provider_unavailable", decodeProblem(t, r).Code)
 	require.Zero(t, h.count(`SELECT count(*) FROM inbox WHERE consumer = 'stripe_webhook'`))
-	require.Equal(t, checkout.StatusRequiresAction, h.order(o.ID).Status)
+	require.Equal(t, string(orders.RequiresAction), h.order(o.ID).Status)
 	require.Equal(t, before-2, h.stock("sku_tee"), "stock still held")
 	require.Zero(t, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.payment_failed'`, o.ID))
 
 	h.emu.ClearFaults()
 	require.Equal(t, webhooks.OutcomeApplied, webhookOutcome(t, h.deliverSigned(failed)))
 	require.Equal(t, webhooks.OutcomeDuplicate, webhookOutcome(t, h.deliverSigned(failed)))
-	h.requirePaymentInvariants(o.ID, checkout.StatusPaymentFailed, stripeemu.OpPIConfirm)
+	h.requirePaymentInvariants(o.ID, string(orders.PaymentFailed), stripeemu.OpPIConfirm)
 	require.Equal(t, stripe.PaymentIntentStatusCanceled, h.intents(o.ID)[0].Status)
 	h.confirmRefused(pi, "pm_card_visa")
 	require.Equal(t, before, h.stock("sku_tee"), "stock given back once")
@@ -540,7 +541,7 @@ func TestConcurrentCancelsUnderDifferentKeys(t *testing.T) {
 		count[s]++
 	}
 	require.Equal(t, map[int]int{http.StatusOK: 1, http.StatusConflict: n - 1}, count)
-	h.requirePaymentInvariants(o.ID, checkout.StatusCanceled)
+	h.requirePaymentInvariants(o.ID, string(orders.Canceled))
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.canceled'`, o.ID))
 	require.Equal(t, 1, h.count(`SELECT count(DISTINCT idempotency_key) FROM payment_attempts WHERE order_id = ? AND step = 'cancel'`, o.ID))
 	require.Equal(t, before, h.stock("sku_tee"), "stock given back once")
@@ -572,12 +573,12 @@ func TestPaymentUnknown(t *testing.T) {
 	require.Equal(t, http.StatusBadGateway, r.status, "%s", r.body)
 	var orderID string
 	require.NoError(t, h.db.Raw(`SELECT order_id FROM idempotency_keys WHERE key = 'unknown-1'`).Scan(&orderID).Error)
-	require.Equal(t, checkout.StatusPendingPayment, h.order(orderID).Status)
+	require.Equal(t, string(orders.PendingPayment), h.order(orderID).Status)
 
 	clk.Advance(time.Hour)
 	r = h.checkout("unknown-1", teeBody)
 	require.Equal(t, http.StatusBadGateway, r.status, "%s", r.body)
-	require.Equal(t, checkout.StatusPaymentUnknown, h.order(orderID).Status)
+	require.Equal(t, string(orders.PaymentUnknown), h.order(orderID).Status)
 	require.EqualValues(t, 1, testutil.ToFloat64(gathered{h.registry.Registry, "checkout_payments_unknown_total", nil}))
 	require.Zero(t, h.emu.TotalCreated(), "nothing created while the outcome is unknown")
 
@@ -585,13 +586,13 @@ func TestPaymentUnknown(t *testing.T) {
 	round, err := rec.RunOnce(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, sweep.ReconcileRound{Failed: 1}, round, "reconciled, still unknown")
-	require.Equal(t, checkout.StatusPaymentUnknown, h.order(orderID).Status)
+	require.Equal(t, string(orders.PaymentUnknown), h.order(orderID).Status)
 
 	h.emu.ClearFaults()
 	round, err = rec.RunOnce(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, sweep.ReconcileRound{Changed: 1}, round)
-	h.requirePaymentInvariants(orderID, checkout.StatusPaid)
+	h.requirePaymentInvariants(orderID, string(orders.Paid))
 	retry := h.checkout("unknown-1", teeBody)
 	require.Equal(t, http.StatusCreated, retry.status, "%s", retry.body)
 	require.Equal(t, "true", retry.header.Get(idempotency.ReplayedHeader))
@@ -643,7 +644,7 @@ func TestApplyPaymentIntentMonotonic(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, changed)
 
-	require.Equal(t, checkout.StatusPaid, h.order(o.ID).Status)
+	require.Equal(t, string(orders.Paid), h.order(o.ID).Status)
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.paid'`, o.ID))
 	require.Equal(t, 0, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type IN ('order.payment_failed', 'order.canceled')`, o.ID))
 }
@@ -666,7 +667,7 @@ func TestOrphanSweep(t *testing.T) {
 	round, err := rec.RunOnce(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, sweep.ReconcileRound{Orphans: 1}, round)
-	pis := h.requirePaymentInvariants(o.ID, checkout.StatusPaid)
+	pis := h.requirePaymentInvariants(o.ID, string(orders.Paid))
 	require.Len(t, pis, 2)
 
 	round, err = rec.RunOnce(context.Background())
@@ -744,7 +745,7 @@ func TestConfirmRefusedAfterRollForward(t *testing.T) {
 	r := h.checkout("refused-confirm-1", teeBody)
 	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
 	o := decodeOrder(t, r)
-	h.requirePaymentInvariants(o.ID, checkout.StatusPaid, stripeemu.OpPIConfirm)
+	h.requirePaymentInvariants(o.ID, string(orders.Paid), stripeemu.OpPIConfirm)
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM payment_attempts WHERE order_id = ? AND step = 'confirm' AND outcome = 'rejected'`, o.ID))
 	require.Equal(t, 0, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.payment_failed'`, o.ID))
 }
@@ -776,7 +777,7 @@ func TestPaymentStillProcessing(t *testing.T) {
 	require.Equal(t, "payment_provider_unavailable", decodeProblem(t, r).Code)
 	var orderID string
 	require.NoError(t, h.db.Raw(`SELECT order_id FROM idempotency_keys WHERE key = 'processing-1'`).Scan(&orderID).Error)
-	require.Equal(t, checkout.StatusPendingPayment, h.order(orderID).Status)
+	require.Equal(t, string(orders.PendingPayment), h.order(orderID).Status)
 	require.Equal(t, before-2, h.stock("sku_tee"), "still reserved")
 	require.Equal(t, http.StatusBadGateway, h.checkout("processing-1", teeBody).status, "still processing")
 
@@ -785,7 +786,7 @@ func TestPaymentStillProcessing(t *testing.T) {
 	s.mu.Unlock()
 	r = h.checkout("processing-1", teeBody)
 	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
-	h.requirePaymentInvariants(orderID, checkout.StatusPaid)
+	h.requirePaymentInvariants(orderID, string(orders.Paid))
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM payment_attempts WHERE order_id = ? AND step = 'confirm'`, orderID), "confirmed once")
 }
 
@@ -813,7 +814,7 @@ func TestEveryCreateIndeterminate(t *testing.T) {
 	r = h.checkout("all-500-1", teeBody)
 	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
 	o := decodeOrder(t, r)
-	pis := h.requirePaymentInvariants(o.ID, checkout.StatusPaid)
+	pis := h.requirePaymentInvariants(o.ID, string(orders.Paid))
 	require.Len(t, pis, 1)
 	require.Equal(t, 4, h.count(`SELECT count(*) FROM payment_attempts WHERE step = 'create'`))
 }
@@ -834,7 +835,7 @@ func TestCancelResumedByCompleter(t *testing.T) {
 	r := h.cancelOrder(o.ID, "cancel-resume", "{}")
 	require.Equal(t, http.StatusBadGateway, r.status, "%s", r.body)
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM idempotency_keys WHERE key = 'cancel-resume' AND recovery_point = ?`, checkout.RecoveryPointCancelRequested))
-	require.Equal(t, checkout.StatusRequiresAction, h.order(o.ID).Status)
+	require.Equal(t, string(orders.RequiresAction), h.order(o.ID).Status)
 
 	h.emu.ClearFaults()
 	require.NoError(t, h.db.Exec(`UPDATE idempotency_keys SET lease_expires_at = now() - interval '1 hour' WHERE key = 'cancel-resume'`).Error)
@@ -844,12 +845,12 @@ func TestCancelResumedByCompleter(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, sweep.Round{Completed: 1}, round)
 
-	h.requirePaymentInvariants(o.ID, checkout.StatusCanceled)
+	h.requirePaymentInvariants(o.ID, string(orders.Canceled))
 	require.Equal(t, before, h.stock("sku_tee"))
 	retry := h.cancelOrder(o.ID, "cancel-resume", "{}")
 	require.Equal(t, http.StatusOK, retry.status, "%s", retry.body)
 	require.Equal(t, "true", retry.header.Get(idempotency.ReplayedHeader))
-	require.Equal(t, checkout.StatusCanceled, decodeOrder(t, retry).Status)
+	require.Equal(t, orders.Canceled, decodeOrder(t, retry).Status)
 }
 
 // TestCheckoutKeyFinishesAfterTheOrderWasRefunded: the checkout's answer
@@ -893,7 +894,7 @@ func TestCheckoutKeyFinishesAfterTheOrderWasRefunded(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, changed)
 	require.Equal(t, "succeeded", decodeRefund(t, h.refund(key.OrderID, "refund-1", `{"amount":1000}`)).Status)
-	require.Equal(t, checkout.StatusPartiallyRefunded, h.order(key.OrderID).Status)
+	require.Equal(t, string(orders.PartiallyRefunded), h.order(key.OrderID).Status)
 
 	require.NoError(t, h.db.Exec(`UPDATE idempotency_keys SET lease_expires_at = now() - interval '1 hour' WHERE id = ?`, key.ID).Error)
 	done, err := h.api.Service.Complete(context.Background(), key.ID)
@@ -907,7 +908,7 @@ func TestCheckoutKeyFinishesAfterTheOrderWasRefunded(t *testing.T) {
 	require.Equal(t, "/v1/orders/"+key.OrderID, retry.header.Get("Location"))
 	o := decodeOrder(t, retry)
 	require.Equal(t, key.OrderID, o.ID)
-	require.Equal(t, checkout.StatusPartiallyRefunded, o.Status, "the order as it is")
+	require.Equal(t, orders.PartiallyRefunded, o.Status, "the order as it is")
 	require.Len(t, h.intents(key.OrderID), 1, "one PaymentIntent, charged once")
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM payment_attempts WHERE order_id = ? AND step = 'confirm'`, key.OrderID), "confirmed once")
 }

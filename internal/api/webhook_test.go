@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/checkout/internal/checkout"
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/stripeemu"
 	"github.com/onceonly/checkout/internal/webhooks"
 )
@@ -116,8 +116,8 @@ func TestWebhookSettles3DSecure(t *testing.T) {
 		want    string
 		event   string
 	}{
-		{"authenticated", true, checkout.StatusPaid, "order.paid"},
-		{"authentication failed", false, checkout.StatusPaymentFailed, "order.payment_failed"},
+		{"authenticated", true, string(orders.Paid), "order.paid"},
+		{"authentication failed", false, string(orders.PaymentFailed), "order.payment_failed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -186,7 +186,7 @@ func TestWebhookSignature(t *testing.T) {
 	} {
 		require.Equal(t, http.StatusBadRequest, r.status, name)
 		require.Contains(t, string(r.body), `"code":"invalid_signature"`, name)
-		require.Equal(t, checkout.StatusRequiresAction, h.order(o.ID).Status, "%s: nothing changes", name)
+		require.Equal(t, string(orders.RequiresAction), h.order(o.ID).Status, "%s: nothing changes", name)
 	}
 	require.Zero(t, h.count(`SELECT count(*) FROM inbox WHERE consumer = 'stripe_webhook'`))
 	require.Equal(t, 5, h.webhooks("unverified", webhooks.OutcomeInvalidSignature))
@@ -198,11 +198,11 @@ func TestWebhookSignature(t *testing.T) {
 	old = bytes.Replace(old, []byte(`"request": {`), []byte(`"request": "req_2019", "request_v2": {`), 1)
 	require.NotEqual(t, string(payload), string(old))
 	require.Equal(t, webhooks.OutcomeApplied, webhookOutcome(t, h.deliverSigned(old)))
-	require.Equal(t, checkout.StatusPaid, h.order(o.ID).Status)
+	require.Equal(t, string(orders.Paid), h.order(o.ID).Status)
 
 	// The same event (same id) in its original rendering: recorded already.
 	require.Equal(t, webhooks.OutcomeDuplicate, webhookOutcome(t, h.deliverSigned(payload)))
-	h.requirePaymentInvariants(o.ID, checkout.StatusPaid)
+	h.requirePaymentInvariants(o.ID, string(orders.Paid))
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.paid'`, o.ID))
 }
 
@@ -249,7 +249,7 @@ func TestWebhookConcurrentDuplicates(t *testing.T) {
 	require.Equal(t, map[string]int{webhooks.OutcomeApplied: 1, webhooks.OutcomeDuplicate: n - 1}, got)
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.paid'`, o.ID))
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM inbox WHERE consumer = 'stripe_webhook'`))
-	h.requirePaymentInvariants(o.ID, checkout.StatusPaid)
+	h.requirePaymentInvariants(o.ID, string(orders.Paid))
 }
 
 // TestWebhookOrderIndependence: the PaymentIntent first failed its 3D
@@ -282,10 +282,10 @@ func TestWebhookOrderIndependence(t *testing.T) {
 				// The older event alone would fail the order; Stripe's current
 				// state, retrieved by id, says succeeded.
 				require.Equal(t, webhooks.OutcomeApplied, webhookOutcome(t, h.deliverSigned(failed)))
-				require.Equal(t, checkout.StatusPaid, h.order(o.ID).Status)
+				require.Equal(t, string(orders.Paid), h.order(o.ID).Status)
 				require.Equal(t, webhooks.OutcomeStale, webhookOutcome(t, h.deliverSigned(succeeded)))
 			}
-			h.requirePaymentInvariants(o.ID, checkout.StatusPaid)
+			h.requirePaymentInvariants(o.ID, string(orders.Paid))
 			require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.paid'`, o.ID))
 			require.Zero(t, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.payment_failed'`, o.ID))
 		})
@@ -319,14 +319,14 @@ func TestWebhookDatabaseCutAfterInboxInsert(t *testing.T) {
 	require.Contains(t, string(r.body), `"code":"unavailable"`)
 	require.Equal(t, "1", r.header.Get("Retry-After"))
 	require.Zero(t, h.count(`SELECT count(*) FROM inbox WHERE consumer = 'stripe_webhook'`), "the inbox insert rolled back with the change")
-	require.Equal(t, checkout.StatusRequiresAction, h.order(o.ID).Status)
+	require.Equal(t, string(orders.RequiresAction), h.order(o.ID).Status)
 	require.Zero(t, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.paid'`, o.ID))
 	require.Equal(t, 1, h.webhooks(webhooks.TypePaymentIntentSucceeded, webhooks.OutcomeError))
 
 	require.NoError(t, h.db.Exec(`DROP TRIGGER cut_connection ON orders`).Error)
 	require.Equal(t, webhooks.OutcomeApplied, webhookOutcome(t, h.deliverSigned(payload)), "Stripe's redelivery")
 	require.Equal(t, webhooks.OutcomeDuplicate, webhookOutcome(t, h.deliverSigned(payload)))
-	h.requirePaymentInvariants(o.ID, checkout.StatusPaid)
+	h.requirePaymentInvariants(o.ID, string(orders.Paid))
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.paid'`, o.ID))
 }
 
@@ -347,6 +347,6 @@ func TestWebhookNotOurs(t *testing.T) {
 	require.Equal(t, webhooks.OutcomeIgnored, webhookOutcome(t, h.deliverSigned(unknown)))
 	require.Equal(t, webhooks.OutcomeIgnored, webhookOutcome(t, h.deliverSigned(
 		[]byte(`{"id":"evt_x","object":"event","type":"customer.created","data":{"object":{"id":"cus_1","object":"customer"}}}`))))
-	require.Equal(t, checkout.StatusRequiresAction, h.order(o.ID).Status)
+	require.Equal(t, string(orders.RequiresAction), h.order(o.ID).Status)
 	require.Zero(t, h.count(`SELECT count(*) FROM inbox WHERE consumer = 'stripe_webhook'`))
 }

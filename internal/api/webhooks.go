@@ -8,6 +8,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/checkout"
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/webhooks"
 )
@@ -21,7 +22,7 @@ var _ webhooks.Orders = webhookOrders{}
 
 // OrderStatus returns the status of tenant's order id, or an error wrapping
 // webhooks.ErrNotOurs.
-func (o webhookOrders) OrderStatus(ctx context.Context, tenantID, orderID string) (string, error) {
+func (o webhookOrders) OrderStatus(ctx context.Context, tenantID, orderID string) (orders.Status, error) {
 	v, err := o.svc.Order(ctx, tenantID, orderID)
 	if errors.Is(err, checkout.ErrOrderNotFound) {
 		return "", fmt.Errorf("order %s of %s: %w", orderID, tenantID, webhooks.ErrNotOurs)

@@ -1,5 +1,5 @@
-// Package checkout is the checkout state machine: catalog, stock, orders and
-// the phases that turn one idempotent POST /v1/checkouts into exactly one
+// Package checkout is the checkout state machine: catalog, stock and the
+// phases that turn one idempotent POST /v1/checkouts into exactly one
 // order and at most one PaymentIntent that moves money, however often it is
 // retried or interrupted, whatever Stripe answers.
 //
@@ -26,11 +26,11 @@
 //
 // The API request, the worker's completer (expired leases) and its
 // reconciler (orders waiting for Stripe or the customer) all run the same
-// saga, and every change of an order's status is monotonic.
+// saga, and every change of an order's status goes through orders.Apply,
+// whose transitions table only moves forward.
 package checkout
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/mail"
 	"net/url"
@@ -40,22 +40,8 @@ import (
 
 	"github.com/onceonly/checkout/internal/httpbody"
 	"golang.org/x/net/idna"
-)
 
-// Order statuses (CONTRACT.md): pending_payment -> requires_action -> paid |
-// payment_failed; pending_payment -> payment_unknown -> paid |
-// payment_failed; paid -> partially_refunded -> refunded; requires_action
-// -> canceled. No transition goes back. The refund statuses are written by
-// internal/refunds as Stripe settles refunds.
-const (
-	StatusPendingPayment    = "pending_payment"
-	StatusRequiresAction    = "requires_action"
-	StatusPaymentUnknown    = "payment_unknown"
-	StatusPaid              = "paid"
-	StatusPaymentFailed     = "payment_failed"
-	StatusCanceled          = "canceled"
-	StatusPartiallyRefunded = "partially_refunded"
-	StatusRefunded          = "refunded"
+	"github.com/onceonly/checkout/internal/orders"
 )
 
 // Recovery points stored with a key between its transactions.
@@ -95,54 +81,13 @@ type Product struct {
 // TableName maps Product to the products table.
 func (Product) TableName() string { return "products" }
 
-// Order is an order as the API returns it and as events carry it.
-type Order struct {
-	ID          string      `json:"id"`
-	Status      string      `json:"status"`
-	Email       string      `json:"email"`
-	Currency    string      `json:"currency"`
-	AmountTotal int64       `json:"amount_total"`
-	Items       []OrderItem `json:"items"`
-	Payment     Payment     `json:"payment"`
-	CreatedAt   time.Time   `json:"created_at"`
-
-	tenantID      string
-	paymentMethod string
-	// returnURL is the checkout's return_url, sent with every confirm of
-	// its PaymentIntent ("" for none).
-	returnURL string
-	// failureCode is why a payment_failed order failed: card_declined,
-	// payment_rejected, payment_action_timeout, payment_canceled.
-	failureCode string
-	// declineCode is Stripe's decline_code (or error code) of a decline.
-	declineCode string
-	// requiresActionAt is when the order entered requires_action.
-	requiresActionAt *time.Time
-	// unknownSince is when an unanswered or indeterminate step was first
-	// recorded and not yet reconciled.
-	unknownSince *time.Time
-}
-
-// OrderItem is one line of an order. Amount = Quantity * UnitAmount.
-type OrderItem struct {
-	SKU        string `json:"sku"`
-	Quantity   int    `json:"quantity"`
-	UnitAmount int64  `json:"unit_amount"`
-	Amount     int64  `json:"amount"`
-}
-
-// Payment is the order's payment. PaymentIntentID and Status are empty until
-// the PaymentIntent has been created; NextAction and ClientSecret are set
-// only while the order is requires_action: Stripe's next_action as it sent
-// it, and the client_secret the customer's browser needs for it (Stripe.js
-// handleNextAction, https://docs.stripe.com/payments/3d-secure).
-type Payment struct {
-	Provider        string          `json:"provider"`
-	PaymentIntentID string          `json:"payment_intent_id,omitempty"`
-	Status          string          `json:"status,omitempty"`
-	NextAction      json.RawMessage `json:"next_action,omitempty"`
-	ClientSecret    string          `json:"client_secret,omitempty"`
-}
+// Order, OrderItem and Payment are the order as the API returns it and as
+// events carry it: package orders owns it, with its lifecycle.
+type (
+	Order     = orders.Order
+	OrderItem = orders.OrderItem
+	Payment   = orders.Payment
+)
 
 // Notification is one channel's delivery state, shown on GET /v1/orders/{id}.
 type Notification struct {

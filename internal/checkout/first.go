@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/stripestep"
@@ -118,7 +119,7 @@ func (r *run) payFirst(ctx context.Context, create *stripestep.Attempt) (*idempo
 	}
 
 	// Phase 2.
-	confirm := r.newAttempt(StepConfirm, 1, pi.ID, ConfirmIntentRequest{PaymentIntentID: pi.ID, ReturnURL: r.o.returnURL})
+	confirm := r.newAttempt(StepConfirm, 1, pi.ID, ConfirmIntentRequest{PaymentIntentID: pi.ID, ReturnURL: r.o.ReturnURL})
 	recorded, err := recordCreated(ctx, r.s.DB, create, pi, confirm, r.fence(), r.now())
 	if err != nil {
 		return r.stop(ctx, err)
@@ -137,7 +138,7 @@ func (r *run) payFirst(ctx context.Context, create *stripestep.Attempt) (*idempo
 	r.confirmed = 1
 
 	got, err := r.s.Payments.ConfirmPaymentIntent(ctx, ConfirmIntentRequest{
-		IdempotencyKey: confirm.IdempotencyKey, PaymentIntentID: pi.ID, ReturnURL: r.o.returnURL})
+		IdempotencyKey: confirm.IdempotencyKey, PaymentIntentID: pi.ID, ReturnURL: r.o.ReturnURL})
 	if err == nil && got.Status == PISucceeded {
 		// Phase 3.
 		if resp, err := r.settlePaid(ctx, confirm, got); resp != nil || err != nil {
@@ -173,12 +174,12 @@ func (r *run) settlePaid(ctx context.Context, confirm *stripestep.Attempt, got P
 	now := r.now()
 	// What the order is once paid: what the general path would read back.
 	paid := *r.o
-	paid.Status, paid.Payment.PaymentIntentID, paid.Payment.Status = ch.to, got.ID, got.Status
+	paid.Status, paid.Payment.PaymentIntentID, paid.Payment.Status = ch.To, got.ID, got.Status
 	paid.Payment.NextAction, paid.Payment.ClientSecret = nil, ""
-	paid.failureCode, paid.declineCode, paid.unknownSince = "", "", nil
+	paid.FailureCode, paid.DeclineCode, paid.UnknownSince = "", "", nil
 	resp := responseFor(r.route, &paid)
 
-	transition, transitionArgs, err := transitionStatement(r.o.ID, ch, now)
+	transition, transitionArgs, err := orders.Statement(r.o.ID, ch, now)
 	if err != nil {
 		return nil, err
 	}
@@ -224,7 +225,7 @@ func createFirstOrder(ctx context.Context, db *gorm.DB, o *Order, want map[strin
 	args := []any{len(skus), postgres.TextArray(skus), intArray(prices), postgres.TextArray(currencies),
 		postgres.TextArray(skus), intArray(qtys)}
 	args = append(args, claimArgs...)
-	args = append(args, orderArgs(o)...)
+	args = append(args, orders.InsertArgs(o)...)
 	insertCreate, createArgs := stripestep.InsertStatement(create, stripestep.Fence{Cond: `EXISTS (SELECT 1 FROM o)`})
 	args = append(append(args, eventArgs...), createArgs...)
 	var attemptID sql.NullInt64
@@ -235,8 +236,8 @@ func createFirstOrder(ctx context.Context, db *gorm.DB, o *Order, want map[strin
 			  ON c.sku = w.sku AND c.unit_amount = w.unit_amount AND c.currency = w.currency),
 		r AS MATERIALIZED (SELECT reserve_stock(?::text[], ?::bigint[]) AS ok FROM p WHERE p.current),
 		k AS (`+claim+` RETURNING id, expires_at),
-		o AS (`+insertOrderSQL+` FROM r WHERE r.ok RETURNING id),
-		i AS (`+insertItemsSQL+`),
+		o AS (`+orders.InsertSQL+` FROM r WHERE r.ok RETURNING id),
+		i AS (`+orders.InsertItemsSQL+`),
 		e AS (`+event+` WHERE EXISTS (SELECT 1 FROM o)),
 		a AS (`+insertCreate+` RETURNING id)
 		SELECT r.ok AS reserved, k.id AS key_id, k.expires_at, (SELECT id FROM a) AS create_id FROM r, k`, args...).Row().Scan(&reserved, &keyID, &expiresAt, &attemptID)
@@ -251,7 +252,7 @@ func createFirstOrder(ctx context.Context, db *gorm.DB, o *Order, want map[strin
 }
 
 // recordCreated is phase 2's statement: the create attempt's answer pi, pi
-// recorded on the order unless another PaymentIntent is (recordIntent), and
+// recorded on the order unless another PaymentIntent is (orders.RecordIntent), and
 // confirm written before its call, fenced by the key's lease and only if pi
 // is the order's. It returns the order's PaymentIntent and sets confirm.ID
 // (0 when confirm was not written).
@@ -269,7 +270,7 @@ func createFirstOrder(ctx context.Context, db *gorm.DB, o *Order, want map[strin
 func recordCreated(ctx context.Context, db *gorm.DB, create *stripestep.Attempt, pi PaymentIntentState, confirm *stripestep.Attempt,
 	fence stripestep.Fence, now time.Time) (string, error) {
 	finishCreate, args := stripestep.FinishStatement(create.ID, stripestep.Answer{Outcome: stripestep.Succeeded, ObjectID: pi.ID, Status: pi.Status}, now)
-	args = append(args, recordIntentArgs(create.OrderID, pi, now)...)
+	args = append(args, orders.RecordIntentArgs(create.OrderID, pi.ID, pi.Status, now)...)
 	// The confirm only for pi recorded on the order, and under the run's
 	// fence (if any).
 	fence.Cond, fence.Args = joinCond(fence.Cond, `EXISTS (SELECT 1 FROM o WHERE o.payment_intent_id = ?)`), append(fence.Args[:len(fence.Args):len(fence.Args)], pi.ID)
@@ -280,7 +281,7 @@ func recordCreated(ctx context.Context, db *gorm.DB, create *stripestep.Attempt,
 	err := db.WithContext(ctx).Raw(`
 		WITH sc AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)),
 		a AS (`+finishCreate+`),
-		o AS (`+recordIntentSQL+` RETURNING payment_intent_id),
+		o AS (`+orders.RecordIntentSQL+` RETURNING payment_intent_id),
 		c AS (`+insertConfirm+` RETURNING id)
 		SELECT (SELECT payment_intent_id FROM o) AS recorded, (SELECT id FROM c) AS confirm_id FROM sc`, args...).Row().Scan(&recorded, &confirmID)
 	if err != nil {

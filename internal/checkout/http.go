@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/httpbody"
 	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/problem"
 )
 
@@ -190,28 +191,28 @@ func responseFor(route string, o *Order) *idempotency.Response {
 	}
 	if route == CancelRoute {
 		switch o.Status {
-		case StatusCanceled:
+		case orders.Canceled:
 			return idempotency.JSONResponse(http.StatusOK, body(), "")
-		case StatusRequiresAction:
+		case orders.RequiresAction:
 			return nil
 		}
 		return notCancelable(o)
 	}
-	switch o.Status {
-	case StatusPaid, StatusPartiallyRefunded, StatusRefunded:
+	switch {
+	case o.Status.PaidOnce():
 		return idempotency.JSONResponse(http.StatusCreated, body(), "/v1/orders/"+o.ID)
-	case StatusRequiresAction:
+	case o.Status == orders.RequiresAction:
 		return idempotency.JSONResponse(http.StatusAccepted, body(), "/v1/orders/"+o.ID)
-	case StatusPaymentFailed, StatusCanceled:
-		if o.failureCode == CodeCardDeclined {
-			return responseForError(&Error{Code: CodeCardDeclined, OrderID: o.ID, DeclineCode: o.declineCode})
+	case o.Status.LeavesTheWayToPaid():
+		if o.FailureCode == CodeCardDeclined {
+			return responseForError(&Error{Code: CodeCardDeclined, OrderID: o.ID, DeclineCode: o.DeclineCode})
 		}
 		e := &Error{Code: CodePaymentRejected, OrderID: o.ID}
-		switch o.failureCode {
+		switch o.FailureCode {
 		case "payment_action_timeout":
 			e.Detail = "The customer did not complete the payment's authentication in time. The order is payment_failed and its stock was released."
 		case "payment_canceled", "canceled":
-			e.Detail = "The payment was canceled. The order is " + o.Status + " and its stock was released."
+			e.Detail = "The payment was canceled. The order is " + string(o.Status) + " and its stock was released."
 		}
 		return responseForError(e)
 	}

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/ids"
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/postgres"
 )
 
@@ -66,16 +66,17 @@ func (x *cancellation) Start(ctx context.Context, tx *gorm.DB, c *idempotency.Cl
 	// Cancellations of one order under different keys take turns on
 	// its row: the first to get past here cancels it, and the others
 	// answer as for an order no longer cancelable.
-	if err := tx.WithContext(ctx).Exec(`SELECT 1 FROM orders WHERE id = ? AND tenant_id = ? FOR UPDATE`,
-		x.orderID, c.Scope.Tenant).Error; err != nil {
-		return nil, fmt.Errorf("lock order %s: %w", x.orderID, err)
+	if err := orders.Lock(ctx, tx, c.Scope.Tenant, x.orderID); errors.Is(err, orders.ErrNotFound) {
+		return nil, ErrOrderNotFound
+	} else if err != nil {
+		return nil, err
 	}
 	o, err := loadOrder(ctx, tx, c.Scope.Tenant, x.orderID)
 	if err != nil {
 		return nil, err
 	}
 	x.order = o
-	if o.Status != StatusRequiresAction {
+	if o.Status != orders.RequiresAction {
 		final := notCancelable(o)
 		return final, x.s.Keys.Finish(ctx, tx, c, final)
 	}
@@ -103,7 +104,7 @@ func (x *cancellation) Resume(ctx context.Context, tx *gorm.DB, c *idempotency.C
 func (x *cancellation) Run(ctx context.Context, c *idempotency.Claim) (*idempotency.Response, error) {
 	o := x.order
 	r := x.s.newRun(c, CancelRoute, o)
-	if o.Status != StatusRequiresAction || o.Payment.PaymentIntentID == "" {
+	if o.Status != orders.RequiresAction || o.Payment.PaymentIntentID == "" {
 		return r.settle(ctx, nil)
 	}
 	pi, err := r.cancel(ctx, o.Payment.PaymentIntentID, CancelRequestedByCustomer)
@@ -127,7 +128,7 @@ func (s *Service) ReconcileOrder(ctx context.Context, tenantID, id string) (bool
 	if err != nil {
 		return false, err
 	}
-	if o.Status != StatusRequiresAction || o.Payment.PaymentIntentID == "" {
+	if o.Status != orders.RequiresAction || o.Payment.PaymentIntentID == "" {
 		return false, nil
 	}
 	r := s.newRun(nil, "", o)
@@ -139,10 +140,10 @@ func (s *Service) ReconcileOrder(ctx context.Context, tenantID, id string) (bool
 	// move money with it (requires_action, requires_payment_method,
 	// requires_confirmation: the customer's browser may have attached
 	// another payment method and stopped): only a cancel ends the wait.
-	if cancelable(pi.Status) && !MovesMoney(pi.Status) && o.requiresActionAt != nil &&
-		!s.Now().Before(o.requiresActionAt.Add(r.cfg.ActionTimeout)) {
+	if cancelable(pi.Status) && !MovesMoney(pi.Status) && o.RequiresActionAt != nil &&
+		!s.Now().Before(o.RequiresActionAt.Add(r.cfg.ActionTimeout)) {
 		s.Logger.InfoContext(ctx, "the customer did not complete the payment's next action in time; canceling",
-			"order_id", id, "payment_intent", pi.ID, "since", o.requiresActionAt)
+			"order_id", id, "payment_intent", pi.ID, "since", o.RequiresActionAt)
 		if pi, err = r.cancel(ctx, pi.ID, CancelAbandoned); err != nil {
 			return false, fmt.Errorf("cancel abandoned payment of order %s: %w", id, err)
 		}
@@ -244,7 +245,7 @@ func (s *Service) CloseBeforeExit(ctx context.Context, pi PaymentIntentState) (P
 	}
 	r := s.newRun(nil, "", o)
 	ch, ok := r.changeFor(pi, false)
-	if !ok || !leavesTheWayToPaid(ch.to) || !slices.Contains(transitionFrom[ch.to], o.Status) {
+	if !ok || !ch.To.LeavesTheWayToPaid() || !o.Status.CanMoveTo(ch.To) {
 		return pi, nil
 	}
 	got, err := r.cancel(ctx, pi.ID, CancelAbandoned)
@@ -276,7 +277,7 @@ func (s *Service) SweepOrphans(ctx context.Context, tenantID, id string) (int, e
 	if err != nil {
 		return 0, err
 	}
-	if pending(o.Status) {
+	if o.Status.Pending() {
 		return 0, nil
 	}
 	found, err := s.Payments.SearchPaymentIntents(ctx, o.ID)
@@ -303,9 +304,8 @@ func (s *Service) SweepOrphans(ctx context.Context, tenantID, id string) (int, e
 			n++
 		}
 	}
-	err = s.DB.WithContext(ctx).Exec(`UPDATE orders SET payment_orphans_checked_at = ? WHERE id = ?`, r.now(), o.ID).Error
-	if err != nil {
-		return n, fmt.Errorf("record orphan sweep of %s: %w", id, err)
+	if err := orders.MarkOrphansChecked(ctx, s.DB, o.ID, r.now()); err != nil {
+		return n, err
 	}
 	if n > 0 {
 		s.Logger.InfoContext(ctx, "canceled orphan PaymentIntents of an indeterminate create", "order_id", o.ID, "canceled", n)

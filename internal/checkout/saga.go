@@ -6,14 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"strings"
 	"time"
 
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/idempotency"
-	"github.com/onceonly/checkout/internal/outbox"
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
@@ -110,7 +109,7 @@ func (r *run) fence() stripestep.Fence { return stepFence(r.claim.Fence()) }
 // finished with, or an error: a wait (502), a lost lease (409) or a failure
 // of the database (503).
 func (r *run) pay(ctx context.Context) (*idempotency.Response, error) {
-	if !pending(r.o.Status) {
+	if !r.o.Status.Pending() {
 		return r.settle(ctx, nil) // settled by another path (a webhook, the reconciler): finish the key
 	}
 	pi, v, err := r.ensureIntent(ctx)
@@ -123,11 +122,6 @@ func (r *run) pay(ctx context.Context) (*idempotency.Response, error) {
 		}
 	}
 	return r.settle(ctx, v)
-}
-
-// pending reports the statuses in which the saga still has to reach Stripe.
-func pending(status string) bool {
-	return status == StatusPendingPayment || status == StatusPaymentUnknown
 }
 
 // ensureIntent returns the order's PaymentIntent, creating it if needed, or
@@ -232,9 +226,9 @@ func (r *run) createRequest(n int) CreateIntentRequest {
 		IdempotencyKey: stripestep.Key(r.o.ID, StepCreate, n),
 		Amount:         r.o.AmountTotal,
 		Currency:       r.o.Currency,
-		PaymentMethod:  r.o.paymentMethod,
+		PaymentMethod:  r.o.PaymentMethod,
 		OrderID:        r.o.ID,
-		TenantID:       r.o.tenantID,
+		TenantID:       r.o.TenantID,
 	}
 }
 
@@ -244,7 +238,7 @@ func (r *run) newAttempt(step string, n int, target string, params any) *stripes
 	if err != nil {
 		panic("checkout: encode attempt params: " + err.Error()) // plain structs of strings and ints
 	}
-	return stripestep.NewAttempt(r.o.ID, r.o.tenantID, step, n, target, b, r.now())
+	return stripestep.NewAttempt(r.o.ID, r.o.TenantID, step, n, target, b, r.now())
 }
 
 // begin writes a new attempt before its call (fenced by the key's lease).
@@ -277,7 +271,7 @@ func (r *run) create(ctx context.Context, a *stripestep.Attempt, isNew bool) (*P
 
 // record makes pi the order's PaymentIntent unless it has one already.
 func (r *run) record(ctx context.Context, pi PaymentIntentState) (PaymentIntentState, *verdict, error) {
-	id, err := recordIntent(ctx, r.s.DB, r.o.ID, pi, r.now())
+	id, err := orders.RecordIntent(ctx, r.s.DB, r.o.ID, pi.ID, pi.Status, r.now())
 	if err != nil {
 		return PaymentIntentState{}, nil, err
 	}
@@ -348,7 +342,7 @@ func (r *run) recordAnswer(ctx context.Context, a *stripestep.Attempt, pi Paymen
 	}
 	dbErr := stripestep.Finish(ctx, r.s.DB, a.ID, answer, now)
 	if unknown && (answer.Outcome == stripestep.Indeterminate || answer.Outcome == stripestep.Open) {
-		dbErr = errors.Join(dbErr, markUnknownSince(ctx, r.s.DB, r.o.ID, now))
+		dbErr = errors.Join(dbErr, orders.MarkUnknownSince(ctx, r.s.DB, r.o.ID, now))
 	}
 	if dbErr != nil {
 		res.err = dbErr
@@ -431,7 +425,7 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 			return nil, &waitError{reason: fmt.Sprintf("confirm of order %s: %d new attempts in one run", r.o.ID, newAttempts)}
 		}
 		newAttempts++
-		a := r.newAttempt(StepConfirm, maxN+1, pi.ID, ConfirmIntentRequest{PaymentIntentID: pi.ID, ReturnURL: r.o.returnURL})
+		a := r.newAttempt(StepConfirm, maxN+1, pi.ID, ConfirmIntentRequest{PaymentIntentID: pi.ID, ReturnURL: r.o.ReturnURL})
 		if err := r.begin(ctx, a); err != nil {
 			return nil, err
 		}
@@ -446,7 +440,7 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 // verdict, an error, or nil, nil after an indeterminate answer.
 func (r *run) confirmAttempt(ctx context.Context, piID string, a *stripestep.Attempt) (*verdict, error) {
 	got, err := r.s.Payments.ConfirmPaymentIntent(ctx, ConfirmIntentRequest{
-		IdempotencyKey: a.IdempotencyKey, PaymentIntentID: piID, ReturnURL: r.o.returnURL})
+		IdempotencyKey: a.IdempotencyKey, PaymentIntentID: piID, ReturnURL: r.o.ReturnURL})
 	return r.confirmAnswered(ctx, piID, a, got, err)
 }
 
@@ -492,30 +486,30 @@ func (r *run) verdictOf(pi PaymentIntentState) (*verdict, error) {
 // changeFor returns the order change Stripe's state of the order's
 // PaymentIntent calls for, and false when it calls for none.
 // customerCanceled says whether the customer asked for the cancellation.
-func (r *run) changeFor(pi PaymentIntentState, customerCanceled bool) (change, bool) {
-	ch := change{paymentIntentID: pi.ID, paymentStatus: pi.Status}
+func (r *run) changeFor(pi PaymentIntentState, customerCanceled bool) (orders.Change, bool) {
+	ch := orders.Change{PaymentIntentID: pi.ID, PaymentStatus: pi.Status}
 	switch pi.Status {
 	case PISucceeded:
-		ch.to = StatusPaid
+		ch.To = orders.Paid
 	case PIRequiresAction:
-		ch.to, ch.nextAction, ch.clientSecret = StatusRequiresAction, pi.NextAction, pi.ClientSecret
+		ch.To, ch.NextAction, ch.ClientSecret = orders.RequiresAction, pi.NextAction, pi.ClientSecret
 	case PIRequiresPaymentMethod:
 		if !failedAttempt(pi) {
 			return ch, false // never confirmed
 		}
 		// Open for another attempt: closeBeforeExit cancels it first.
-		ch.to, ch.failureCode, ch.declineCode = StatusPaymentFailed, CodeCardDeclined, firstOf(pi.LastDeclineCode, pi.LastErrorCode)
+		ch.To, ch.FailureCode, ch.DeclineCode = orders.PaymentFailed, CodeCardDeclined, firstOf(pi.LastDeclineCode, pi.LastErrorCode)
 	case PICanceled:
 		switch {
 		case customerCanceled || pi.CancellationReason == CancelRequestedByCustomer:
-			ch.to, ch.failureCode = StatusCanceled, "canceled"
+			ch.To, ch.FailureCode = orders.Canceled, "canceled"
 		case pi.CancellationReason == CancelAbandoned && failedAttempt(pi):
 			// Closed by closeBeforeExit after a failed attempt.
-			ch.to, ch.failureCode, ch.declineCode = StatusPaymentFailed, CodeCardDeclined, firstOf(pi.LastDeclineCode, pi.LastErrorCode)
+			ch.To, ch.FailureCode, ch.DeclineCode = orders.PaymentFailed, CodeCardDeclined, firstOf(pi.LastDeclineCode, pi.LastErrorCode)
 		case pi.CancellationReason == CancelAbandoned:
-			ch.to, ch.failureCode = StatusPaymentFailed, "payment_action_timeout"
+			ch.To, ch.FailureCode = orders.PaymentFailed, "payment_action_timeout"
 		default:
-			ch.to, ch.failureCode = StatusPaymentFailed, "payment_canceled"
+			ch.To, ch.FailureCode = orders.PaymentFailed, "payment_canceled"
 		}
 	default:
 		return ch, false
@@ -528,17 +522,6 @@ func (r *run) changeFor(pi PaymentIntentState, customerCanceled bool) (change, b
 func failedAttempt(pi PaymentIntentState) bool {
 	return pi.LastErrorCode != "" || pi.LastDeclineCode != ""
 }
-
-// leavesTheWayToPaid reports whether status is one an order reaches only by
-// giving up on its payment: payment_failed, canceled.
-func leavesTheWayToPaid(status string) bool {
-	return status == StatusPaymentFailed || status == StatusCanceled
-}
-
-// errPaymentOpen is applyTx's refusal of a change that leaves the way to
-// paid while the order's PaymentIntent may still move money: every path
-// closes it first (closeBeforeExit), so this is a bug, never an outcome.
-var errPaymentOpen = errors.New("the order's PaymentIntent is not closed")
 
 // closeBeforeExit is the order lifecycle's rule for leaving the way to
 // paid, in the one place every exit goes through before its transaction
@@ -561,37 +544,37 @@ var errPaymentOpen = errors.New("the order's PaymentIntent is not closed")
 // meanwhile, the change returned is the one that state calls for: paid.
 // Any other change is returned as it is. An error (Stripe unanswered, or a
 // PaymentIntent still processing) means the order must wait.
-func (r *run) closeBeforeExit(ctx context.Context, ch change) (change, error) {
-	if !leavesTheWayToPaid(ch.to) || ch.closed {
+func (r *run) closeBeforeExit(ctx context.Context, ch orders.Change) (orders.Change, error) {
+	if !ch.To.LeavesTheWayToPaid() || ch.Closed {
 		return ch, nil
 	}
 	id := r.o.Payment.PaymentIntentID
 	switch {
-	case ch.paymentStatus == PICanceled, id == "" && ch.paymentIntentID == "":
-		ch.closed = true
+	case ch.PaymentStatus == PICanceled, id == "" && ch.PaymentIntentID == "":
+		ch.Closed = true
 		return ch, nil
-	case !slices.Contains(transitionFrom[ch.to], r.o.Status):
+	case !r.o.Status.CanMoveTo(ch.To):
 		return ch, nil // already settled: nothing to leave (statuses only move forward)
 	case id == "":
-		id = ch.paymentIntentID
+		id = ch.PaymentIntentID
 	}
 	r.s.Logger.InfoContext(ctx, "closing the order's PaymentIntent before the order leaves the way to paid",
-		"order_id", r.o.ID, "payment_intent", id, "to", ch.to, "code", firstOf(ch.declineCode, ch.failureCode))
+		"order_id", r.o.ID, "payment_intent", id, "to", ch.To, "code", firstOf(ch.DeclineCode, ch.FailureCode))
 	got, err := r.cancel(ctx, id, CancelAbandoned)
 	if err != nil {
-		return ch, fmt.Errorf("close the payment of order %s before it is %s: %w", r.o.ID, ch.to, err)
+		return ch, fmt.Errorf("close the payment of order %s before it is %s: %w", r.o.ID, ch.To, err)
 	}
 	if got.Status == PICanceled {
-		ch.paymentIntentID, ch.paymentStatus, ch.closed = id, PICanceled, true
+		ch.PaymentIntentID, ch.PaymentStatus, ch.Closed = id, PICanceled, true
 		return ch, nil
 	}
 	// Stripe refused the cancel: the PaymentIntent moved on.
 	moved, ok := r.changeFor(got, false)
-	if !ok || leavesTheWayToPaid(moved.to) {
+	if !ok || moved.To.LeavesTheWayToPaid() {
 		return ch, &waitError{reason: fmt.Sprintf("payment intent %s of order %s is %s and cannot be canceled", id, r.o.ID, got.Status)}
 	}
 	r.s.Logger.WarnContext(ctx, "the order's PaymentIntent moved on before it could be closed; applying Stripe's state",
-		"order_id", r.o.ID, "payment_intent", id, "status", got.Status, "instead_of", ch.to)
+		"order_id", r.o.ID, "payment_intent", id, "status", got.Status, "instead_of", ch.To)
 	return moved, nil
 }
 
@@ -605,14 +588,14 @@ func firstOf(s ...string) string {
 }
 
 // changeOf returns the change a verdict calls for.
-func (r *run) changeOf(ctx context.Context, v *verdict) (change, bool, error) {
+func (r *run) changeOf(ctx context.Context, v *verdict) (orders.Change, bool, error) {
 	if f := v.refusal; f != nil {
-		ch := change{to: StatusPaymentFailed, failureCode: CodePaymentRejected}
+		ch := orders.Change{To: orders.PaymentFailed, FailureCode: CodePaymentRejected}
 		if v.pi != nil {
-			ch.paymentIntentID, ch.paymentStatus = v.pi.ID, v.pi.Status
+			ch.PaymentIntentID, ch.PaymentStatus = v.pi.ID, v.pi.Status
 		}
 		if f.Declined {
-			ch.failureCode, ch.declineCode = CodeCardDeclined, firstOf(f.DeclineCode, f.Code)
+			ch.FailureCode, ch.DeclineCode = CodeCardDeclined, firstOf(f.DeclineCode, f.Code)
 		}
 		return ch, true, nil
 	}
@@ -620,7 +603,7 @@ func (r *run) changeOf(ctx context.Context, v *verdict) (change, bool, error) {
 	if v.pi.Status == PICanceled {
 		var err error
 		if customer, err = customerCanceled(ctx, r.s.DB, r.o.ID, v.pi.ID); err != nil {
-			return change{}, false, err
+			return orders.Change{}, false, err
 		}
 	}
 	ch, ok := r.changeFor(*v.pi, customer)
@@ -634,11 +617,11 @@ func customerCanceled(ctx context.Context, db *gorm.DB, orderID, piID string) (b
 }
 
 // settle applies v (if any) to the order in one transaction, monotonically:
-// the status change, the stock given back, the event, and, when the run
+// the status orders.Change, the stock given back, the event, and, when the run
 // holds a key, the key finished with the response the order's state calls
 // for. It returns that response (nil without a key).
 func (r *run) settle(ctx context.Context, v *verdict) (*idempotency.Response, error) {
-	var ch change
+	var ch orders.Change
 	apply := false
 	if v != nil {
 		var err error
@@ -660,7 +643,7 @@ func (r *run) settle(ctx context.Context, v *verdict) (*idempotency.Response, er
 				return err
 			}
 		}
-		cur, err := loadOrder(ctx, tx, r.o.tenantID, r.o.ID)
+		cur, err := loadOrder(ctx, tx, r.o.TenantID, r.o.ID)
 		if err != nil {
 			return err
 		}
@@ -685,54 +668,24 @@ func (r *run) settle(ctx context.Context, v *verdict) (*idempotency.Response, er
 	return resp, nil
 }
 
-// applyTx applies ch to o inside tx if the order may move there, with what
-// goes with it: the stock given back (payment_failed, canceled) and the
-// event. It reports whether the order changed.
-func (s *Service) applyTx(ctx context.Context, tx *gorm.DB, o *Order, ch change, now time.Time) (bool, error) {
-	if leavesTheWayToPaid(ch.to) && !ch.closed && ch.paymentStatus != PICanceled {
-		// The lifecycle's rule (closeBeforeExit), checked where every
-		// change is written: no exit while the PaymentIntent is open.
-		cur, err := loadOrder(ctx, tx, o.tenantID, o.ID)
-		if err != nil {
-			return false, err
-		}
-		if !slices.Contains(transitionFrom[ch.to], cur.Status) {
-			return false, nil // already past: the change applies nowhere
-		}
-		if cur.Payment.PaymentIntentID != "" || ch.paymentIntentID != "" {
-			return false, fmt.Errorf("order %s to %s: %w", o.ID, ch.to, errPaymentOpen)
-		}
-	}
-	changed, err := transition(ctx, tx, o.ID, ch, now)
-	if err != nil || !changed {
+// applyTx applies ch to o inside tx through orders.Apply (the transition,
+// the lifecycle's exit rule, the event), with what goes with it here: the
+// stock given back (payment_failed, canceled). It reports whether the order
+// changed.
+func (s *Service) applyTx(ctx context.Context, tx *gorm.DB, o *Order, ch orders.Change, now time.Time) (bool, error) {
+	cur, err := orders.Apply(ctx, tx, o.ID, ch, now)
+	if err != nil || cur == nil {
 		return false, err
 	}
-	cur, err := loadOrder(ctx, tx, o.tenantID, o.ID)
-	if err != nil {
-		return false, err
-	}
-	var event string
-	switch ch.to {
-	case StatusPaid:
-		event = outbox.TypeOrderPaid
-	case StatusPaymentFailed:
-		event = outbox.TypeOrderPaymentFailed
-	case StatusCanceled:
-		event = outbox.TypeOrderCanceled
-	case StatusPaymentUnknown:
+	if ch.To == orders.PaymentUnknown {
 		s.Metrics.unknown()
 	}
-	if ch.to == StatusPaymentFailed || ch.to == StatusCanceled {
+	if ch.To.LeavesTheWayToPaid() {
 		if err := releaseStock(ctx, tx, cur); err != nil {
 			return false, err
 		}
 	}
-	if event != "" {
-		if err := outbox.Add(ctx, tx, s.event(event, cur, now)); err != nil {
-			return false, err
-		}
-	}
-	s.Logger.InfoContext(ctx, "order status changed", "order_id", o.ID, "to", ch.to, "payment_intent", cur.Payment.PaymentIntentID)
+	s.Logger.InfoContext(ctx, "order status changed", "order_id", o.ID, "to", ch.To, "payment_intent", cur.Payment.PaymentIntentID)
 	return true, nil
 }
 
@@ -773,13 +726,13 @@ func (r *run) stop(ctx context.Context, err error) (*idempotency.Response, error
 func (r *run) markUnknown(ctx context.Context) {
 	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
-	cur, err := loadOrder(bg, r.s.DB, r.o.tenantID, r.o.ID)
-	if err != nil || cur.Status != StatusPendingPayment || cur.unknownSince == nil ||
-		r.s.Now().Sub(*cur.unknownSince) < r.cfg.UnknownAfter {
+	cur, err := loadOrder(bg, r.s.DB, r.o.TenantID, r.o.ID)
+	if err != nil || cur.Status != orders.PendingPayment || cur.UnknownSince == nil ||
+		r.s.Now().Sub(*cur.UnknownSince) < r.cfg.UnknownAfter {
 		return
 	}
 	err = postgres.WithTx(bg, r.s.DB, func(tx *gorm.DB) error {
-		_, err := r.s.applyTx(bg, tx, cur, change{to: StatusPaymentUnknown}, r.now())
+		_, err := r.s.applyTx(bg, tx, cur, orders.Change{To: orders.PaymentUnknown}, r.now())
 		return err
 	})
 	if err != nil {
@@ -787,7 +740,7 @@ func (r *run) markUnknown(ctx context.Context) {
 		return
 	}
 	r.s.Logger.ErrorContext(ctx, "payment outcome unknown; the order is payment_unknown and is still reconciled",
-		"order_id", r.o.ID, "since", cur.unknownSince)
+		"order_id", r.o.ID, "since", cur.UnknownSince)
 }
 
 // cancelOrphans cancels, best effort, every PaymentIntent of found other

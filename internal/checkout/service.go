@@ -12,6 +12,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/ids"
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/problem"
@@ -241,14 +242,14 @@ func (in *Request) mixedCurrencies(products map[string]Product) []FieldError {
 func (s *Service) newOrder(tenant string, in *Request, products map[string]Product) *Order {
 	o := &Order{
 		ID:            ids.New("ord"),
-		Status:        StatusPendingPayment,
+		Status:        orders.PendingPayment,
 		Email:         in.Email,
 		Currency:      products[in.Items[0].SKU].Currency,
 		Payment:       Payment{Provider: "stripe"},
 		CreatedAt:     s.Now().UTC().Truncate(time.Microsecond),
-		tenantID:      tenant,
-		paymentMethod: in.PaymentMethod,
-		returnURL:     in.ReturnURL,
+		TenantID:      tenant,
+		PaymentMethod: in.PaymentMethod,
+		ReturnURL:     in.ReturnURL,
 	}
 	for _, it := range in.Items {
 		p := products[it.SKU]
@@ -272,7 +273,7 @@ func (s *Service) resumedOrder(ctx context.Context, tx *gorm.DB, c *idempotency.
 }
 
 func (s *Service) event(typ string, o *Order, at time.Time) outbox.Event {
-	return outbox.Event{Type: typ, OccurredAt: at, TenantID: o.tenantID, AggregateID: o.ID, Data: o}
+	return orders.Event(typ, o, at)
 }
 
 // translate keeps domain errors and the idempotency layer's problems as

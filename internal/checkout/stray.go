@@ -7,6 +7,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/stripestep"
@@ -48,7 +49,7 @@ func isStray(o *Order, pi PaymentIntentState) bool {
 	switch {
 	case recorded != "" && recorded != pi.ID:
 		return true
-	case o.Status == StatusPaymentFailed || o.Status == StatusCanceled:
+	case o.Status.LeavesTheWayToPaid():
 		return true
 	}
 	return false
@@ -119,8 +120,8 @@ func (s *Service) settleStray(ctx context.Context, o *Order, pi PaymentIntentSta
 	done := false
 	err := postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
 		done = false
-		if err := tx.WithContext(ctx).Exec(`SELECT 1 FROM orders WHERE id = ? FOR UPDATE`, o.ID).Error; err != nil {
-			return fmt.Errorf("lock order %s: %w", o.ID, err)
+		if err := orders.Lock(ctx, tx, "", o.ID); err != nil {
+			return err
 		}
 		existing, err := s.StrayRefunds.ListRefunds(ctx, pi.ID)
 		if err != nil {
@@ -138,7 +139,7 @@ func (s *Service) settleStray(ctx context.Context, o *Order, pi PaymentIntentSta
 		}
 		got, err = s.StrayRefunds.CreateRefund(ctx, refunds.CreateParams{
 			IdempotencyKey: StrayRefundKey(o.ID, pi.ID), PaymentIntentID: pi.ID, Amount: pi.Amount - refunded,
-			Reason: strayRefundReason, OrderID: o.ID, TenantID: o.tenantID,
+			Reason: strayRefundReason, OrderID: o.ID, TenantID: o.TenantID,
 		})
 		return err
 	})

@@ -9,7 +9,7 @@ import (
 // ApplyPaymentIntentTx is ApplyPaymentIntent inside the caller's
 // transaction tx, for the Stripe webhook handler, which records the event
 // in its inbox in the same transaction (internal/webhooks): commit makes the
-// order's change, its stock release and its event durable together with the
+// order's orders.Change, its stock release and its event durable together with the
 // record; rollback forgets all of them. It reads and writes only through tx.
 //
 // It returns ErrOrderNotFound when pi's metadata names no order of the

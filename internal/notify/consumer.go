@@ -16,6 +16,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/ids"
 	"github.com/onceonly/checkout/internal/inbox"
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/rabbitmq"
@@ -537,17 +538,17 @@ func (c *Consumer) apply(ctx context.Context, tx *gorm.DB, ev envelope) (int, er
 	case outbox.TypeOrderRefunded:
 		var r refundData
 		_ = json.Unmarshal(ev.Data, &r) // checked by parse
-		var email []string
-		if err := tx.WithContext(ctx).Raw(`SELECT email FROM orders WHERE id = ?`, r.OrderID).Scan(&email).Error; err != nil {
-			return 0, fmt.Errorf("load order %s: %w", r.OrderID, err)
-		}
-		if len(email) == 0 {
+		email, err := orders.Email(ctx, tx, r.OrderID)
+		if errors.Is(err, orders.ErrNotFound) {
 			return 0, fmt.Errorf("%w: order %s of refund %s does not exist", errMalformed, r.OrderID, r.ID)
+		}
+		if err != nil {
+			return 0, err
 		}
 		res = tx.WithContext(ctx).Exec(`INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, refund_id, event_seq)
 			VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?)
 			ON CONFLICT DO NOTHING`,
-			ids.New("ntf"), r.OrderID, ev.TenantID, ChannelEmail, email[0], KindOrderRefunded, r.ID, seq)
+			ids.New("ntf"), r.OrderID, ev.TenantID, ChannelEmail, email, KindOrderRefunded, r.ID, seq)
 	default:
 		return 0, nil // sequenced, nothing to send
 	}

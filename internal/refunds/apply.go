@@ -8,6 +8,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
 )
@@ -146,17 +147,9 @@ func Apply(ctx context.Context, tx *gorm.DB, st StripeRefund, now time.Time) (ch
 		return true, nil
 	}
 	// Paid orders become partially_refunded, then refunded, as refunds
-	// succeed; a failure never moves the status back.
-	err = tx.Exec(`UPDATE orders SET
-		    refund_reserved = refund_reserved + ?,
-		    amount_refunded = amount_refunded + ?,
-		    status = CASE
-		        WHEN ? > 0 AND status IN ('paid', 'partially_refunded') THEN
-		            CASE WHEN amount_refunded + ? >= amount_total THEN 'refunded' ELSE 'partially_refunded' END
-		        ELSE status END,
-		    updated_at = ?
-		WHERE id = ?`, delta.reserved, delta.refunded, delta.refunded, delta.refunded, now, o.ID).Error
-	if err != nil {
+	// succeed; a failure never moves the status back (the lifecycle's
+	// transitions decide).
+	if err := orders.SettleRefund(ctx, tx, o.ID, delta.reserved, delta.refunded, now); err != nil {
 		return false, fmt.Errorf("update order %s after refund %s: %w", o.ID, r.ID, err)
 	}
 	if target == StatusSucceeded {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/ids"
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/problem"
 	"github.com/onceonly/checkout/internal/stripestep"
@@ -162,7 +163,7 @@ func (s *Service) create(ctx context.Context, tx *gorm.DB, c *idempotency.Claim,
 	// A refunded order has something left only when Stripe failed a refund
 	// after it had succeeded: its amount is again available (CONTRACT.md),
 	// though the status never moves back.
-	refundable := o.Status == "paid" || o.Status == "partially_refunded" || (o.Status == "refunded" && left > 0)
+	refundable := o.Status.Refundable() || (o.Status == orders.Refunded && left > 0)
 	if !refundable || o.PaymentIntentID == nil {
 		return finish(ErrOrderNotRefundable)
 	}
@@ -188,9 +189,8 @@ func (s *Service) create(ctx context.Context, tx *gorm.DB, c *idempotency.Claim,
 	}
 	// The order row is locked, so no other refund reserves in between; the
 	// CHECK (refund_reserved <= amount_total) backs this in the schema.
-	if err := tx.WithContext(ctx).Exec(`UPDATE orders SET refund_reserved = refund_reserved + ?, updated_at = ? WHERE id = ?`,
-		amount, now, o.ID).Error; err != nil {
-		return nil, nil, fmt.Errorf("reserve refund of %s: %w", o.ID, err)
+	if err := orders.Reserve(ctx, tx, o.ID, amount, now); err != nil {
+		return nil, nil, err
 	}
 	if _, err := insertAttempt(ctx, tx, r, 1, now); err != nil {
 		return nil, nil, err
@@ -405,8 +405,7 @@ func failUnsent(ctx context.Context, tx *gorm.DB, r *refundRow, reason string, n
 	}).Error; err != nil {
 		return fmt.Errorf("fail refund %s: %w", r.ID, err)
 	}
-	return tx.WithContext(ctx).Exec(`UPDATE orders SET refund_reserved = refund_reserved - ?, updated_at = ? WHERE id = ?`,
-		r.Amount, now, r.OrderID).Error
+	return orders.Reserve(ctx, tx, r.OrderID, -r.Amount, now)
 }
 
 // translate keeps coded errors, and turns anything else (the database

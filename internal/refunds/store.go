@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
@@ -42,37 +43,16 @@ func (r *refundRow) view() Refund {
 	}
 }
 
-// orderRow is what a refund reads of its order.
-type orderRow struct {
-	ID              string
-	TenantID        string
-	Status          string
-	Currency        string
-	AmountTotal     int64
-	RefundReserved  int64
-	AmountRefunded  int64
-	PaymentIntentID *string
-}
-
-// lockOrder loads tenant's order id with its row locked until tx ends, or
-// returns ErrOrderNotFound. The lock serializes everything that changes an
-// order's refunds: new refunds and Stripe's outcomes.
-func lockOrder(ctx context.Context, tx *gorm.DB, tenantID, id string) (*orderRow, error) {
-	var o orderRow
-	q := tx.WithContext(ctx).Table("orders").Clauses(clause.Locking{Strength: "UPDATE"}).
-		Select("id, tenant_id, status, currency, amount_total, refund_reserved, amount_refunded, payment_intent_id").
-		Where("id = ?", id)
-	if tenantID != "" {
-		q = q.Where("tenant_id = ?", tenantID)
-	}
-	err := q.Take(&o).Error
-	if errors.Is(err, gorm.ErrRecordNotFound) {
+// lockOrder loads the balance of tenant's order id ("" tenant: any) with
+// its row locked until tx ends (orders.LockBalance), or returns
+// ErrOrderNotFound. The lock serializes everything that changes an order's
+// refunds: new refunds and Stripe's outcomes.
+func lockOrder(ctx context.Context, tx *gorm.DB, tenantID, id string) (*orders.Balance, error) {
+	o, err := orders.LockBalance(ctx, tx, tenantID, id)
+	if errors.Is(err, orders.ErrNotFound) {
 		return nil, ErrOrderNotFound
 	}
-	if err != nil {
-		return nil, fmt.Errorf("lock order %s: %w", id, err)
-	}
-	return &o, nil
+	return o, err
 }
 
 // loadRefund returns the refund id; lock locks its row until tx ends.

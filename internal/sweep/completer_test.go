@@ -23,6 +23,7 @@ import (
 	"github.com/onceonly/checkout/internal/auth"
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
 	"github.com/onceonly/checkout/internal/stripeemu"
@@ -221,7 +222,7 @@ func TestCompleterFinishesStuckCheckout(t *testing.T) {
 
 	s := e.state("stuck-1")
 	require.Equal(t, idempotency.RecoveryPointFinished, s.RecoveryPoint)
-	require.Equal(t, checkout.StatusPaid, s.OrderStatus)
+	require.Equal(t, string(orders.Paid), s.OrderStatus)
 	require.Equal(t, 1, e.charges("stuck-1", s))
 	require.Equal(t, 1, e.emu.TotalCreated())
 	require.Equal(t, 1, count(t, e.db, `SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.paid'`, s.OrderID))
@@ -233,7 +234,7 @@ func TestCompleterFinishesStuckCheckout(t *testing.T) {
 	var o checkout.Order
 	require.NoError(t, json.Unmarshal(retry.body, &o))
 	require.Equal(t, s.OrderID, o.ID)
-	require.Equal(t, checkout.StatusPaid, o.Status)
+	require.Equal(t, orders.Paid, o.Status)
 
 	// Nothing is left to do: another round changes nothing.
 	round, err = w.completer.RunOnce(context.Background())
@@ -263,7 +264,7 @@ func TestCompleterDeclinedCard(t *testing.T) {
 
 	s := e.state("declined-1")
 	require.Equal(t, idempotency.RecoveryPointFinished, s.RecoveryPoint)
-	require.Equal(t, checkout.StatusPaymentFailed, s.OrderStatus)
+	require.Equal(t, string(orders.PaymentFailed), s.OrderStatus)
 	require.NotNil(t, s.ResponseStatus)
 	require.Equal(t, http.StatusPaymentRequired, *s.ResponseStatus)
 	require.Equal(t, before, e.stock("sku_tee"), "a declined payment gives its stock back")
@@ -297,7 +298,7 @@ func TestCompleterLeavesLiveLeases(t *testing.T) {
 	for _, k := range []string{"live-1", "grace-1"} {
 		s := e.state(k)
 		require.Equal(t, checkout.RecoveryPointOrderCreated, s.RecoveryPoint, k)
-		require.Equal(t, checkout.StatusPendingPayment, s.OrderStatus, k)
+		require.Equal(t, string(orders.PendingPayment), s.OrderStatus, k)
 		require.Equal(t, 0, e.charges(k, s), k)
 	}
 	require.Equal(t, 1, count(t, e.db, `SELECT count(*) FROM idempotency_keys WHERE key = 'live-1' AND lease_owner = 'alive'`))
@@ -344,7 +345,7 @@ func TestCompleterRetriesAfterFailure(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, sweep.Round{Completed: 1}, round)
 	s := e.state("flaky-1")
-	require.Equal(t, checkout.StatusPaid, s.OrderStatus)
+	require.Equal(t, string(orders.Paid), s.OrderStatus)
 	require.Equal(t, 1, e.charges("flaky-1", s))
 	require.Equal(t, 1, e.emu.TotalCreated())
 	require.EqualValues(t, 1, metric(t, w.reg, "checkout_completer_keys_total", "result", "failed"))
@@ -378,7 +379,7 @@ func TestTwoCompletersConcurrently(t *testing.T) {
 
 	for _, k := range keys {
 		s := e.state(k)
-		require.Equal(t, checkout.StatusPaid, s.OrderStatus, k)
+		require.Equal(t, string(orders.Paid), s.OrderStatus, k)
 		require.Equal(t, 1, e.charges(k, s), k)
 	}
 	require.Equal(t, len(keys), e.emu.TotalCreated())
@@ -562,7 +563,7 @@ func TestCompleterKeepsLeaseWhileSlow(t *testing.T) {
 	require.Equal(t, sweep.Round{Completed: 1}, <-done)
 	require.GreaterOrEqual(t, metric(t, firstReg, "checkout_idempotency_lease_extensions_total", "store", "postgres"), 2.0)
 	s := e.state("slow-1")
-	require.Equal(t, checkout.StatusPaid, s.OrderStatus)
+	require.Equal(t, string(orders.Paid), s.OrderStatus)
 	require.Equal(t, 1, e.charges("slow-1", s))
 	require.Equal(t, 1, count(t, e.db, `SELECT count(*) FROM payment_attempts WHERE order_id = ? AND step = 'create'`, s.OrderID))
 }

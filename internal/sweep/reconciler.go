@@ -12,6 +12,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
@@ -191,7 +192,7 @@ type ReconcileRound struct {
 var sweepCandidates = `
 	SELECT o.tenant_id, o.id FROM orders o
 	WHERE o.id IN (` + stripestep.RecreatedOrders() + `)
-	  AND o.status NOT IN ('pending_payment', 'payment_unknown')
+	  AND o.status NOT IN ` + orders.SQLList(orders.Pending()...) + `
 	  AND (o.payment_orphans_checked_at IS NULL OR o.payment_orphans_checked_at < ?)
 	ORDER BY o.payment_orphans_checked_at NULLS FIRST LIMIT ?`
 
@@ -199,30 +200,24 @@ var sweepCandidates = `
 // counted and logged, not returned; the error is for the round itself.
 func (r *Reconciler) RunOnce(ctx context.Context) (ReconcileRound, error) {
 	var round ReconcileRound
-	type waiting struct {
-		TenantID, ID string
-	}
-	var actions []waiting
-	err := r.db.WithContext(ctx).Raw(`
-		SELECT tenant_id, id FROM orders WHERE status = 'requires_action'
-		ORDER BY updated_at LIMIT ?`, r.cfg.BatchSize).Scan(&actions).Error
+	actions, err := orders.InStatus(ctx, r.db, orders.RequiresAction, r.cfg.BatchSize)
 	if err != nil {
-		return round, fmt.Errorf("list orders in requires_action: %w", err)
+		return round, err
 	}
 	var keys []int64
 	err = r.db.WithContext(ctx).Raw(`
 		SELECT k.id FROM orders o
 		JOIN idempotency_keys k ON k.order_id = o.id AND k.tenant_id = o.tenant_id
-		WHERE o.status IN ('payment_unknown', 'pending_payment')
+		WHERE o.status IN `+orders.SQLList(orders.Pending()...)+`
 		  AND k.recovery_point <> ? AND k.lease_expires_at < ?
-		  AND (o.status = 'payment_unknown' OR `+stripestep.PaymentIndeterminate("o.id")+`)
+		  AND (o.status IN `+orders.SQLList(orders.PaymentUnknown)+` OR `+stripestep.PaymentIndeterminate("o.id")+`)
 		ORDER BY k.lease_expires_at LIMIT ?`,
 		idempotency.RecoveryPointFinished, r.cfg.Now().Add(-r.cfg.Grace), r.cfg.BatchSize).Scan(&keys).Error
 	if err != nil {
 		return round, fmt.Errorf("list orders with an unknown payment: %w", err)
 	}
 
-	var sweeps []waiting
+	var sweeps []orders.Ref
 	now := r.cfg.Now()
 	err = r.db.WithContext(ctx).Raw(sweepCandidates,
 		now.Add(-r.cfg.SweepFor), now.Add(-r.cfg.SweepEvery), r.cfg.BatchSize).Scan(&sweeps).Error
@@ -303,15 +298,11 @@ func (r *Reconciler) RunOnce(ctx context.Context) (ReconcileRound, error) {
 	}
 	g.Wait() // the goroutines report through round
 
-	var n struct{ Unknown, Action int64 }
-	err = r.db.WithContext(ctx).Raw(`
-		SELECT count(*) FILTER (WHERE status = 'payment_unknown') AS unknown,
-		       count(*) FILTER (WHERE status = 'requires_action') AS action
-		FROM orders WHERE status IN ('payment_unknown', 'requires_action')`).Scan(&n).Error
+	n, err := orders.Count(ctx, r.db, orders.PaymentUnknown, orders.RequiresAction)
 	if err != nil {
 		return round, fmt.Errorf("count open payments: %w", err)
 	}
-	r.unknown.Set(float64(n.Unknown))
-	r.requiresAction.Set(float64(n.Action))
+	r.unknown.Set(float64(n[orders.PaymentUnknown]))
+	r.requiresAction.Set(float64(n[orders.RequiresAction]))
 	return round, nil
 }

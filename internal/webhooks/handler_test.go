@@ -26,6 +26,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/ids"
+	lifecycle "github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
 	"github.com/onceonly/checkout/internal/webhooks"
@@ -57,7 +58,7 @@ type dbOrders struct {
 	db *gorm.DB
 }
 
-func (o dbOrders) OrderStatus(ctx context.Context, tenantID, orderID string) (string, error) {
+func (o dbOrders) OrderStatus(ctx context.Context, tenantID, orderID string) (lifecycle.Status, error) {
 	var status []string
 	if err := o.db.WithContext(ctx).Raw(`SELECT status FROM orders WHERE id = ? AND tenant_id = ?`, orderID, tenantID).Scan(&status).Error; err != nil {
 		return "", err
@@ -65,7 +66,7 @@ func (o dbOrders) OrderStatus(ctx context.Context, tenantID, orderID string) (st
 	if len(status) == 0 {
 		return "", fmt.Errorf("order %s: %w", orderID, webhooks.ErrNotOurs)
 	}
-	return status[0], nil
+	return lifecycle.Status(status[0]), nil
 }
 
 // CloseBeforeExit returns pi as it is: this fake has no Stripe to cancel

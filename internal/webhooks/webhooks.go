@@ -35,6 +35,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/httpbody"
 	"github.com/onceonly/checkout/internal/inbox"
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/problem"
 )
@@ -79,7 +80,7 @@ var ErrNotOurs = errors.New("not an object of this service")
 type Orders interface {
 	// OrderStatus returns the status of tenant's order id (CONTRACT.md's
 	// order statuses), or an error wrapping ErrNotOurs when there is none.
-	OrderStatus(ctx context.Context, tenantID, orderID string) (string, error)
+	OrderStatus(ctx context.Context, tenantID, orderID string) (orders.Status, error)
 	// ApplyPaymentIntent applies Stripe's state of a PaymentIntent to the
 	// order its metadata names, inside tx, only forward: it reports
 	// changed=false when the order is already where pi would take it or
@@ -109,11 +110,6 @@ type Orders interface {
 type PaymentIntents interface {
 	RetrievePaymentIntent(ctx context.Context, id string) (PaymentIntent, error)
 }
-
-// waitingStatuses are the order statuses in which the order still waits for
-// its payment's outcome (CONTRACT.md): an event that is not final for the
-// PaymentIntent is then checked against Stripe's current state.
-var waitingStatuses = []string{"pending_payment", "requires_action", "payment_unknown"}
 
 // Problems the endpoint answers with.
 var (
@@ -299,7 +295,10 @@ func (h *Handler) paymentIntent(ctx context.Context, ev Event, pi PaymentIntent)
 	}
 	state := pi
 	if !pi.Final() {
-		if slices.Contains(waitingStatuses, status) {
+		// An order still on the way to paid (orders.Status.Waiting) waits
+		// for its payment's outcome: an event that is not final for the
+		// PaymentIntent is then checked against Stripe's current state.
+		if status.Waiting() {
 			// The event says e.g. requires_payment_method while the order
 			// still waits: the PaymentIntent may have moved on since (a later
 			// confirmation succeeded), and delivery order cannot tell. Stripe

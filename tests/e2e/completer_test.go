@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/checkout/internal/checkout"
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/stripeemu"
 	"github.com/onceonly/checkout/tests/e2e/stack"
 )
@@ -73,7 +73,7 @@ func TestCompleterFinishesWithoutClientRetry(t *testing.T) {
 	r := s.Client().Checkout(ctx, "k-abandoned-0", stack.TeeBody("abandoned0@example.com", 1))
 	require.Equal(t, 201, r.Status)
 	require.True(t, r.Replayed)
-	require.Equal(t, checkout.StatusPaid, r.Order.Status)
+	require.Equal(t, string(orders.Paid), r.Order.Status)
 }
 
 // TestKillAtEachSagaStep: the api is SIGKILLed at each boundary of the
