@@ -41,13 +41,11 @@ var owners = map[string]string{
 var debts = map[string]bool{
 	"idempotency_keys internal/checkout": true,
 	"idempotency_keys internal/sweep":    true,
-	"inbox internal/sweep":               true,
 	"inbox internal/webhooks":            true,
 	"notifications internal/checkout":    true,
 	"orders internal/sweep":              true,
 	"orders internal/notify":             true,
 	"orders internal/refunds":            true,
-	"outbox internal/sweep":              true,
 	"payment_attempts internal/sweep":    true,
 	"payment_attempts internal/refunds":  true,
 	"refunds internal/notify":            true,

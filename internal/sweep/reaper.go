@@ -11,6 +11,8 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/inbox"
+	"github.com/onceonly/checkout/internal/outbox"
 )
 
 // Tables the Reaper deletes from; the values of checkout_reaper_deleted_total's
@@ -147,53 +149,55 @@ func (r *Reaper) RunOnce(ctx context.Context) (Reap, error) {
 		res  Reap
 		errs []error
 	)
-	// Each query selects its batch by an index (idempotency_keys_expires,
-	// inbox_received, outbox_published) and deletes it by primary key or
-	// ctid in the same statement. SKIP LOCKED: a row a request holds is
-	// left for the next round instead of making the reaper (and everyone
-	// queued behind it) wait. FOR UPDATE rechecks the condition on the
-	// latest version of the row, so a key that is no longer finished, or an
-	// outbox row that is not published, is never deleted. The constants
-	// are literals in the SQL so that the planner matches the partial
-	// indexes whatever the plan cache does.
-	res.Keys, errs = r.reap(ctx, TableIdempotencyKeys, errs, `
+	// Each table's owner deletes its rows (inbox.Reap, outbox.Reap) a
+	// batch per statement, with FOR UPDATE SKIP LOCKED: a row a request
+	// holds is left for the next round instead of making the reaper (and
+	// everyone queued behind it) wait.
+	//
+	// The keys' batch is selected by idempotency_keys_expires and deleted
+	// by primary key in the same statement. FOR UPDATE rechecks the
+	// condition on the latest version of the row, so a key that is no
+	// longer finished is never deleted. The recovery point is a literal in
+	// the SQL so that the planner matches the partial index whatever the
+	// plan cache does.
+	res.Keys, errs = r.reap(ctx, TableIdempotencyKeys, errs, func(ctx context.Context, db *gorm.DB, limit int) (int64, error) {
+		res := db.WithContext(ctx).Exec(`
 		DELETE FROM idempotency_keys WHERE id = ANY(ARRAY(
 		  SELECT id FROM idempotency_keys
 		  WHERE recovery_point = '`+idempotency.RecoveryPointFinished+`' AND expires_at < ?
 		  ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED))`,
-		now)
-	// Inbox rows are never updated, so their ctid is stable; it makes the
-	// delete a TID scan.
-	res.Inbox, errs = r.reap(ctx, TableInbox, errs, `
-		DELETE FROM inbox WHERE ctid = ANY(ARRAY(
-		  SELECT ctid FROM inbox
-		  WHERE received_at < ?
-		  ORDER BY received_at LIMIT ? FOR UPDATE SKIP LOCKED))`,
-		now.Add(-r.cfg.InboxRetention))
-	res.Outbox, errs = r.reap(ctx, TableOutbox, errs, `
-		DELETE FROM outbox WHERE id = ANY(ARRAY(
-		  SELECT id FROM outbox
-		  WHERE published_at IS NOT NULL AND published_at < ?
-		  ORDER BY published_at LIMIT ? FOR UPDATE SKIP LOCKED))`,
-		now.Add(-r.cfg.OutboxRetention))
+			now, limit)
+		if res.Error != nil {
+			return 0, fmt.Errorf("reap %s: %w", TableIdempotencyKeys, res.Error)
+		}
+		return res.RowsAffected, nil
+	})
+	inboxBefore := now.Add(-r.cfg.InboxRetention)
+	res.Inbox, errs = r.reap(ctx, TableInbox, errs, func(ctx context.Context, db *gorm.DB, limit int) (int64, error) {
+		return inbox.Reap(ctx, db, inboxBefore, limit)
+	})
+	outboxBefore := now.Add(-r.cfg.OutboxRetention)
+	res.Outbox, errs = r.reap(ctx, TableOutbox, errs, func(ctx context.Context, db *gorm.DB, limit int) (int64, error) {
+		return outbox.Reap(ctx, db, outboxBefore, limit)
+	})
 	return res, errors.Join(errs...)
 }
 
-// reap runs query (whose last placeholder is the batch size) until a batch
-// deletes fewer than BatchSize rows. Every statement runs outside any
-// transaction of ours, so each is committed on its own.
-func (r *Reaper) reap(ctx context.Context, table string, errs []error, query string, args ...any) (TableReap, []error) {
+// reap runs batch, which deletes at most limit rows of table in one
+// statement and returns how many (or an error naming the table), until a
+// batch deletes fewer than BatchSize rows. Every statement runs outside any transaction of ours, so
+// each is committed on its own.
+func (r *Reaper) reap(ctx context.Context, table string, errs []error, batch func(ctx context.Context, db *gorm.DB, limit int) (int64, error)) (TableReap, []error) {
 	var t TableReap
-	args = append(args, r.cfg.BatchSize)
 	for ctx.Err() == nil {
-		res := r.db.WithContext(ctx).Exec(query, args...)
-		if res.Error != nil {
-			return t, append(errs, fmt.Errorf("reap %s: %w", table, res.Error))
+		n, err := batch(ctx, r.db, r.cfg.BatchSize)
+		if err != nil {
+			return t, append(errs, err)
 		}
 		t.Statements++
-		t.Deleted += res.RowsAffected
-		r.deleted.WithLabelValues(table).Add(float64(res.RowsAffected))
-		if res.RowsAffected < int64(r.cfg.BatchSize) {
+		t.Deleted += n
+		r.deleted.WithLabelValues(table).Add(float64(n))
+		if n < int64(r.cfg.BatchSize) {
 			break
 		}
 	}
