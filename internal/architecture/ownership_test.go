@@ -41,7 +41,6 @@ var owners = map[string]string{
 var debts = map[string]bool{
 	"idempotency_keys internal/checkout": true,
 	"idempotency_keys internal/sweep":    true,
-	"notifications internal/checkout":    true,
 	"orders internal/sweep":              true,
 	"orders internal/notify":             true,
 	"orders internal/refunds":            true,

@@ -143,16 +143,6 @@ type Payment struct {
 	ClientSecret    string          `json:"client_secret,omitempty"`
 }
 
-// Notification is one channel's delivery state, shown on GET /v1/orders/{id}.
-type Notification struct {
-	Channel string `json:"channel"`
-	// Kind is what it is about: order_paid, or order_refunded (one per
-	// succeeded refund).
-	Kind   string     `json:"kind"`
-	Status string     `json:"status"`
-	SentAt *time.Time `json:"sent_at"`
-}
-
 // Request is the body of POST /v1/checkouts.
 type Request struct {
 	Email         string        `json:"email"`
