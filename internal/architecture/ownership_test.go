@@ -46,7 +46,6 @@ var debts = map[string]bool{
 	"orders internal/refunds":            true,
 	"payment_attempts internal/sweep":    true,
 	"payment_attempts internal/refunds":  true,
-	"refunds internal/notify":            true,
 }
 
 // sqlTable finds the table a statement names after FROM, INTO, UPDATE,
