@@ -23,7 +23,7 @@ var owners = map[string]string{
 	"order_items":      "internal/checkout",
 	"products":         "internal/checkout",
 	"stock_buckets":    "internal/checkout",
-	"payment_attempts": "internal/checkout",
+	"payment_attempts": "internal/stripestep",
 	"refunds":          "internal/refunds",
 	"outbox":           "internal/outbox",
 	"outbox_sequences": "internal/outbox",
@@ -44,8 +44,6 @@ var debts = map[string]bool{
 	"orders internal/sweep":              true,
 	"orders internal/notify":             true,
 	"orders internal/refunds":            true,
-	"payment_attempts internal/sweep":    true,
-	"payment_attempts internal/refunds":  true,
 }
 
 // sqlTable finds the table a statement names after FROM, INTO, UPDATE,

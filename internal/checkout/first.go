@@ -12,6 +12,7 @@ import (
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/stripestep"
 )
 
 // A first execution is what almost every checkout is: a key never seen, a
@@ -43,7 +44,7 @@ import (
 type firstOrder struct {
 	claim  *idempotency.Claim
 	order  *Order // nil when final is set
-	create *attempt
+	create *stripestep.Attempt
 	// final is the stored response the phase finished the key with (out of
 	// stock).
 	final *idempotency.Response
@@ -102,7 +103,7 @@ func (s *Service) beginFirst(ctx context.Context, cmd CheckoutCommand) (*firstOr
 // payFirst is pay for the run of a first execution, whose create attempt
 // phase 1 wrote: phases 2 and 3 while Stripe answers as it does for a
 // chargeable card, the general path from the first other answer on.
-func (r *run) payFirst(ctx context.Context, create *attempt) (*idempotency.Response, error) {
+func (r *run) payFirst(ctx context.Context, create *stripestep.Attempt) (*idempotency.Response, error) {
 	r.created = 1
 	pi, err := r.s.Payments.CreatePaymentIntent(ctx, r.createRequest(create.Attempt))
 	if err != nil || pi.Status != PIRequiresConfirmation {
@@ -117,9 +118,8 @@ func (r *run) payFirst(ctx context.Context, create *attempt) (*idempotency.Respo
 	}
 
 	// Phase 2.
-	keyID, owner := r.fence()
 	confirm := r.newAttempt(StepConfirm, 1, pi.ID, ConfirmIntentRequest{PaymentIntentID: pi.ID, ReturnURL: r.o.returnURL})
-	recorded, err := recordCreated(ctx, r.s.DB, create, pi, confirm, keyID, owner, r.now())
+	recorded, err := recordCreated(ctx, r.s.DB, create, pi, confirm, r.fence(), r.now())
 	if err != nil {
 		return r.stop(ctx, err)
 	}
@@ -132,7 +132,7 @@ func (r *run) payFirst(ctx context.Context, create *attempt) (*idempotency.Respo
 	}
 	r.o.Payment.Status = pi.Status
 	if confirm.ID == 0 {
-		return r.stop(ctx, errAttemptTaken) // the lease is gone
+		return r.stop(ctx, stripestep.ErrTaken) // the lease is gone
 	}
 	r.confirmed = 1
 
@@ -168,7 +168,7 @@ func (r *run) payFirst(ctx context.Context, create *attempt) (*idempotency.Respo
 // with the 201. It returns nil, nil when the answer is recorded but the rest
 // could not be applied (the key's lease is gone, or the order moved): the
 // caller settles the general way.
-func (r *run) settlePaid(ctx context.Context, confirm *attempt, got PaymentIntentState) (*idempotency.Response, error) {
+func (r *run) settlePaid(ctx context.Context, confirm *stripestep.Attempt, got PaymentIntentState) (*idempotency.Response, error) {
 	ch, _ := r.changeFor(got, false)
 	now := r.now()
 	// What the order is once paid: what the general path would read back.
@@ -215,7 +215,7 @@ var errCatalogChanged = errors.New("catalog changed since it was read")
 // (idempotency.IsKeyTaken), which then changed nothing, the reservation
 // included.
 func createFirstOrder(ctx context.Context, db *gorm.DB, o *Order, want map[string]int64, products map[string]Product,
-	claim string, claimArgs []any, event string, eventArgs []any, create *attempt) (reserved bool, keyID int64, expiresAt time.Time, err error) {
+	claim string, claimArgs []any, event string, eventArgs []any, create *stripestep.Attempt) (reserved bool, keyID int64, expiresAt time.Time, err error) {
 	skus, qtys := sortedSKUs(want)
 	prices, currencies := make([]int64, len(skus)), make([]string, len(skus))
 	for i, sku := range skus {
@@ -225,7 +225,8 @@ func createFirstOrder(ctx context.Context, db *gorm.DB, o *Order, want map[strin
 		postgres.TextArray(skus), intArray(qtys)}
 	args = append(args, claimArgs...)
 	args = append(args, orderArgs(o)...)
-	args = append(append(args, eventArgs...), create.insertArgs()...)
+	insertCreate, createArgs := stripestep.InsertStatement(create, stripestep.Fence{Cond: `EXISTS (SELECT 1 FROM o)`})
+	args = append(append(args, eventArgs...), createArgs...)
 	var attemptID sql.NullInt64
 	err = db.WithContext(ctx).Raw(`
 		WITH p AS MATERIALIZED (
@@ -237,7 +238,7 @@ func createFirstOrder(ctx context.Context, db *gorm.DB, o *Order, want map[strin
 		o AS (`+insertOrderSQL+` FROM r WHERE r.ok RETURNING id),
 		i AS (`+insertItemsSQL+`),
 		e AS (`+event+` WHERE EXISTS (SELECT 1 FROM o)),
-		a AS (`+insertAttemptSQL+` WHERE EXISTS (SELECT 1 FROM o) RETURNING id)
+		a AS (`+insertCreate+` RETURNING id)
 		SELECT r.ok AS reserved, k.id AS key_id, k.expires_at, (SELECT id FROM a) AS create_id FROM r, k`, args...).Row().Scan(&reserved, &keyID, &expiresAt, &attemptID)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, 0, time.Time{}, errCatalogChanged // r is empty: nothing was written
@@ -265,21 +266,22 @@ func createFirstOrder(ctx context.Context, db *gorm.DB, o *Order, want map[strin
 // PaymentIntent, the confirm under the same key with its stored answer, so
 // nothing is charged twice. Phase 1 and phase 3 wait for the flush: the first
 // holds the order whose id names the Stripe keys, the last the response.
-func recordCreated(ctx context.Context, db *gorm.DB, create *attempt, pi PaymentIntentState, confirm *attempt,
-	keyID int64, owner string, now time.Time) (string, error) {
-	args := finishAttemptArgs(create.ID, outcomeSucceeded, &pi, "", now)
+func recordCreated(ctx context.Context, db *gorm.DB, create *stripestep.Attempt, pi PaymentIntentState, confirm *stripestep.Attempt,
+	fence stripestep.Fence, now time.Time) (string, error) {
+	finishCreate, args := stripestep.FinishStatement(create.ID, stripestep.Answer{Outcome: stripestep.Succeeded, ObjectID: pi.ID, Status: pi.Status}, now)
 	args = append(args, recordIntentArgs(create.OrderID, pi, now)...)
-	args = append(append(args, confirm.insertArgs()...), keyID, owner, pi.ID)
+	// The confirm only for pi recorded on the order, and under the run's
+	// fence (if any).
+	fence.Cond, fence.Args = joinCond(fence.Cond, `EXISTS (SELECT 1 FROM o WHERE o.payment_intent_id = ?)`), append(fence.Args[:len(fence.Args):len(fence.Args)], pi.ID)
+	insertConfirm, confirmArgs := stripestep.InsertStatement(confirm, fence)
+	args = append(args, confirmArgs...)
 	var recorded string
 	var confirmID sql.NullInt64
 	err := db.WithContext(ctx).Raw(`
 		WITH sc AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)),
-		a AS (`+finishAttemptSQL+`),
+		a AS (`+finishCreate+`),
 		o AS (`+recordIntentSQL+` RETURNING payment_intent_id),
-		c AS (`+insertAttemptSQL+`
-			WHERE EXISTS (SELECT 1 FROM idempotency_keys WHERE id = ? AND lease_owner = ?)
-			  AND EXISTS (SELECT 1 FROM o WHERE o.payment_intent_id = ?)
-			ON CONFLICT DO NOTHING RETURNING id)
+		c AS (`+insertConfirm+` RETURNING id)
 		SELECT (SELECT payment_intent_id FROM o) AS recorded, (SELECT id FROM c) AS confirm_id FROM sc`, args...).Row().Scan(&recorded, &confirmID)
 	if err != nil {
 		return "", fmt.Errorf("record payment intent of %s: %w", create.OrderID, err)
@@ -293,14 +295,14 @@ func recordCreated(ctx context.Context, db *gorm.DB, create *attempt, pi Payment
 // finish only together, while key keyID is owner's (locked first, so that
 // no takeover slips between the checks) and the order may move. It returns
 // the key's expires_at and whether they were applied.
-func settleFirstPaid(ctx context.Context, db *gorm.DB, confirm *attempt, got PaymentIntentState, now time.Time, keyID int64, owner string,
+func settleFirstPaid(ctx context.Context, db *gorm.DB, confirm *stripestep.Attempt, got PaymentIntentState, now time.Time, keyID int64, owner string,
 	transition string, transitionArgs []any, event string, eventArgs []any, finish string, finishArgs []any) (time.Time, bool, error) {
-	args := finishAttemptArgs(confirm.ID, outcomeSucceeded, &got, "", now)
+	finishConfirm, args := stripestep.FinishStatement(confirm.ID, stripestep.Answer{Outcome: stripestep.Succeeded, ObjectID: got.ID, Status: got.Status}, now)
 	args = append(args, keyID, owner, idempotency.RecoveryPointFinished)
 	args = append(append(append(args, transitionArgs...), eventArgs...), finishArgs...)
 	var expiresAt sql.NullTime
 	err := db.WithContext(ctx).Raw(`
-		WITH a AS (`+finishAttemptSQL+`),
+		WITH a AS (`+finishConfirm+`),
 		f AS MATERIALIZED (SELECT id FROM idempotency_keys WHERE id = ? AND lease_owner = ? AND recovery_point <> ? FOR UPDATE),
 		o AS (`+transition+` AND EXISTS (SELECT 1 FROM f) RETURNING id),
 		e AS (`+event+` WHERE EXISTS (SELECT 1 FROM o)),
@@ -310,4 +312,12 @@ func settleFirstPaid(ctx context.Context, db *gorm.DB, confirm *attempt, got Pay
 		return time.Time{}, false, fmt.Errorf("settle order %s: %w", confirm.OrderID, err)
 	}
 	return expiresAt.Time, expiresAt.Valid, nil
+}
+
+// joinCond returns the SQL conditions a and b joined by AND ("" is true).
+func joinCond(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + ` AND ` + b
 }

@@ -3,7 +3,6 @@ package checkout
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 
 	"github.com/onceonly/checkout/internal/stripestep"
@@ -15,7 +14,7 @@ import (
 // implements it.
 //
 // Every write (create, confirm, cancel) carries the caller's idempotency
-// key, derived from persisted state (StepKey), and implementations retry
+// key, derived from persisted state (stripestep.Key), and implementations retry
 // only the failures Stripe did not store under that key (network errors,
 // timeouts, 409 idempotency_key_in_use, 429, 503), always with the same key
 // and parameters. Errors:
@@ -56,7 +55,7 @@ type PaymentProvider interface {
 
 // CreateIntentRequest is POST /v1/payment_intents with confirm=false.
 type CreateIntentRequest struct {
-	// IdempotencyKey is sent as Stripe's Idempotency-Key header (StepKey).
+	// IdempotencyKey is sent as Stripe's Idempotency-Key header (stripestep.Key).
 	IdempotencyKey string `json:"-"`
 	// Amount is in the currency's minor unit (cents for usd).
 	Amount int64 `json:"amount"`
@@ -149,22 +148,23 @@ func MovesMoney(status string) bool {
 
 // ErrProviderIndeterminate is wrapped by a PaymentProvider's error when
 // Stripe answered with an error it stores under the idempotency key (a 500):
-// the outcome is unknown and the key can never give another answer. See
-// PaymentProvider.
-var ErrProviderIndeterminate = errors.New("payment provider outcome indeterminate")
+// the outcome is unknown and the key can never give another answer. It is
+// stripestep.ErrIndeterminate. See PaymentProvider.
+var ErrProviderIndeterminate = stripestep.ErrIndeterminate
 
 // ErrProviderUnanswered is wrapped by a PaymentProvider's error when no
 // final answer came within the retry budget (network errors, timeouts, 409,
-// 429, 503). See PaymentProvider.
-var ErrProviderUnanswered = errors.New("payment provider gave no final answer")
+// 429, 503). It is stripestep.ErrUnanswered. See PaymentProvider.
+var ErrProviderUnanswered = stripestep.ErrUnanswered
 
 // ErrProviderCredentials is wrapped by a PaymentProvider's error when
 // Stripe refused the service's own credentials: 401 (an invalid or revoked
 // secret key, as after a rotation) or 403 (a restricted key without the
 // permission) (https://docs.stripe.com/error-codes,
 // https://docs.stripe.com/keys). Authentication comes before execution, so
-// Stripe stored nothing under the key. See PaymentProvider.
-var ErrProviderCredentials = errors.New("payment provider refused our credentials")
+// Stripe stored nothing under the key. It is stripestep.ErrCredentials. See
+// PaymentProvider.
+var ErrProviderCredentials = stripestep.ErrCredentials
 
 // PaymentRefusal is Stripe's final refusal of one request
 // (https://docs.stripe.com/api/errors): a card error, or another 4xx.
@@ -189,15 +189,18 @@ func (e *PaymentRefusal) Error() string {
 	return fmt.Sprintf("stripe %d %s: %s", e.HTTPStatus, kind, e.Message)
 }
 
-// Saga steps: the step of payment_attempts and of StepKey.
-const (
-	StepCreate  = "create"
-	StepConfirm = "confirm"
-	StepCancel  = "cancel"
-)
-
-// StepKey returns the Stripe idempotency key of one attempt of one step of
-// an order's payment (stripestep.Key: "{order id}/{step}/{attempt}").
-func StepKey(orderID, step string, attempt int) string {
-	return stripestep.Key(orderID, step, attempt)
+// StepOutcome is the outcome the step log records for the refusal
+// (stripestep.Refusal): Failed for a decline, Rejected otherwise.
+func (e *PaymentRefusal) StepOutcome() stripestep.Outcome {
+	if e.Declined {
+		return stripestep.Failed
+	}
+	return stripestep.Rejected
 }
+
+// Saga steps: the step of payment_attempts and of stripestep.Key.
+const (
+	StepCreate  = stripestep.StepCreate
+	StepConfirm = stripestep.StepConfirm
+	StepCancel  = stripestep.StepCancel
+)

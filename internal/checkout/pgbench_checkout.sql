@@ -48,13 +48,13 @@ e AS (INSERT INTO outbox (id, tenant_id, aggregate_id, aggregate_seq, type, payl
 a AS (INSERT INTO payment_attempts
   (order_id, tenant_id, step, attempt, idempotency_key, payment_intent_id, request_params, created_at, updated_at)
   SELECT :ord, :tenant, :step_create, :one, :ak1, NULL, :params::jsonb, :now, :now
-  WHERE EXISTS (SELECT 1 FROM o) RETURNING id)
+  WHERE EXISTS (SELECT 1 FROM o) ON CONFLICT DO NOTHING RETURNING id)
 SELECT r.ok AS reserved, k.id AS key_id, k.expires_at, (SELECT id FROM a) AS create_id FROM r, k \gset
 -- Phase 2, after the create, committed without waiting for the WAL flush.
 WITH sc AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)),
-a AS (UPDATE payment_attempts SET outcome = COALESCE(NULLIF(:succeeded, ''), outcome),
+a AS (UPDATE payment_attempts SET outcome = :succeeded,
     stripe_object_id = COALESCE(:pi, stripe_object_id), stripe_status = COALESCE(:pi_created, stripe_status),
-    error = NULLIF(NULL, ''), updated_at = :now
+    error = NULL, updated_at = :now
   WHERE id = :create_id),
 o AS (UPDATE orders SET payment_intent_id = COALESCE(payment_intent_id, :pi),
     payment_status = CASE WHEN payment_intent_id IS NULL OR payment_intent_id = :pi THEN :pi_created ELSE payment_status END,
@@ -68,9 +68,9 @@ c AS (INSERT INTO payment_attempts
   ON CONFLICT DO NOTHING RETURNING id)
 SELECT (SELECT payment_intent_id FROM o) AS recorded, (SELECT id FROM c) AS confirm_id FROM sc \gset
 -- Phase 3, after the confirm.
-WITH a AS (UPDATE payment_attempts SET outcome = COALESCE(NULLIF(:succeeded, ''), outcome),
+WITH a AS (UPDATE payment_attempts SET outcome = :succeeded,
     stripe_object_id = COALESCE(:pi, stripe_object_id), stripe_status = COALESCE(:succeeded, stripe_status),
-    error = NULLIF(NULL, ''), updated_at = :now
+    error = NULL, updated_at = :now
   WHERE id = :confirm_id),
 f AS MATERIALIZED (SELECT id FROM idempotency_keys WHERE id = :key_id AND lease_owner = :owner AND recovery_point <> :rp_finished FOR UPDATE),
 o AS (UPDATE orders SET status = :paid,

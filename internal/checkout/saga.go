@@ -28,10 +28,6 @@ type SagaConfig struct {
 	// (https://docs.stripe.com/search#data-freshness). Tests set it to the
 	// emulator's STRIPE_EMULATOR_SEARCH_LAG.
 	SearchSettle time.Duration
-	// KeyWindow is how long after an attempt its key may still be resent
-	// as is (default stripestep.ResendWindow, 23h: Stripe keeps keys for
-	// at least 24 hours); an older attempt is reconciled instead of resent.
-	KeyWindow time.Duration
 	// UnknownAfter is how long a payment may stay unanswered or
 	// indeterminate before its order becomes payment_unknown (env
 	// PAYMENT_UNKNOWN_AFTER, default 1h). Such an order is still reconciled.
@@ -47,9 +43,6 @@ type SagaConfig struct {
 }
 
 func (c SagaConfig) withDefaults() SagaConfig {
-	if c.KeyWindow <= 0 {
-		c.KeyWindow = stripestep.ResendWindow
-	}
 	if c.UnknownAfter <= 0 {
 		c.UnknownAfter = time.Hour
 	}
@@ -107,12 +100,13 @@ func (s *Service) newRun(c *idempotency.Claim, route string, o *Order) *run {
 
 func (r *run) now() time.Time { return r.s.Now().UTC().Truncate(time.Microsecond) }
 
-// fence returns the key id and owner that new attempts are fenced by.
-func (r *run) fence() (int64, string) {
+// fence returns the fence of the run's new attempts: the lease of the key
+// it holds (none for the reconciler without a key).
+func (r *run) fence() stripestep.Fence {
 	if r.claim == nil {
-		return 0, ""
+		return stripestep.Fence{}
 	}
-	return r.claim.ID, r.claim.Owner
+	return leaseFence(r.claim.ID, r.claim.Owner)
 }
 
 // pay drives a checkout's payment from its persisted state to an outcome:
@@ -149,27 +143,27 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 	}
 	newAttempts := r.created
 	for {
-		as, err := loadAttempts(ctx, r.s.DB, r.o.ID, StepCreate)
+		as, err := stripestep.Load(ctx, r.s.DB, r.o.ID, StepCreate)
 		if err != nil {
 			return PaymentIntentState{}, nil, err
 		}
-		var last *attempt
+		var last *stripestep.Attempt
 		if len(as) > 0 {
 			last = &as[len(as)-1]
 		}
 		next := 1
 		switch {
 		case last == nil:
-		case last.outcome() == outcomeSucceeded && last.StripeObjectID != nil:
+		case last.Outcome == stripestep.Succeeded && last.StripeObjectID != nil:
 			// Answered, but the run stopped before recording it on the order.
 			pi := PaymentIntentState{ID: *last.StripeObjectID, Status: PIRequiresConfirmation}
 			if last.StripeStatus != nil {
 				pi.Status = *last.StripeStatus
 			}
 			return r.record(ctx, pi)
-		case last.outcome() == outcomeRejected || last.outcome() == outcomeFailed:
+		case last.Outcome.Refused():
 			return PaymentIntentState{}, &verdict{refusal: refusalOf(last)}, nil
-		case last.outcome() == "" && r.fresh(last):
+		case last.Resendable(r.s.Now()):
 			// No final answer yet: Stripe either never saw the key or stored
 			// an answer it replays. The same key is safe while Stripe keeps it.
 			pi, v, err := r.create(ctx, last, false)
@@ -222,11 +216,6 @@ func deref(pi *PaymentIntentState) PaymentIntentState {
 	return *pi
 }
 
-// fresh reports whether a's key may be resent as is (KeyWindow).
-func (r *run) fresh(a *attempt) bool {
-	return r.s.Now().Sub(a.CreatedAt) < r.cfg.KeyWindow
-}
-
 // adoptable picks, among the PaymentIntents a search found for the order,
 // the one to keep: one that moves money (there is at most one: only a
 // recorded PaymentIntent is ever confirmed), else one waiting for the
@@ -245,7 +234,7 @@ func adoptable(found []PaymentIntentState) (PaymentIntentState, bool) {
 
 func (r *run) createRequest(n int) CreateIntentRequest {
 	return CreateIntentRequest{
-		IdempotencyKey: StepKey(r.o.ID, StepCreate, n),
+		IdempotencyKey: stripestep.Key(r.o.ID, StepCreate, n),
 		Amount:         r.o.AmountTotal,
 		Currency:       r.o.Currency,
 		PaymentMethod:  r.o.paymentMethod,
@@ -255,30 +244,24 @@ func (r *run) createRequest(n int) CreateIntentRequest {
 }
 
 // newAttempt returns the row of attempt n of step, not yet written.
-func (r *run) newAttempt(step string, n int, target string, params any) *attempt {
+func (r *run) newAttempt(step string, n int, target string, params any) *stripestep.Attempt {
 	b, err := json.Marshal(params)
 	if err != nil {
 		panic("checkout: encode attempt params: " + err.Error()) // plain structs of strings and ints
 	}
-	a := &attempt{OrderID: r.o.ID, TenantID: r.o.tenantID, Step: step, Attempt: n,
-		IdempotencyKey: StepKey(r.o.ID, step, n), RequestParams: b, CreatedAt: r.now()}
-	if target != "" {
-		a.PaymentIntentID = &target
-	}
-	return a
+	return stripestep.NewAttempt(r.o.ID, r.o.tenantID, step, n, target, b, r.now())
 }
 
 // begin writes a new attempt before its call (fenced by the key's lease).
-func (r *run) begin(ctx context.Context, a *attempt) error {
-	keyID, owner := r.fence()
-	return insertAttempt(ctx, r.s.DB, a, keyID, owner)
+func (r *run) begin(ctx context.Context, a *stripestep.Attempt) error {
+	return stripestep.Insert(ctx, r.s.DB, a, r.fence())
 }
 
 // create sends create attempt a (written first when isNew) and records the
 // answer. It returns the PaymentIntent, a verdict (refused), an error
 // (unanswered: wait), or all nil after an indeterminate answer, which the
 // caller reconciles.
-func (r *run) create(ctx context.Context, a *attempt, isNew bool) (*PaymentIntentState, *verdict, error) {
+func (r *run) create(ctx context.Context, a *stripestep.Attempt, isNew bool) (*PaymentIntentState, *verdict, error) {
 	if isNew {
 		if err := r.begin(ctx, a); err != nil {
 			return nil, nil, err
@@ -322,37 +305,55 @@ type answerResult struct {
 
 // answer records the answer to attempt a: the PaymentIntent, a refusal, an
 // indeterminate answer (which marks the payment unknown since now), or no
-// answer (the same).
-func (r *run) answer(ctx context.Context, a *attempt, pi PaymentIntentState, callErr error) answerResult {
+// answer (the same, unless Stripe refused our credentials: that says
+// nothing of the payment).
+func (r *run) answer(ctx context.Context, a *stripestep.Attempt, pi PaymentIntentState, callErr error) answerResult {
+	return r.recordAnswer(ctx, a, pi, callErr, true)
+}
+
+// recordAnswer records the answer (pi, callErr) to attempt a, with its
+// outcome as stripestep.OutcomeOf gives it, and returns what the saga acts
+// on. unknown says whether no final answer marks the order's payment
+// unknown (not for a cancel: it moves no money).
+func (r *run) recordAnswer(ctx context.Context, a *stripestep.Attempt, pi PaymentIntentState, callErr error, unknown bool) answerResult {
 	now := r.now()
-	var refusal *PaymentRefusal
 	var res answerResult
-	var dbErr error
-	switch {
-	case callErr == nil:
-		dbErr = finishAttempt(ctx, r.s.DB, a.ID, outcomeSucceeded, &pi, "", now)
-	case errors.As(callErr, &refusal):
-		outcome := outcomeRejected
-		if refusal.Declined {
-			outcome = outcomeFailed
+	answer := stripestep.Answer{Outcome: stripestep.OutcomeOf(callErr)}
+	if callErr != nil {
+		answer.Error = callErr.Error()
+	}
+	switch answer.Outcome {
+	case stripestep.Succeeded:
+		answer.ObjectID, answer.Status = pi.ID, pi.Status
+	case stripestep.Failed, stripestep.Rejected:
+		var refusal *PaymentRefusal
+		if !errors.As(callErr, &refusal) { // stripestep.ErrRejected: no details
+			refusal = &PaymentRefusal{Declined: answer.Outcome == stripestep.Failed, Message: callErr.Error()}
 		}
-		dbErr = finishAttempt(ctx, r.s.DB, a.ID, outcome, refusal.PaymentIntent, refusalText(refusal), now)
+		answer.Error = refusalText(refusal)
+		if refusal.PaymentIntent != nil {
+			answer.ObjectID, answer.Status = refusal.PaymentIntent.ID, refusal.PaymentIntent.Status
+		}
 		res.refusal = refusal
-	case errors.Is(callErr, ErrProviderCredentials):
-		// Refused before executing: the attempt stays open, to be sent
-		// again under its key; the payment is not unknown.
-		dbErr = finishAttempt(ctx, r.s.DB, a.ID, "", nil, callErr.Error(), now)
-		res.err = callErr
-	case errors.Is(callErr, ErrProviderIndeterminate):
-		r.s.Logger.WarnContext(ctx, "stripe answered indeterminately; reconciling before any new attempt",
-			"order_id", r.o.ID, "step", a.Step, "attempt", a.Attempt, "err", callErr)
-		dbErr = errors.Join(finishAttempt(ctx, r.s.DB, a.ID, outcomeIndeterminate, nil, callErr.Error(), now),
-			markUnknownSince(ctx, r.s.DB, r.o.ID, now))
+	case stripestep.Indeterminate:
+		if unknown {
+			r.s.Logger.WarnContext(ctx, "stripe answered indeterminately; reconciling before any new attempt",
+				"order_id", r.o.ID, "step", a.Step, "attempt", a.Attempt, "err", callErr)
+		}
 		res.indeterminate = true
-	default:
-		dbErr = errors.Join(finishAttempt(ctx, r.s.DB, a.ID, "", nil, callErr.Error(), now),
-			markUnknownSince(ctx, r.s.DB, r.o.ID, now))
-		res.err = &waitError{reason: fmt.Sprintf("%s attempt %d of order %s: %v", a.Step, a.Attempt, r.o.ID, callErr)}
+	case stripestep.Open:
+		if errors.Is(callErr, ErrProviderCredentials) {
+			// Refused before executing: the attempt stays open, to be sent
+			// again under its key; the payment is not unknown.
+			unknown = false
+			res.err = callErr
+		} else {
+			res.err = &waitError{reason: fmt.Sprintf("%s attempt %d of order %s: %v", a.Step, a.Attempt, r.o.ID, callErr)}
+		}
+	}
+	dbErr := stripestep.Finish(ctx, r.s.DB, a.ID, answer, now)
+	if unknown && (answer.Outcome == stripestep.Indeterminate || answer.Outcome == stripestep.Open) {
+		dbErr = errors.Join(dbErr, markUnknownSince(ctx, r.s.DB, r.o.ID, now))
 	}
 	if dbErr != nil {
 		res.err = dbErr
@@ -367,8 +368,8 @@ func refusalText(e *PaymentRefusal) string {
 }
 
 // refusalOf rebuilds the refusal recorded on a failed or rejected attempt.
-func refusalOf(a *attempt) *PaymentRefusal {
-	r := &PaymentRefusal{Declined: a.outcome() == outcomeFailed}
+func refusalOf(a *stripestep.Attempt) *PaymentRefusal {
+	r := &PaymentRefusal{Declined: a.Outcome == stripestep.Failed}
 	if a.Error != nil {
 		parts := strings.SplitN(*a.Error, "|", 3)
 		for len(parts) < 3 {
@@ -386,15 +387,15 @@ func refusalOf(a *attempt) *PaymentRefusal {
 func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, error) {
 	newAttempts := r.confirmed
 	for {
-		all, err := loadAttempts(ctx, r.s.DB, r.o.ID, StepConfirm)
+		all, err := stripestep.Load(ctx, r.s.DB, r.o.ID, StepConfirm)
 		if err != nil {
 			return nil, err
 		}
-		var last *attempt
+		var last *stripestep.Attempt
 		maxN := 0
 		for i := range all {
 			maxN = max(maxN, all[i].Attempt)
-			if all[i].target() == pi.ID {
+			if all[i].Target() == pi.ID {
 				last = &all[i]
 			}
 		}
@@ -409,7 +410,7 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 			if cur.Status != PIRequiresConfirmation {
 				return r.verdictOf(cur)
 			}
-		case last.outcome() == "" && r.fresh(last):
+		case last.Resendable(r.s.Now()):
 			v, err := r.confirmAttempt(ctx, pi.ID, last)
 			if v != nil || err != nil {
 				return v, err
@@ -426,7 +427,7 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 			if cur.Status != PIRequiresConfirmation {
 				return r.verdictOf(cur)
 			}
-			if last.outcome() == outcomeRejected {
+			if last.Outcome == stripestep.Rejected {
 				// Refused, and still unconfirmed: final, never sent again.
 				return &verdict{refusal: refusalOf(last)}, nil
 			}
@@ -448,7 +449,7 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 
 // confirmAttempt sends confirm attempt a (already written) and returns the
 // verdict, an error, or nil, nil after an indeterminate answer.
-func (r *run) confirmAttempt(ctx context.Context, piID string, a *attempt) (*verdict, error) {
+func (r *run) confirmAttempt(ctx context.Context, piID string, a *stripestep.Attempt) (*verdict, error) {
 	got, err := r.s.Payments.ConfirmPaymentIntent(ctx, ConfirmIntentRequest{
 		IdempotencyKey: a.IdempotencyKey, PaymentIntentID: piID, ReturnURL: r.o.returnURL})
 	return r.confirmAnswered(ctx, piID, a, got, err)
@@ -456,7 +457,7 @@ func (r *run) confirmAttempt(ctx context.Context, piID string, a *attempt) (*ver
 
 // confirmAnswered records the answer (got, err) to confirm attempt a of
 // PaymentIntent piID and returns what confirmAttempt does.
-func (r *run) confirmAnswered(ctx context.Context, piID string, a *attempt, got PaymentIntentState, err error) (*verdict, error) {
+func (r *run) confirmAnswered(ctx context.Context, piID string, a *stripestep.Attempt, got PaymentIntentState, err error) (*verdict, error) {
 	res := r.answer(ctx, a, got, err)
 	switch {
 	case res.err != nil:
@@ -634,16 +635,7 @@ func (r *run) changeOf(ctx context.Context, v *verdict) (change, bool, error) {
 // customerCanceled reports whether the order's PaymentIntent piID was
 // canceled at the customer's request (POST /v1/orders/{id}/cancel).
 func customerCanceled(ctx context.Context, db *gorm.DB, orderID, piID string) (bool, error) {
-	var n int64
-	err := db.WithContext(ctx).Raw(`
-		SELECT count(*) FROM payment_attempts
-		WHERE order_id = ? AND step = ? AND payment_intent_id = ?
-		  AND request_params->>'cancellation_reason' = ?`,
-		orderID, StepCancel, piID, CancelRequestedByCustomer).Scan(&n).Error
-	if err != nil {
-		return false, fmt.Errorf("load cancel attempts of %s: %w", orderID, err)
-	}
-	return n > 0, nil
+	return stripestep.Sent(ctx, db, orderID, StepCancel, piID, "cancellation_reason", CancelRequestedByCustomer)
 }
 
 // settle applies v (if any) to the order in one transaction, monotonically:
@@ -759,7 +751,7 @@ func (r *run) stop(ctx context.Context, err error) (*idempotency.Response, error
 	var w *waitError
 	var refusal *PaymentRefusal
 	switch {
-	case errors.Is(err, errAttemptTaken), errors.Is(err, idempotency.ErrLeaseLost):
+	case errors.Is(err, stripestep.ErrTaken), errors.Is(err, idempotency.ErrLeaseLost):
 		return nil, idempotency.ErrLeaseLost
 	case errors.Is(err, ErrProviderCredentials):
 		// Our own key, not the customer's payment: nothing failed, nothing
@@ -844,21 +836,21 @@ func (r *run) cancel(ctx context.Context, piID, reason string) (PaymentIntentSta
 	newAttempts := 0
 	raced := false
 	for {
-		all, err := loadAttempts(ctx, r.s.DB, r.o.ID, StepCancel)
+		all, err := stripestep.Load(ctx, r.s.DB, r.o.ID, StepCancel)
 		if err != nil {
 			return PaymentIntentState{}, err
 		}
-		var last *attempt
+		var last *stripestep.Attempt
 		maxN := 0
 		for i := range all {
 			maxN = max(maxN, all[i].Attempt)
-			if all[i].target() == piID {
+			if all[i].Target() == piID {
 				last = &all[i]
 			}
 		}
-		var a *attempt
+		var a *stripestep.Attempt
 		switch {
-		case last != nil && last.outcome() == "" && r.fresh(last):
+		case last != nil && last.Resendable(r.s.Now()):
 			a = last
 		case last != nil:
 			cur, err := r.s.Payments.RetrievePaymentIntent(ctx, piID)
@@ -876,7 +868,7 @@ func (r *run) cancel(ctx context.Context, piID, reason string) (PaymentIntentSta
 			newAttempts++
 			a = r.newAttempt(StepCancel, maxN+1, piID, CancelIntentRequest{PaymentIntentID: piID, Reason: reason})
 			if err := r.begin(ctx, a); err != nil {
-				if errors.Is(err, errAttemptTaken) && !raced {
+				if errors.Is(err, stripestep.ErrTaken) && !raced {
 					// Another run (a webhook closing the same payment)
 					// wrote this attempt first: read it and join it under
 					// its key, which Stripe answers once. Once only: a
@@ -913,31 +905,8 @@ func (r *run) cancel(ctx context.Context, piID, reason string) (PaymentIntentSta
 
 // answerCancel records a cancel's answer like answer, without marking the
 // order's payment unknown: a cancellation moves no money.
-func (r *run) answerCancel(ctx context.Context, a *attempt, pi PaymentIntentState, callErr error) answerResult {
-	now := r.now()
-	var refusal *PaymentRefusal
-	var res answerResult
-	var dbErr error
-	switch {
-	case callErr == nil:
-		dbErr = finishAttempt(ctx, r.s.DB, a.ID, outcomeSucceeded, &pi, "", now)
-	case errors.Is(callErr, ErrProviderCredentials):
-		dbErr = finishAttempt(ctx, r.s.DB, a.ID, "", nil, callErr.Error(), now)
-		res.err = callErr
-	case errors.As(callErr, &refusal):
-		dbErr = finishAttempt(ctx, r.s.DB, a.ID, outcomeRejected, nil, refusalText(refusal), now)
-		res.refusal = refusal
-	case errors.Is(callErr, ErrProviderIndeterminate):
-		dbErr = finishAttempt(ctx, r.s.DB, a.ID, outcomeIndeterminate, nil, callErr.Error(), now)
-		res.indeterminate = true
-	default:
-		dbErr = finishAttempt(ctx, r.s.DB, a.ID, "", nil, callErr.Error(), now)
-		res.err = &waitError{reason: fmt.Sprintf("cancel attempt %d of order %s: %v", a.Attempt, r.o.ID, callErr)}
-	}
-	if dbErr != nil {
-		res.err = dbErr
-	}
-	return res
+func (r *run) answerCancel(ctx context.Context, a *stripestep.Attempt, pi PaymentIntentState, callErr error) answerResult {
+	return r.recordAnswer(ctx, a, pi, callErr, false)
 }
 
 // cancelable reports the PaymentIntent statuses Stripe lets a caller cancel

@@ -374,123 +374,13 @@ func releaseStock(ctx context.Context, tx *gorm.DB, o *Order) error {
 	return adjustStock(ctx, tx, release)
 }
 
-// attempt is one row of payment_attempts: one attempt of one saga step.
-type attempt struct {
-	ID              int64
-	OrderID         string
-	TenantID        string
-	Step            string
-	Attempt         int
-	IdempotencyKey  string
-	PaymentIntentID *string
-	RequestParams   []byte
-	// Outcome is nil while no final answer is recorded.
-	Outcome        *string
-	StripeObjectID *string
-	StripeStatus   *string
-	Error          *string
-	CreatedAt      time.Time
-	UpdatedAt      time.Time
-}
-
-func (attempt) TableName() string { return "payment_attempts" }
-
-// Attempt outcomes (payment_attempts.outcome).
-const (
-	outcomeSucceeded     = stripestep.Succeeded
-	outcomeFailed        = stripestep.Failed
-	outcomeIndeterminate = stripestep.Indeterminate
-	outcomeRejected      = stripestep.Rejected
-)
-
-func (a *attempt) outcome() string {
-	if a.Outcome == nil {
-		return ""
+// leaseFence is the fence of a run's writes to the step log: the
+// idempotency key keyID still leased to owner. keyID 0 (a run without a
+// key: the reconciler) writes unfenced.
+func leaseFence(keyID int64, owner string) stripestep.Fence {
+	if keyID == 0 {
+		return stripestep.Fence{}
 	}
-	return *a.Outcome
-}
-
-func (a *attempt) target() string {
-	if a.PaymentIntentID == nil {
-		return ""
-	}
-	return *a.PaymentIntentID
-}
-
-// loadAttempts returns the order's attempts of step (all steps when step is
-// ""), in attempt order.
-func loadAttempts(ctx context.Context, db *gorm.DB, orderID, step string) ([]attempt, error) {
-	q := db.WithContext(ctx).Where("order_id = ?", orderID)
-	if step != "" {
-		q = q.Where("step = ?", step)
-	}
-	var as []attempt
-	if err := q.Order("step, attempt").Find(&as).Error; err != nil {
-		return nil, fmt.Errorf("load payment attempts of %s: %w", orderID, err)
-	}
-	return as, nil
-}
-
-// errAttemptTaken is returned by insertAttempt when another run inserted the
-// same attempt first, or the key's lease is no longer ours: that run owns
-// the step now.
-var errAttemptTaken = errors.New("payment attempt taken by another run")
-
-// insertAttempt writes attempt a before its call. With fenceKeyID set, the
-// row is written only while the idempotency key fenceKeyID still names owner
-// as its lease owner.
-func insertAttempt(ctx context.Context, db *gorm.DB, a *attempt, fenceKeyID int64, owner string) error {
-	var res *gorm.DB
-	if fenceKeyID != 0 {
-		res = db.WithContext(ctx).Raw(insertAttemptSQL+`
-			WHERE EXISTS (SELECT 1 FROM idempotency_keys WHERE id = ? AND lease_owner = ?)
-			ON CONFLICT DO NOTHING RETURNING id`, append(a.insertArgs(), fenceKeyID, owner)...).Scan(&a.ID)
-	} else {
-		res = db.WithContext(ctx).Raw(insertAttemptSQL+`
-			ON CONFLICT DO NOTHING RETURNING id`, a.insertArgs()...).Scan(&a.ID)
-	}
-	if res.Error != nil {
-		return fmt.Errorf("insert payment attempt %s: %w", a.IdempotencyKey, res.Error)
-	}
-	if res.RowsAffected != 1 {
-		return errAttemptTaken
-	}
-	return nil
-}
-
-// insertAttemptSQL is the INSERT of an attempt (a.insertArgs), without its
-// conditions: insertAttempt's and the first execution's statements add
-// theirs.
-const insertAttemptSQL = `INSERT INTO payment_attempts
-			(order_id, tenant_id, step, attempt, idempotency_key, payment_intent_id, request_params, created_at, updated_at)
-			SELECT ?, ?, ?, ?, ?, ?, ?::jsonb, ?, ?`
-
-func (a *attempt) insertArgs() []any {
-	return []any{a.OrderID, a.TenantID, a.Step, a.Attempt, a.IdempotencyKey, a.PaymentIntentID, string(a.RequestParams), a.CreatedAt, a.CreatedAt}
-}
-
-// finishAttempt records the answer to attempt id. outcome "" keeps the
-// outcome open (no final answer yet) and records only the error.
-func finishAttempt(ctx context.Context, db *gorm.DB, id int64, outcome string, pi *PaymentIntentState, errText string, now time.Time) error {
-	err := db.WithContext(ctx).Exec(finishAttemptSQL, finishAttemptArgs(id, outcome, pi, errText, now)...).Error
-	if err != nil {
-		return fmt.Errorf("record payment attempt %d: %w", id, err)
-	}
-	return nil
-}
-
-// finishAttemptSQL is finishAttempt's UPDATE, also run inside the first
-// execution's statements.
-const finishAttemptSQL = `
-		UPDATE payment_attempts SET outcome = COALESCE(NULLIF(?, ''), outcome),
-		    stripe_object_id = COALESCE(?, stripe_object_id), stripe_status = COALESCE(?, stripe_status),
-		    error = NULLIF(?, ''), updated_at = ?
-		WHERE id = ?`
-
-func finishAttemptArgs(id int64, outcome string, pi *PaymentIntentState, errText string, now time.Time) []any {
-	var objID, status any
-	if pi != nil && pi.ID != "" {
-		objID, status = pi.ID, pi.Status
-	}
-	return []any{outcome, objID, status, errText, now, id}
+	return stripestep.Fence{Cond: `EXISTS (SELECT 1 FROM idempotency_keys WHERE id = ? AND lease_owner = ?)`,
+		Args: []any{keyID, owner}}
 }

@@ -27,13 +27,13 @@ const strayRefundReason = "duplicate"
 
 // StrayRefundKey returns the Stripe idempotency key of the refund of stray
 // PaymentIntent piID of order orderID: stripestep.Key's
-// "{order id}/stray-refund:{pi id}/1", the refund saga's scheme with the
-// PaymentIntent as the step. Derived from the two ids alone, so every process and every detection of
+// "{order id}/stray-refund:{pi id}/1" (stripestep.StrayRefundStep).
+// Derived from the two ids alone, so every process and every detection of
 // the same PaymentIntent sends the same key; and a PaymentIntent can be
 // refunded only up to what it charged, so even a key Stripe pruned cannot
 // refund it twice.
 func StrayRefundKey(orderID, piID string) string {
-	return stripestep.Key(orderID, "stray-refund:"+piID, 1)
+	return stripestep.Key(orderID, stripestep.StrayRefundStep(piID), 1)
 }
 
 // isStray reports whether pi, which names o in its metadata, moves money

@@ -9,11 +9,15 @@
 //     and the same parameters;
 //   - a 500 (any 5xx but 503) on a write is stored under the key and replayed
 //     to every retry: the outcome is indeterminate, and the caller must
-//     reconcile (checkout.ErrProviderIndeterminate), never resend;
+//     reconcile (stripestep.ErrIndeterminate), never resend;
 //   - 401 and 403 refuse our own credentials, not the payment: not retried,
-//     nothing stored (checkout.ErrProviderCredentials);
+//     nothing stored (stripestep.ErrCredentials);
 //   - 402 card_error is a decline and any other 4xx a rejection: final
-//     (*checkout.PaymentRefusal).
+//     (*checkout.PaymentRefusal, a stripestep.Refusal).
+//
+// classify is the one place that reads Stripe's errors; the sagas take the
+// outcome an attempt records from stripestep.OutcomeOf over what it
+// returns, for PaymentIntents and refunds alike.
 package payments
 
 import (
@@ -33,16 +37,17 @@ import (
 	"github.com/stripe/stripe-go/v76/paymentintent"
 
 	"github.com/onceonly/checkout/internal/checkout"
+	"github.com/onceonly/checkout/internal/stripestep"
 )
 
-// ErrUnavailable is checkout.ErrProviderUnanswered: no final answer within
+// ErrUnavailable is stripestep.ErrUnanswered: no final answer within
 // Config.MaxElapsed (or before the context ended). Resending the same
 // request with the same key is safe.
-var ErrUnavailable = checkout.ErrProviderUnanswered
+var ErrUnavailable = stripestep.ErrUnanswered
 
-// ErrIndeterminate is checkout.ErrProviderIndeterminate: Stripe stored an
-// error (a 500) under the key; reconcile before any new attempt.
-var ErrIndeterminate = checkout.ErrProviderIndeterminate
+// ErrIndeterminate is stripestep.ErrIndeterminate: Stripe stored an error
+// (a 500) under the key; reconcile before any new attempt.
+var ErrIndeterminate = stripestep.ErrIndeterminate
 
 // ErrNoIdempotencyKey is returned, without any HTTP request, by a write
 // whose request has no idempotency key: stripe-go would otherwise generate a
@@ -302,23 +307,37 @@ const (
 	resultCredentials result = "credentials_refused"
 )
 
-// call runs one write or read with retries. key is the idempotency key of a
-// write, "" for a read.
+// call runs one PaymentIntent write or read with retries (see callT).
 func (c *Client) call(ctx context.Context, o op, key string, do func(context.Context) (*stripe.PaymentIntent, error)) (checkout.PaymentIntentState, error) {
+	return callT(ctx, c, o, key, func(actx context.Context) (checkout.PaymentIntentState, error) {
+		pi, err := do(actx)
+		if err != nil {
+			return checkout.PaymentIntentState{}, err
+		}
+		return stateOf(pi), nil
+	})
+}
+
+// callT runs one write or read with retries, each attempt bounded by
+// Config.Timeout and classified (classify): answers Stripe does not store
+// are retried with the same key; any other error is final. key is the
+// idempotency key of a write, "" for a read.
+func callT[T any](ctx context.Context, c *Client, o op, key string, do func(context.Context) (T, error)) (T, error) {
 	write := key != ""
-	attempt := func() (checkout.PaymentIntentState, error) {
+	attempt := func() (T, error) {
+		var zero T
 		actx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 		defer cancel()
-		pi, err := do(actx)
+		v, err := do(actx)
 		res, err := classify(err, write)
 		c.calls.WithLabelValues(string(o), string(res)).Inc()
 		switch {
 		case err == nil:
-			return stateOf(pi), nil
+			return v, nil
 		case res == resultTransient:
-			return checkout.PaymentIntentState{}, err
+			return zero, err
 		default:
-			return checkout.PaymentIntentState{}, backoff.Permanent(err)
+			return zero, backoff.Permanent(err)
 		}
 	}
 	return retry(c, ctx, o, key, attempt)
@@ -347,8 +366,7 @@ func retry[T any](c *Client, ctx context.Context, o op, key string, attempt func
 	if err == nil {
 		return v, nil
 	}
-	var refusal *checkout.PaymentRefusal
-	if errors.As(err, &refusal) || errors.Is(err, ErrIndeterminate) || errors.Is(err, checkout.ErrProviderCredentials) {
+	if stripestep.Final(err) {
 		return v, fmt.Errorf("stripe %s: %w", o, err)
 	}
 	return v, fmt.Errorf("stripe %s after %d attempts: %w: %w", o, n, ErrUnavailable, err)
@@ -356,7 +374,7 @@ func retry[T any](c *Client, ctx context.Context, o op, key string, attempt func
 
 // classify names the result of one attempt and returns the error to act on:
 // nil, a transient error (retry), a *checkout.PaymentRefusal, or an error
-// wrapping ErrIndeterminate.
+// wrapping stripestep.ErrIndeterminate or stripestep.ErrCredentials.
 func classify(err error, write bool) (result, error) {
 	if err == nil {
 		return resultSucceeded, nil
@@ -385,7 +403,7 @@ func classify(err error, write bool) (result, error) {
 		// Authentication comes before execution: nothing was stored under
 		// the key, and the payment was not refused. Final for this call;
 		// the saga keeps the step open for when the key is fixed.
-		return resultCredentials, fmt.Errorf("%w: %w", checkout.ErrProviderCredentials, e)
+		return resultCredentials, fmt.Errorf("%w: %w", stripestep.ErrCredentials, e)
 	case se.Type == stripe.ErrorTypeIdempotency:
 		// The key was used with other parameters: the first request's
 		// outcome is unknown to this call. Never treat it as final.

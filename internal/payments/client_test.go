@@ -17,6 +17,7 @@ import (
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/stripeemu"
+	"github.com/onceonly/checkout/internal/stripestep"
 )
 
 func TestMain(m *testing.M) {
@@ -53,7 +54,7 @@ func setup(t testing.TB, cfg payments.Config) bundle {
 func createReq(t testing.TB, pm string) checkout.CreateIntentRequest {
 	t.Helper()
 	return checkout.CreateIntentRequest{
-		IdempotencyKey: checkout.StepKey("ord_"+t.Name(), checkout.StepCreate, 1),
+		IdempotencyKey: stripestep.Key("ord_"+t.Name(), checkout.StepCreate, 1),
 		Amount:         2500,
 		Currency:       "usd",
 		PaymentMethod:  pm,
@@ -132,7 +133,7 @@ func TestCreateAndConfirm(t *testing.T) {
 			require.Equal(t, "requires_confirmation", pi.Status, "created unconfirmed: no money moves")
 			require.Equal(t, map[string]string{"order_id": "ord_1", "tenant_id": "acme"}, pi.Metadata)
 
-			key := checkout.StepKey("ord_1", checkout.StepConfirm, 1)
+			key := stripestep.Key("ord_1", checkout.StepConfirm, 1)
 			got, err := b.client.ConfirmPaymentIntent(t.Context(), checkout.ConfirmIntentRequest{IdempotencyKey: key, PaymentIntentID: pi.ID})
 			if tt.wantDecline != "" {
 				var refusal *checkout.PaymentRefusal

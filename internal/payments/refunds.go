@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/cenkalti/backoff/v5"
 	"github.com/stripe/stripe-go/v76"
 	"github.com/stripe/stripe-go/v76/refund"
 
 	"github.com/onceonly/checkout/internal/refunds"
+	"github.com/onceonly/checkout/internal/stripestep"
 )
 
 var _ refunds.Stripe = (*Client)(nil)
@@ -23,37 +23,6 @@ const (
 
 func (c *Client) refundClient() refund.Client { return refund.Client{B: c.pi.B, Key: c.pi.Key} }
 
-// refundCall runs one refund call with the Client's classification and
-// retries (see classify): answers Stripe does not store are retried with
-// the same key; a 500 on a write wraps ErrIndeterminate (never resent); any
-// other 4xx wraps refunds.ErrRejected.
-func refundCall[T any](ctx context.Context, c *Client, o op, key string, do func(context.Context) (T, error)) (T, error) {
-	write := key != ""
-	attempt := func() (T, error) {
-		var zero T
-		actx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
-		defer cancel()
-		v, err := do(actx)
-		res, err := classify(err, write)
-		c.calls.WithLabelValues(string(o), string(res)).Inc()
-		switch {
-		case err == nil:
-			return v, nil
-		case res == resultTransient:
-			return zero, err
-		case res == resultIndeterminate:
-			return zero, backoff.Permanent(fmt.Errorf("%w: %w", refunds.ErrIndeterminate, err))
-		case res == resultCredentials:
-			// Not a refusal of the refund: nothing was executed or stored,
-			// and the same key may be sent again once our key is fixed.
-			return zero, backoff.Permanent(err)
-		default:
-			return zero, backoff.Permanent(fmt.Errorf("%w: %w", refunds.ErrRejected, err))
-		}
-	}
-	return retry(c, ctx, o, key, attempt)
-}
-
 // CreateRefund creates a refund (POST /v1/refunds with payment_intent,
 // amount, reason and metadata refund_id, order_id, tenant_id) with
 // p.IdempotencyKey as Stripe's Idempotency-Key
@@ -62,19 +31,19 @@ func refundCall[T any](ctx context.Context, c *Client, o op, key string, do func
 // Answers Stripe does not store under the key (a network error or timeout,
 // 409 idempotency_key_in_use or lock_timeout, 429, 503) are retried with the
 // same key and parameters until Config.MaxElapsed. It returns the refund
-// Stripe answered with, whatever its status; an error wrapping
-// refunds.ErrRejected for a 4xx (nothing was created); an error wrapping
-// refunds.ErrIndeterminate (and ErrIndeterminate) for a 500, which Stripe
-// stores under the key, so it is not resent
+// Stripe answered with, whatever its status; a *checkout.PaymentRefusal for
+// a 4xx (nothing was created); an error wrapping ErrIndeterminate for a
+// 500, which Stripe stores under the key, so it is not resent
 // (https://docs.stripe.com/api/idempotent_requests); and an error wrapping
 // ErrUnavailable when the retries ran out without an answer, in which case
-// the refund may have been created too, and resending the key is safe.
+// the refund may have been created too, and resending the key is safe
+// (stripestep.OutcomeOf classifies them all).
 func (c *Client) CreateRefund(ctx context.Context, p refunds.CreateParams) (refunds.StripeRefund, error) {
 	if strings.TrimSpace(p.IdempotencyKey) == "" {
-		return refunds.StripeRefund{}, fmt.Errorf("refund %s: %w: %w", p.RefundID, refunds.ErrRejected, ErrNoIdempotencyKey)
+		return refunds.StripeRefund{}, fmt.Errorf("refund %s: %w: %w", p.RefundID, stripestep.ErrRejected, ErrNoIdempotencyKey)
 	}
 	rc := c.refundClient()
-	return refundCall(ctx, c, opRefundCreate, p.IdempotencyKey, func(actx context.Context) (refunds.StripeRefund, error) {
+	return callT(ctx, c, opRefundCreate, p.IdempotencyKey, func(actx context.Context) (refunds.StripeRefund, error) {
 		params := &stripe.RefundParams{
 			PaymentIntent: stripe.String(p.PaymentIntentID),
 			Amount:        stripe.Int64(p.Amount),
@@ -97,11 +66,11 @@ func (c *Client) CreateRefund(ctx context.Context, p refunds.CreateParams) (refu
 
 // GetRefund retrieves a refund by Stripe id
 // (https://docs.stripe.com/api/refunds/retrieve), retrying transient
-// failures (a read's 5xx included). A 4xx (no such refund) wraps
-// refunds.ErrRejected.
+// failures (a read's 5xx included). A 4xx (no such refund) is a
+// *checkout.PaymentRefusal.
 func (c *Client) GetRefund(ctx context.Context, id string) (refunds.StripeRefund, error) {
 	rc := c.refundClient()
-	return refundCall(ctx, c, opRefundRetrieve, "", func(actx context.Context) (refunds.StripeRefund, error) {
+	return callT(ctx, c, opRefundRetrieve, "", func(actx context.Context) (refunds.StripeRefund, error) {
 		params := &stripe.RefundParams{}
 		params.Context = actx
 		r, err := rc.Get(id, params)
@@ -118,7 +87,7 @@ func (c *Client) GetRefund(ctx context.Context, id string) (refunds.StripeRefund
 // it. Transient failures are retried.
 func (c *Client) ListRefunds(ctx context.Context, paymentIntentID string) ([]refunds.StripeRefund, error) {
 	rc := c.refundClient()
-	return refundCall(ctx, c, opRefundList, "", func(actx context.Context) ([]refunds.StripeRefund, error) {
+	return callT(ctx, c, opRefundList, "", func(actx context.Context) ([]refunds.StripeRefund, error) {
 		params := &stripe.RefundListParams{PaymentIntent: stripe.String(paymentIntentID)}
 		params.Context = actx
 		params.Limit = stripe.Int64(100)

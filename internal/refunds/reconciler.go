@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/onceonly/checkout/internal/stripestep"
 )
 
 // PollPending asks Stripe for the state of up to limit refunds that are
@@ -86,7 +88,7 @@ func (s *Service) ReconcileParked(ctx context.Context, olderThan time.Duration, 
 		s.Metrics.reconciled(ReconcileFound)
 		s.Logger.WarnContext(ctx, "parked refund found at Stripe: adopted", "refund_id", r.ID, "stripe_refund_id", found.ID, "status", found.Status)
 		if a, err := latestAttempt(ctx, s.DB, r); err == nil && a != nil {
-			if err := recordAttempt(ctx, s.DB, a, outcomeSucceeded, found, nil, s.now()); err != nil {
+			if err := recordAttempt(ctx, s.DB, a, stripestep.Succeeded, found, nil, s.now()); err != nil {
 				s.Logger.WarnContext(ctx, "record refund attempt", "err", err)
 			}
 		}

@@ -27,7 +27,6 @@ package refunds
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/onceonly/checkout/internal/problem"
@@ -121,26 +120,19 @@ type CreateParams struct {
 //
 // CreateRefund sends p.IdempotencyKey as Stripe's Idempotency-Key and may
 // retry with it; it returns the refund Stripe created (whatever its
-// status), or an error wrapping ErrRejected when Stripe refused the request
-// itself (a 4xx: nothing was created and the same request cannot succeed),
-// an error wrapping ErrIndeterminate for a 500 Stripe stored under the key,
-// or another error when Stripe gave no answer (a timeout, unreachable). GetRefund retrieves one refund by id; ListRefunds lists
-// every refund of a PaymentIntent (strongly consistent, unlike search).
+// status), or an error that stripestep.OutcomeOf classifies: a
+// stripestep.Refusal or stripestep.ErrRejected when Stripe refused the
+// request itself (a 4xx: nothing was created and the same request cannot
+// succeed), stripestep.ErrIndeterminate for a 500 Stripe stored under the
+// key (the key can never succeed again, and the refund may or may not
+// exist, or appear later: https://docs.stripe.com/api/idempotent_requests),
+// and any other error when Stripe gave no answer (a timeout, unreachable,
+// 503s until the retries ran out, our credentials refused), which leaves
+// the key usable: resending it either runs the request or replays what it
+// did. GetRefund retrieves one refund by id; ListRefunds lists every refund
+// of a PaymentIntent (strongly consistent, unlike search).
 type Stripe interface {
 	CreateRefund(ctx context.Context, p CreateParams) (StripeRefund, error)
 	GetRefund(ctx context.Context, id string) (StripeRefund, error)
 	ListRefunds(ctx context.Context, paymentIntentID string) ([]StripeRefund, error)
 }
-
-// ErrRejected is wrapped by Stripe's errors when Stripe refused the request
-// as such (4xx other than 409 and 429): final, never retried.
-var ErrRejected = errors.New("stripe rejected the refund request")
-
-// ErrIndeterminate is wrapped by CreateRefund's error when Stripe stored an
-// error under the key (a 500): the key can never succeed again and the
-// refund may or may not exist, or appear later
-// (https://docs.stripe.com/api/idempotent_requests). Any other error of
-// CreateRefund (no answer: a timeout, Stripe unreachable, 503s until the
-// retries ran out) leaves the key usable: resending it either runs the
-// request or replays what it did.
-var ErrIndeterminate = errors.New("stripe stored an indeterminate answer under the key")

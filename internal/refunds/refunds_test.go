@@ -57,7 +57,7 @@ func TestOurStatusFollowsStripe(t *testing.T) {
 
 func TestAttemptKeyIsDerivedFromPersistedState(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, "ord_1/refund:rf_2/3", stripestep.Key("ord_1", step("rf_2"), 3))
+	require.Equal(t, "ord_1/refund:rf_2/3", stripestep.Key("ord_1", stripestep.RefundStep("rf_2"), 3))
 }
 
 func ptr(n int64) *int64 { return &n }

@@ -237,55 +237,55 @@ func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (
 		switch {
 		case a == nil:
 			return nil, s.fail(c, fmt.Errorf("refund %s has no attempt", r.ID))
-		case a.Outcome == nil && s.now().Sub(a.CreatedAt) > stripestep.ResendWindow:
+		case a.Outcome == stripestep.Open && !a.Resendable(s.now()):
 			// Stripe may have pruned the key (it keeps keys at least 24
 			// hours): resending it could run the refund a second time.
-			if rerr := recordAttempt(ctx, s.DB, a, outcomeIndeterminate, nil,
+			if rerr := recordAttempt(ctx, s.DB, a, stripestep.Indeterminate, nil,
 				fmt.Errorf("unanswered for %s: reconcile instead of resending the key", stripestep.ResendWindow), s.now()); rerr != nil {
 				return nil, s.fail(c, rerr)
 			}
-		case a.Outcome == nil:
+		case a.Outcome == stripestep.Open:
 			st, err := s.Stripe.CreateRefund(ctx, CreateParams{
 				IdempotencyKey: a.IdempotencyKey, PaymentIntentID: r.PaymentIntentID, Amount: r.Amount,
 				Reason: deref(r.Reason), RefundID: r.ID, OrderID: r.OrderID, TenantID: r.TenantID,
 			})
-			switch {
-			case err == nil:
-				if rerr := recordAttempt(ctx, s.DB, a, outcomeSucceeded, &st, nil, s.now()); rerr != nil {
+			switch outcome := stripestep.OutcomeOf(err); outcome {
+			case stripestep.Succeeded:
+				if rerr := recordAttempt(ctx, s.DB, a, outcome, &st, nil, s.now()); rerr != nil {
 					s.Logger.WarnContext(ctx, "record refund attempt", "err", rerr)
 				}
 				return s.settle(ctx, c, r, &st, "")
-			case errors.Is(err, ErrRejected):
-				if rerr := recordAttempt(ctx, s.DB, a, outcomeRejected, nil, err, s.now()); rerr != nil {
+			case stripestep.Failed, stripestep.Rejected:
+				if rerr := recordAttempt(ctx, s.DB, a, outcome, nil, err, s.now()); rerr != nil {
 					return nil, s.fail(c, rerr)
 				}
 				return s.settle(ctx, c, r, nil, "stripe_rejected")
-			case errors.Is(err, ErrIndeterminate):
+			case stripestep.Indeterminate:
 				s.Logger.WarnContext(ctx, "refund attempt indeterminate; reconciling before any new attempt",
 					"refund_id", r.ID, "attempt", a.Attempt, "err", err)
-				if rerr := recordAttempt(ctx, s.DB, a, outcomeIndeterminate, nil, err, s.now()); rerr != nil {
+				if rerr := recordAttempt(ctx, s.DB, a, outcome, nil, err, s.now()); rerr != nil {
 					return nil, s.fail(c, rerr)
 				}
 				// The next round reconciles at once: with a roll-forward
 				// of "0s" the refund is already there.
 			default:
-				// No answer: Stripe stored nothing we know of under the
-				// key, so the attempt stays open and the retry (or the
-				// completer) resends the same key, which runs the request
-				// or replays what it did.
-				if rerr := noteAttemptError(ctx, s.DB, a, err, s.now()); rerr != nil {
+				// No answer (or our credentials refused): Stripe stored
+				// nothing we know of under the key, so the attempt stays
+				// open and the retry (or the completer) resends the same
+				// key, which runs the request or replays what it did.
+				if rerr := recordAttempt(ctx, s.DB, a, stripestep.Open, nil, err, s.now()); rerr != nil {
 					s.Logger.WarnContext(ctx, "record refund attempt", "err", rerr)
 				}
 				return nil, s.fail(c, problem.Wrap(ErrPaymentUnavailable, err))
 			}
-		case *a.Outcome == outcomeSucceeded && a.StripeObjectID != nil:
+		case a.Outcome == stripestep.Succeeded && a.StripeObjectID != nil:
 			// Stripe answered but transaction 2 did not commit.
 			st, err := s.Stripe.GetRefund(ctx, *a.StripeObjectID)
 			if err != nil {
 				return nil, s.fail(c, problem.Wrap(ErrPaymentUnavailable, err))
 			}
 			return s.settle(ctx, c, r, &st, "")
-		case *a.Outcome == outcomeRejected:
+		case a.Outcome.Refused():
 			return s.settle(ctx, c, r, nil, "stripe_rejected")
 		default: // indeterminate
 			found, err := s.reconcile(ctx, r)
@@ -295,7 +295,7 @@ func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (
 			if found != nil {
 				s.Metrics.reconciled(ReconcileFound)
 				s.Logger.InfoContext(ctx, "refund reconciled: Stripe has it", "refund_id", r.ID, "stripe_refund_id", found.ID)
-				if rerr := recordAttempt(ctx, s.DB, a, outcomeSucceeded, found, nil, s.now()); rerr != nil {
+				if rerr := recordAttempt(ctx, s.DB, a, stripestep.Succeeded, found, nil, s.now()); rerr != nil {
 					s.Logger.WarnContext(ctx, "record refund attempt", "err", rerr)
 				}
 				return s.settle(ctx, c, r, found, "")

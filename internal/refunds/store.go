@@ -111,39 +111,10 @@ func ForOrder(ctx context.Context, db *gorm.DB, orderID string) ([]Refund, error
 	return out, nil
 }
 
-// attemptRow is one row of the saga's step log, payment_attempts.
-type attemptRow struct {
-	ID              int64
-	OrderID         string
-	TenantID        string
-	Step            string
-	Attempt         int
-	IdempotencyKey  string
-	PaymentIntentID *string
-	RequestParams   string
-	Outcome         *string
-	StripeObjectID  *string
-	StripeStatus    *string
-	Error           *string
-	CreatedAt       time.Time
-	UpdatedAt       time.Time
-}
-
-func (attemptRow) TableName() string { return "payment_attempts" }
-
-// Outcomes of an attempt (payment_attempts.outcome). NULL: sent, or about
-// to be, with no answer recorded: it may be resent under the same key.
-const (
-	outcomeSucceeded     = stripestep.Succeeded
-	outcomeRejected      = stripestep.Rejected
-	outcomeIndeterminate = stripestep.Indeterminate
-)
-
-// step is the saga step of refund id.
-func step(refundID string) string { return "refund:" + refundID }
-
-// insertAttempt writes attempt n of r's step, before its call.
-func insertAttempt(ctx context.Context, tx *gorm.DB, r *refundRow, n int, now time.Time) (*attemptRow, error) {
+// insertAttempt writes attempt n of r's step (stripestep.RefundStep),
+// before its call: the refund's POST /v1/refunds under
+// stripestep.Key(order, step, n).
+func insertAttempt(ctx context.Context, tx *gorm.DB, r *refundRow, n int, now time.Time) (*stripestep.Attempt, error) {
 	params, err := json.Marshal(map[string]any{
 		"payment_intent": r.PaymentIntentID, "amount": r.Amount, "reason": r.Reason,
 		"metadata": map[string]string{"refund_id": r.ID, "order_id": r.OrderID, "tenant_id": r.TenantID},
@@ -151,63 +122,37 @@ func insertAttempt(ctx context.Context, tx *gorm.DB, r *refundRow, n int, now ti
 	if err != nil {
 		return nil, err
 	}
-	a := &attemptRow{
-		OrderID: r.OrderID, TenantID: r.TenantID, Step: step(r.ID), Attempt: n,
-		IdempotencyKey: stripestep.Key(r.OrderID, step(r.ID), n), PaymentIntentID: &r.PaymentIntentID,
-		RequestParams: string(params), CreatedAt: now, UpdatedAt: now,
-	}
-	if err := tx.WithContext(ctx).Create(a).Error; err != nil {
-		return nil, fmt.Errorf("insert attempt %d of %s: %w", n, a.Step, err)
+	a := stripestep.NewAttempt(r.OrderID, r.TenantID, stripestep.RefundStep(r.ID), n, r.PaymentIntentID, params, now)
+	if err := stripestep.Insert(ctx, tx, a, stripestep.Fence{}); err != nil {
+		return nil, err
 	}
 	return a, nil
 }
 
 // latestAttempt returns the highest attempt of r's step (nil if none).
-func latestAttempt(ctx context.Context, db *gorm.DB, r *refundRow) (*attemptRow, error) {
-	var rows []attemptRow
-	err := db.WithContext(ctx).Where("order_id = ? AND step = ?", r.OrderID, step(r.ID)).
-		Order("attempt DESC").Limit(1).Find(&rows).Error
-	if err != nil {
-		return nil, fmt.Errorf("load attempts of %s: %w", step(r.ID), err)
-	}
-	if len(rows) == 0 {
-		return nil, nil
-	}
-	return &rows[0], nil
+func latestAttempt(ctx context.Context, db *gorm.DB, r *refundRow) (*stripestep.Attempt, error) {
+	return stripestep.Latest(ctx, db, r.OrderID, stripestep.RefundStep(r.ID))
 }
 
-// recordAttempt stores the outcome of attempt a after its call. A failure
-// to record is harmless: the attempt stays "sent", and the next run resends
-// its key, which Stripe answers as it did.
-func recordAttempt(ctx context.Context, db *gorm.DB, a *attemptRow, outcome string, st *StripeRefund, cause error, now time.Time) error {
-	updates := map[string]any{"outcome": outcome, "updated_at": now}
+// recordAttempt stores the answer to attempt a after its call: outcome,
+// the refund Stripe answered with (st, if any) and the call's error (cause,
+// if any). stripestep.Open records only the error, on an attempt still
+// open, so that its key is resent. A failure to record is harmless: the
+// attempt stays open, and the next run resends its key, which Stripe
+// answers as it did.
+func recordAttempt(ctx context.Context, db *gorm.DB, a *stripestep.Attempt, outcome stripestep.Outcome, st *StripeRefund, cause error, now time.Time) error {
+	answer := stripestep.Answer{Outcome: outcome}
 	if st != nil {
-		updates["stripe_object_id"], updates["stripe_status"] = st.ID, st.Status
+		answer.ObjectID, answer.Status = st.ID, st.Status
 	}
 	if cause != nil {
-		msg := cause.Error()
-		if len(msg) > 1000 {
-			msg = msg[:1000]
-		}
-		updates["error"] = msg
+		answer.Error = cause.Error()
 	}
-	if err := db.WithContext(ctx).Model(&attemptRow{}).Where("id = ?", a.ID).Updates(updates).Error; err != nil {
+	if err := stripestep.Finish(ctx, db, a.ID, answer, now); err != nil {
 		return fmt.Errorf("record attempt %d of %s: %w", a.Attempt, a.Step, err)
 	}
-	a.Outcome, a.UpdatedAt = &outcome, now
-	return nil
-}
-
-// noteAttemptError records the last error of an attempt that got no answer,
-// for people; its outcome stays open (NULL), so its key is resent.
-func noteAttemptError(ctx context.Context, db *gorm.DB, a *attemptRow, cause error, now time.Time) error {
-	msg := cause.Error()
-	if len(msg) > 1000 {
-		msg = msg[:1000]
-	}
-	if err := db.WithContext(ctx).Model(&attemptRow{}).Where("id = ? AND outcome IS NULL", a.ID).
-		Updates(map[string]any{"error": msg, "updated_at": now}).Error; err != nil {
-		return fmt.Errorf("record error of attempt %d of %s: %w", a.Attempt, a.Step, err)
+	if outcome != stripestep.Open {
+		a.Outcome, a.UpdatedAt = outcome, now
 	}
 	return nil
 }

@@ -1,32 +1,90 @@
-// Package stripestep holds the rules every Stripe step of the service's
-// sagas shares, the PaymentIntent's (create, confirm, cancel) and the
-// refund's: how a step's idempotency key is derived, how long that key may
-// be resent as it is, and the outcomes an attempt records in
-// payment_attempts. Both sagas take them from here, so a fork changes each
-// rule in one place.
+// Package stripestep is the log of the service's Stripe steps and the
+// rules every step shares, for the PaymentIntent saga (create, confirm,
+// cancel) and the refund saga alike: the table payment_attempts (one row
+// per attempt of one step, written before its call, finished after it),
+// the outcomes an attempt records, how a step's idempotency key is derived,
+// how long that key may be resent as it is, and how an answer from Stripe
+// (a value or an error) becomes an outcome. It is the one package that
+// reads and writes payment_attempts; both sagas and the sweep
+// (internal/sweep) go through its Go API, so a fork changes each rule in
+// one place.
 package stripestep
 
 import (
+	"database/sql/driver"
+	"fmt"
 	"strconv"
 	"time"
 )
 
-// Outcomes of one attempt of a step, as payment_attempts.outcome records
-// them (NULL until the call has answered).
+// Outcome is the outcome of one attempt of a step, as
+// payment_attempts.outcome records it.
+type Outcome string
+
+// The outcomes of an attempt.
 const (
+	// Open (NULL in the table): sent, or about to be, with no final answer
+	// recorded; its key may be resent as it is within ResendWindow.
+	Open Outcome = ""
 	// Succeeded: Stripe did what the step asked.
-	Succeeded = "succeeded"
+	Succeeded Outcome = "succeeded"
 	// Failed: Stripe answered, and the customer's payment failed (a
-	// decline); the step is over.
-	Failed = "failed"
+	// decline, 402 card_error); the step is over.
+	Failed Outcome = "failed"
 	// Rejected: Stripe refused the request itself (a 4xx other than a
 	// card error); never sent again.
-	Rejected = "rejected"
-	// Indeterminate: no usable answer (a 5xx Stripe may have stored, a
-	// timeout, a lost connection); reconciled with Stripe before any new
-	// attempt.
-	Indeterminate = "indeterminate"
+	Rejected Outcome = "rejected"
+	// Indeterminate: an answer Stripe stored under the key that says
+	// nothing of the result (a 500, an idempotency_error); reconciled
+	// with Stripe before any new attempt, never resent.
+	Indeterminate Outcome = "indeterminate"
 )
+
+// Refused reports whether o is a final refusal by Stripe: Failed or
+// Rejected.
+func (o Outcome) Refused() bool { return o == Failed || o == Rejected }
+
+// Value stores Open as NULL (database/sql/driver.Valuer).
+func (o Outcome) Value() (driver.Value, error) {
+	if o == Open {
+		return nil, nil
+	}
+	return string(o), nil
+}
+
+// Scan reads NULL as Open (database/sql.Scanner).
+func (o *Outcome) Scan(src any) error {
+	switch v := src.(type) {
+	case nil:
+		*o = Open
+	case string:
+		*o = Outcome(v)
+	case []byte:
+		*o = Outcome(v)
+	default:
+		return fmt.Errorf("stripestep: scan outcome from %T", src)
+	}
+	return nil
+}
+
+// The steps of an order's PaymentIntent saga, as payment_attempts.step
+// records them and Key derives them.
+const (
+	StepCreate  = "create"
+	StepConfirm = "confirm"
+	StepCancel  = "cancel"
+)
+
+// RefundStep returns the step of refund refundID of an order:
+// "refund:{refund id}".
+func RefundStep(refundID string) string { return "refund:" + refundID }
+
+// StrayRefundStep returns the step of the refund of a stray PaymentIntent
+// piID of an order, one that moved money for an order that is not paid:
+// "stray-refund:{pi id}". It has one attempt and no row in the log: its key
+// is derived from the two ids alone, and Stripe refunds a PaymentIntent
+// only up to what it charged.
+func StrayRefundStep(piID string) string { return "stray-refund:" + piID }
 
 // Key returns the Stripe Idempotency-Key of attempt n of step of the
 // object objectID (an order): "{object}/{step}/{attempt}", e.g.
@@ -47,5 +105,5 @@ func Key(objectID, step string, attempt int) string {
 // least 24 hours and may prune it after
 // (https://docs.stripe.com/api/idempotent_requests); a key it has forgotten
 // runs as a new request, so an attempt older than this is reconciled with
-// Stripe (GET or search) instead of resent.
+// Stripe (GET, list or search) instead of resent.
 const ResendWindow = 23 * time.Hour

@@ -12,6 +12,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/stripestep"
 )
 
 // OrderReconciler settles orders whose payment waits for Stripe or for the
@@ -185,11 +186,11 @@ type ReconcileRound struct {
 // indeterminately or not at all. So an order can have an orphan only if it
 // has a create attempt after the first: the sweep starts from those, by
 // the partial index payment_attempts_recreated (migration 00007), and
-// reads no order that has none, however many there are.
-const sweepCandidates = `
+// reads no order that has none, however many there are
+// (stripestep.RecreatedOrders).
+var sweepCandidates = `
 	SELECT o.tenant_id, o.id FROM orders o
-	WHERE o.id IN (SELECT a.order_id FROM payment_attempts a
-	               WHERE a.step = 'create' AND a.attempt > 1 AND a.created_at > ?)
+	WHERE o.id IN (` + stripestep.RecreatedOrders() + `)
 	  AND o.status NOT IN ('pending_payment', 'payment_unknown')
 	  AND (o.payment_orphans_checked_at IS NULL OR o.payment_orphans_checked_at < ?)
 	ORDER BY o.payment_orphans_checked_at NULLS FIRST LIMIT ?`
@@ -214,10 +215,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (ReconcileRound, error) {
 		JOIN idempotency_keys k ON k.order_id = o.id AND k.tenant_id = o.tenant_id
 		WHERE o.status IN ('payment_unknown', 'pending_payment')
 		  AND k.recovery_point <> ? AND k.lease_expires_at < ?
-		  AND (o.status = 'payment_unknown' OR (
-		      SELECT a.outcome FROM payment_attempts a
-		      WHERE a.order_id = o.id AND a.step IN ('create', 'confirm')
-		      ORDER BY a.updated_at DESC, a.id DESC LIMIT 1) = 'indeterminate')
+		  AND (o.status = 'payment_unknown' OR `+stripestep.PaymentIndeterminate("o.id")+`)
 		ORDER BY k.lease_expires_at LIMIT ?`,
 		idempotency.RecoveryPointFinished, r.cfg.Now().Add(-r.cfg.Grace), r.cfg.BatchSize).Scan(&keys).Error
 	if err != nil {

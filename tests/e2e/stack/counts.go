@@ -18,6 +18,7 @@ import (
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/notify/smtpsink"
 	"github.com/onceonly/checkout/internal/stripeemu"
+	"github.com/onceonly/checkout/internal/stripestep"
 )
 
 // Tenant is the tenant of Client and DirectClient (API key sk_test_acme).
@@ -176,9 +177,9 @@ func (s *Stack) Intents(orderID string) int {
 }
 
 // StepKey is the Stripe idempotency key of attempt 1 of step of order
-// orderID (checkout.StepKey).
+// orderID (stripestep.Key).
 func StepKey(orderID, step string) string {
-	return checkout.StepKey(orderID, step, 1)
+	return stripestep.Key(orderID, step, 1)
 }
 
 // Messages returns the emails the SMTP sink accepted.
