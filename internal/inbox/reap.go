@@ -29,7 +29,7 @@ func Reap(ctx context.Context, db *gorm.DB, receivedBefore time.Time, limit int)
 		  ORDER BY received_at LIMIT ? FOR UPDATE SKIP LOCKED))`,
 		receivedBefore, limit)
 	if res.Error != nil {
-		return 0, fmt.Errorf("inbox: reap: %w", res.Error)
+		return 0, fmt.Errorf("inbox: delete old rows: %w", res.Error)
 	}
 	return res.RowsAffected, nil
 }

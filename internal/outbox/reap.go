@@ -29,7 +29,7 @@ func Reap(ctx context.Context, db *gorm.DB, publishedBefore time.Time, limit int
 		  ORDER BY published_at LIMIT ? FOR UPDATE SKIP LOCKED))`,
 		publishedBefore, limit)
 	if res.Error != nil {
-		return 0, fmt.Errorf("outbox: reap: %w", res.Error)
+		return 0, fmt.Errorf("outbox: delete old published rows: %w", res.Error)
 	}
 	return res.RowsAffected, nil
 }

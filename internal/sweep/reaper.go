@@ -149,10 +149,10 @@ func (r *Reaper) RunOnce(ctx context.Context) (Reap, error) {
 		res  Reap
 		errs []error
 	)
-	// Each table's owner deletes its rows (inbox.Reap, outbox.Reap) a
-	// batch per statement, with FOR UPDATE SKIP LOCKED: a row a request
-	// holds is left for the next round instead of making the reaper (and
-	// everyone queued behind it) wait.
+	// Each table's owner deletes its rows a batch per statement
+	// (inbox.Reap, outbox.Reap), with FOR UPDATE SKIP LOCKED: a row a
+	// request holds is left for the next round instead of making the reaper
+	// (and everyone queued behind it) wait.
 	//
 	// The keys' batch is selected by idempotency_keys_expires and deleted
 	// by primary key in the same statement. FOR UPDATE rechecks the
@@ -160,39 +160,33 @@ func (r *Reaper) RunOnce(ctx context.Context) (Reap, error) {
 	// longer finished is never deleted. The recovery point is a literal in
 	// the SQL so that the planner matches the partial index whatever the
 	// plan cache does.
-	res.Keys, errs = r.reap(ctx, TableIdempotencyKeys, errs, func(ctx context.Context, db *gorm.DB, limit int) (int64, error) {
-		res := db.WithContext(ctx).Exec(`
+	res.Keys, errs = r.reap(ctx, TableIdempotencyKeys, errs, func(ctx context.Context, limit int) (int64, error) {
+		res := r.db.WithContext(ctx).Exec(`
 		DELETE FROM idempotency_keys WHERE id = ANY(ARRAY(
 		  SELECT id FROM idempotency_keys
 		  WHERE recovery_point = '`+idempotency.RecoveryPointFinished+`' AND expires_at < ?
 		  ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED))`,
 			now, limit)
-		if res.Error != nil {
-			return 0, fmt.Errorf("reap %s: %w", TableIdempotencyKeys, res.Error)
-		}
-		return res.RowsAffected, nil
+		return res.RowsAffected, res.Error
 	})
-	inboxBefore := now.Add(-r.cfg.InboxRetention)
-	res.Inbox, errs = r.reap(ctx, TableInbox, errs, func(ctx context.Context, db *gorm.DB, limit int) (int64, error) {
-		return inbox.Reap(ctx, db, inboxBefore, limit)
+	res.Inbox, errs = r.reap(ctx, TableInbox, errs, func(ctx context.Context, limit int) (int64, error) {
+		return inbox.Reap(ctx, r.db, now.Add(-r.cfg.InboxRetention), limit)
 	})
-	outboxBefore := now.Add(-r.cfg.OutboxRetention)
-	res.Outbox, errs = r.reap(ctx, TableOutbox, errs, func(ctx context.Context, db *gorm.DB, limit int) (int64, error) {
-		return outbox.Reap(ctx, db, outboxBefore, limit)
+	res.Outbox, errs = r.reap(ctx, TableOutbox, errs, func(ctx context.Context, limit int) (int64, error) {
+		return outbox.Reap(ctx, r.db, now.Add(-r.cfg.OutboxRetention), limit)
 	})
 	return res, errors.Join(errs...)
 }
 
-// reap runs batch, which deletes at most limit rows of table in one
-// statement and returns how many (or an error naming the table), until a
-// batch deletes fewer than BatchSize rows. Every statement runs outside any transaction of ours, so
-// each is committed on its own.
-func (r *Reaper) reap(ctx context.Context, table string, errs []error, batch func(ctx context.Context, db *gorm.DB, limit int) (int64, error)) (TableReap, []error) {
+// reap runs batch, which deletes up to its limit rows and returns how
+// many, until a batch deletes fewer than BatchSize rows. Every statement
+// runs outside any transaction of ours, so each is committed on its own.
+func (r *Reaper) reap(ctx context.Context, table string, errs []error, batch func(ctx context.Context, limit int) (int64, error)) (TableReap, []error) {
 	var t TableReap
 	for ctx.Err() == nil {
-		n, err := batch(ctx, r.db, r.cfg.BatchSize)
+		n, err := batch(ctx, r.cfg.BatchSize)
 		if err != nil {
-			return t, append(errs, err)
+			return t, append(errs, fmt.Errorf("reap %s: %w", table, err))
 		}
 		t.Statements++
 		t.Deleted += n
