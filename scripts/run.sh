@@ -81,9 +81,8 @@ export STRIPE_EMULATOR_WEBHOOK_URL=${STRIPE_EMULATOR_WEBHOOK_URL:-http://127.0.0
 # has none of this environment: it carries every configuration variable set
 # (not empty) here, the ones exported above and the user's (DATABASE_URL,
 # REDIS_KEY_PREFIX, AMQP_EXCHANGE, NOTIFY_QUEUE, ports, ...). Their names are
-# the ones the processes read, taken from the sources (env tags and getenv
-# calls under cmd/ and internal/, tests aside) so that a new variable is
-# covered, and libpq's PG* ones, which pgx reads for what DATABASE_URL leaves
+# the ones the processes read (scripts/config-vars.sh finds them in the
+# sources, so that a new variable is covered), and libpq's PG* ones, which pgx reads for what DATABASE_URL leaves
 # out. Every process gets this same environment.
 shq() { # $1 as one word for any POSIX shell: as is when safe, else in single quotes
   if [[ $1 =~ ^[A-Za-z0-9_@%+=:,./-]+$ ]]; then
@@ -93,10 +92,7 @@ shq() { # $1 as one word for any POSIX shell: as is when safe, else in single qu
   fi
 }
 declare -A config_var
-while read -r var; do config_var[$var]=1; done < <(
-  grep -rhoE --include='*.go' --exclude='*_test.go' --exclude-dir={testenv,pgtest,config} \
-    '(env:"|[gG]etenv\("|getenv, ")[A-Z][A-Z0-9_]*"' cmd internal 2>/dev/null |
-    sed -E 's/.*"([A-Z][A-Z0-9_]*)"$/\1/' | grep -v '^TEST_' || true)
+while read -r var; do config_var[$var]=1; done < <("$root/scripts/config-vars.sh")
 restart_env=
 while read -r var; do
   if [[ -n ${config_var[$var]:-} || $var =~ ^PG[A-Z_]+$ ]] && [ -n "${!var}" ]; then

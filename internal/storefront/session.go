@@ -64,6 +64,18 @@ func (ss *sessions) verify(value string) (string, bool) {
 	return id, true
 }
 
+// existing returns the id of the request's session when its cookie is one
+// the storefront signed, and false when there is none (cookies blocked or
+// cleared): a Pay must not make a new session, whose API key for the
+// browser's key would be another purchase at every click.
+func (ss *sessions) existing(r *http.Request) (string, bool) {
+	c, err := r.Cookie(sessionCookie)
+	if err != nil {
+		return "", false
+	}
+	return ss.verify(c.Value)
+}
+
 // with runs fn with the request's session: the one of its signed cookie
 // (in memory again, with an empty cart, after a restart), or a new one
 // whose cookie it sets. fn runs with the sessions locked, so it must not

@@ -68,9 +68,15 @@ func purchaseBody(key, email string) string {
 	return `{"key":"` + key + `","items":[{"sku":"sku_tee","quantity":1}],"email":"` + email + `","payment_method":"pm_card_visa"}`
 }
 
-// payAs posts body to the shop's /checkout as browser c.
+// payAs posts body to the shop's /checkout as browser c, after opening the
+// shop's page first, as a browser does, when c has no cookie for it yet.
 func payAs(t *testing.T, c *http.Client, shopURL, body string) storefront.PayResult {
 	t.Helper()
+	if u, _ := url.Parse(shopURL); len(c.Jar.Cookies(u)) == 0 {
+		res, err := c.Get(shopURL + "/")
+		require.NoError(t, err)
+		res.Body.Close()
+	}
 	res, err := c.Post(shopURL+"/checkout", "application/json", strings.NewReader(body))
 	require.NoError(t, err)
 	defer res.Body.Close()
@@ -126,7 +132,8 @@ func TestRestartKeepsThePurchase(t *testing.T) {
 	forged := browserSession(t)
 	forged.Jar.SetCookies(v, []*http.Cookie{{Name: "storefront_session", Value: "0123456789abcdef0123456789abcdef.00"}})
 	other := payAs(t, forged, after.URL, purchaseBody(key, "a@example.com"))
-	require.NotEqual(t, first.APIKey, other.APIKey, "an unsigned session id is not a session")
+	require.Equal(t, "invalid", other.Outcome, "an unsigned session id is not a session")
+	require.Len(t, api.keys, 2, "nothing sent for it")
 }
 
 // TestKeyReusedKeepsThePurchase: a 422 idempotency_key_reused is no
@@ -210,4 +217,26 @@ func TestKeysAreScopedToTheSession(t *testing.T) {
 	require.NoError(t, err)
 	res.Body.Close()
 	require.Equal(t, http.StatusBadRequest, res.StatusCode, "a key the page cannot have made")
+}
+
+// TestPayWithoutTheCookieIsRefused: a Pay with no session cookie (cookies
+// blocked, or cleared) is refused and sends nothing to the API. Before, it
+// made a new session each time, so the same browser key went to the API
+// under a new Idempotency-Key at every click: two Pays, two orders.
+func TestPayWithoutTheCookieIsRefused(t *testing.T) {
+	t.Parallel()
+	api := &fakeAPI{}
+	srv := shopFor(t, api, storefront.Config{TenantKey: "sk_test_acme"})
+	const key = "3f9d2a61-8c4b-4e0f-b1a7-5d6e7f801234"
+	for range 2 {
+		res, err := http.Post(srv.URL+"/checkout", "application/json", strings.NewReader(purchaseBody(key, "a@example.com")))
+		require.NoError(t, err)
+		var out storefront.PayResult
+		require.NoError(t, json.NewDecoder(res.Body).Decode(&out))
+		res.Body.Close()
+		require.Equal(t, http.StatusBadRequest, res.StatusCode)
+		require.Equal(t, "invalid", out.Outcome)
+		require.Contains(t, out.Message, "cookie")
+	}
+	require.Empty(t, api.keys, "nothing sent to the API")
 }

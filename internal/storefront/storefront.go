@@ -397,7 +397,8 @@ type PayResult struct {
 // a retry after a restart of the storefront is the same request under the
 // same key. The return_url brings the customer back here after 3D Secure.
 // The answer is JSON (PayResult), 200 for every answer of the API, 400 for
-// a request the page should not have sent.
+// a request the page should not have sent or one without the session
+// cookie (the page that sends Pay sets it).
 func (s *Server) pay(w http.ResponseWriter, r *http.Request) {
 	var in payRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<14)).Decode(&in); err != nil || !browserKey.MatchString(in.Key) {
@@ -414,8 +415,14 @@ func (s *Server) pay(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, PayResult{Outcome: "invalid", Message: bad})
 		return
 	}
-	var sessionID string
-	s.sessions.with(w, r, func(ss *session) { sessionID = ss.id })
+	sessionID, ok := s.sessions.existing(r)
+	if !ok {
+		// Every Pay without the cookie would be a new session, so a new
+		// API key: a double click, two charges. Nothing is sent.
+		writeJSON(w, http.StatusBadRequest, PayResult{Outcome: "invalid",
+			Message: "This shop needs its cookie to take a payment: allow cookies for it and reload the page. Nothing was charged."})
+		return
+	}
 	key := apiKey(sessionID, "checkout", in.Key)
 	ctx, log := withAttemptLog(r.Context())
 	res, err := s.api.CreateCheckout(ctx, key, client.CheckoutRequest{
