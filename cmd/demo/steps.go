@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceonly/checkout/client"
+	"github.com/onceonly/checkout/internal/outbox"
+	"github.com/onceonly/checkout/internal/postgres"
 )
 
 // demo holds what the steps share.
@@ -188,41 +190,28 @@ func (d *demo) emails(ctx context.Context, title, id string, want int) error {
 func (d *demo) outbox(ctx context.Context) error {
 	dsn, why := d.cfg.databaseURL(d.sink)
 	d.step("The order's events in the outbox table (%s)", why)
-	conn, err := pgx.Connect(ctx, dsn)
+	db, err := postgres.Open(ctx, postgres.Config{URL: dsn, MaxConns: 1})
 	if err != nil {
 		return fmt.Errorf("outbox: cannot reach %s (%s): %w; set DATABASE_URL to the stack's database", redact(dsn), why, err)
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	rows, err := conn.Query(ctx, `SELECT id, type, aggregate_seq, published_at IS NOT NULL, attempts, payload::text
-		FROM outbox WHERE aggregate_id = $1 ORDER BY seq`, d.order)
+	defer postgres.Close(db)
+	events, err := outbox.ForAggregate(ctx, db, d.order)
 	if err != nil {
 		return fmt.Errorf("outbox: %s (%s): %w; is DATABASE_URL the stack's database?", redact(dsn), why, err)
 	}
-	defer rows.Close()
-	n := 0
-	var paid string
+	var paid []byte
 	d.printf("%-36s %-14s %-8s %-9s %s\n", "message_id", "routing_key", "sequence", "published", "failed_publishes")
-	for rows.Next() {
-		var id, typ, payload string
-		var seq, attempts int
-		var published bool
-		if err := rows.Scan(&id, &typ, &seq, &published, &attempts, &payload); err != nil {
-			return fmt.Errorf("outbox: %w", err)
+	for _, e := range events {
+		d.printf("%-36s %-14s %-8d %-9v %d\n", e.ID, e.Type, e.Sequence, e.PublishedAt != nil, e.Attempts)
+		if e.Type == outbox.TypeOrderPaid {
+			paid = e.Payload
 		}
-		d.printf("%-36s %-14s %-8d %-9v %d\n", id, typ, seq, published, attempts)
-		if typ == "order.paid" {
-			paid = payload
-		}
-		n++
 	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("outbox: %w", err)
-	}
-	if n == 0 {
+	if len(events) == 0 {
 		return fmt.Errorf("outbox: %s (%s) has no event of order %s: it is not the database of the api at %s; set DATABASE_URL to it", redact(dsn), why, d.order, d.cfg.API)
 	}
 	var body bytes.Buffer
-	if json.Indent(&body, []byte(paid), "", "  ") == nil {
+	if json.Indent(&body, paid, "", "  ") == nil {
 		d.printf("the order.paid message body, as published:\n%s\n", body.String())
 	}
 	return nil

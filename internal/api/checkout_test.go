@@ -15,6 +15,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/notify"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/stripeemu"
 	"github.com/onceonly/checkout/internal/testenv"
@@ -88,7 +89,7 @@ func TestOutcomes(t *testing.T) {
 		require.Equal(t, http.StatusOK, got.status)
 		var view struct {
 			checkout.Order
-			Notifications []checkout.Notification `json:"notifications"`
+			Notifications []notify.View `json:"notifications"`
 		}
 		require.NoError(t, json.Unmarshal(got.body, &view))
 		require.Equal(t, o.ID, view.ID)

@@ -40,19 +40,11 @@ var owners = map[string]string{
 // the truth).
 var debts = map[string]bool{
 	"idempotency_keys internal/sweep": true,
-	"inbox internal/sweep":            true,
-	"inbox internal/webhooks":         true,
-	"notifications internal/checkout": true,
 	// The reconciler's two candidate queries join orders with
 	// idempotency_keys and the Stripe step log in one indexed statement
 	// (the sweep's plan is pinned by a test); their statuses come from
 	// orders' predicates (orders.SQLList), its other reads from orders.
-	"orders internal/sweep":   true,
-	"outbox internal/sweep":   true,
-	"refunds internal/notify": true,
-	// The demo shows the outbox row a checkout wrote: a reader's view
-	// into the database, not a second writer.
-	"outbox cmd": true,
+	"orders internal/sweep": true,
 }
 
 // sqlTable finds the table a statement names after FROM, INTO, UPDATE,

@@ -36,10 +36,10 @@ import (
 	"net/url"
 	"slices"
 	"strings"
-	"time"
+
+	"golang.org/x/net/idna"
 
 	"github.com/onceonly/checkout/internal/httpbody"
-	"golang.org/x/net/idna"
 
 	"github.com/onceonly/checkout/internal/orders"
 )
@@ -88,16 +88,6 @@ type (
 	OrderItem = orders.OrderItem
 	Payment   = orders.Payment
 )
-
-// Notification is one channel's delivery state, shown on GET /v1/orders/{id}.
-type Notification struct {
-	Channel string `json:"channel"`
-	// Kind is what it is about: order_paid, or order_refunded (one per
-	// succeeded refund).
-	Kind   string     `json:"kind"`
-	Status string     `json:"status"`
-	SentAt *time.Time `json:"sent_at"`
-}
 
 // Request is the body of POST /v1/checkouts.
 type Request struct {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/ids"
+	"github.com/onceonly/checkout/internal/notify"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
@@ -311,7 +312,7 @@ type OrderView struct {
 	// AmountRefunded is the sum of the order's succeeded refunds.
 	AmountRefunded int64            `json:"amount_refunded"`
 	Refunds        []refunds.Refund `json:"refunds"`
-	Notifications  []Notification   `json:"notifications"`
+	Notifications  []notify.View    `json:"notifications"`
 }
 
 // Order returns tenant's order id with its notifications, or
@@ -324,7 +325,7 @@ func (s *Service) Order(ctx context.Context, tenantID, id string) (*OrderView, e
 	if err != nil {
 		return nil, s.translate(err)
 	}
-	ns, err := notificationsFor(ctx, s.DB, id)
+	ns, err := notify.ForOrder(ctx, s.DB, id)
 	if err != nil {
 		return nil, s.translate(err)
 	}

@@ -153,21 +153,3 @@ func stepFence(f idempotency.Fence) stripestep.Fence {
 	cond, args := f.Holds()
 	return stripestep.Fence{Cond: cond, Args: args}
 }
-
-func notificationsFor(ctx context.Context, db *gorm.DB, orderID string) ([]Notification, error) {
-	ns := []Notification{}
-	err := db.WithContext(ctx).Raw(`
-		SELECT channel, kind, status, sent_at FROM notifications WHERE order_id = ?
-		ORDER BY channel, coalesce(event_seq, 0), created_at`, orderID).
-		Scan(&ns).Error
-	if err != nil {
-		return nil, fmt.Errorf("load notifications of %s: %w", orderID, err)
-	}
-	for i := range ns {
-		if ns[i].SentAt != nil {
-			t := ns[i].SentAt.UTC()
-			ns[i].SentAt = &t
-		}
-	}
-	return ns, nil
-}

@@ -44,3 +44,19 @@ func StatementFrom(consumer, from string) (string, []any) {
 	return `INSERT INTO inbox (consumer, message_id) SELECT ?, message_id FROM ` + from + ` ON CONFLICT DO NOTHING`,
 		[]any{consumer}
 }
+
+// Seen reports whether consumer has recorded messageID already, as of a
+// read on db (a transaction's snapshot if db is one). It is a shortcut only,
+// e.g. to skip a remote call for a redelivery: a concurrent Record may
+// commit right after, so Record's first, not Seen, decides whether a
+// message is processed. A row Reap deleted is not seen. The error wraps the
+// database's.
+func Seen(ctx context.Context, db *gorm.DB, consumer, messageID string) (bool, error) {
+	var seen bool
+	err := db.WithContext(ctx).Raw(`SELECT EXISTS (SELECT 1 FROM inbox WHERE consumer = ? AND message_id = ?)`,
+		consumer, messageID).Scan(&seen).Error
+	if err != nil {
+		return false, fmt.Errorf("inbox: look up %s/%s: %w", consumer, messageID, err)
+	}
+	return seen, nil
+}

@@ -105,7 +105,7 @@ func TestRefundOfAnUnknownOrderIsNotTransient(t *testing.T) {
 	f := setup(t)
 	c := f.newConsumer(t)
 	refunded := rabbitmq.Message{MessageID: "evt_refund_unknown", RoutingKey: "order.refunded",
-		Body: []byte(`{"id":"evt_refund_unknown","type":"order.refunded","tenant_id":"acme","data":{"id":"rf_1","order_id":"ord_unknown"}}`)}
+		Body: []byte(`{"id":"evt_refund_unknown","type":"order.refunded","tenant_id":"acme","data":{"id":"rf_1","order_id":"ord_unknown","amount":1500}}`)}
 	orderID, good := f.paidOrder(t)
 
 	err := c.Handle(context.Background(), delivery(refunded))

@@ -117,9 +117,12 @@ type orderData struct {
 }
 
 // refundData is what the consumer reads of a refund (order.refunded's data).
+// Amount, in the currency's minor units, goes into the notification for the
+// email: the sender reads no other package's table.
 type refundData struct {
 	ID      string `json:"id"`
 	OrderID string `json:"order_id"`
+	Amount  int64  `json:"amount"`
 }
 
 // errMalformed marks a message that can never succeed; it is still nacked
@@ -154,8 +157,8 @@ func parse(body []byte, messageID, typ string) (envelope, error) {
 		}
 	case outbox.TypeOrderRefunded:
 		var r refundData
-		if err := json.Unmarshal(ev.Data, &r); err != nil || r.ID == "" || r.OrderID == "" {
-			return ev, fmt.Errorf("%w: %s %q lacks data.id or data.order_id", errMalformed, ev.Type, messageID)
+		if err := json.Unmarshal(ev.Data, &r); err != nil || r.ID == "" || r.OrderID == "" || r.Amount <= 0 {
+			return ev, fmt.Errorf("%w: %s %q lacks data.id, data.order_id or a positive data.amount", errMalformed, ev.Type, messageID)
 		}
 	}
 	return ev, nil
@@ -545,10 +548,10 @@ func (c *Consumer) apply(ctx context.Context, tx *gorm.DB, ev envelope) (int, er
 		if err != nil {
 			return 0, err
 		}
-		res = tx.WithContext(ctx).Exec(`INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, refund_id, event_seq)
-			VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?)
+		res = tx.WithContext(ctx).Exec(`INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, refund_id, refund_amount, event_seq)
+			VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)
 			ON CONFLICT DO NOTHING`,
-			ids.New("ntf"), r.OrderID, ev.TenantID, ChannelEmail, email, KindOrderRefunded, r.ID, seq)
+			ids.New("ntf"), r.OrderID, ev.TenantID, ChannelEmail, email, KindOrderRefunded, r.ID, r.Amount, seq)
 	default:
 		return 0, nil // sequenced, nothing to send
 	}

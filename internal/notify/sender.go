@@ -294,8 +294,7 @@ func (s *Sender) claim(ctx context.Context) ([]due, error) {
 			FOR UPDATE SKIP LOCKED
 		) d, orders o
 		WHERE n.id = d.id AND o.id = n.order_id
-		RETURNING n.id, n.order_id, n.recipient, n.attempts, n.kind, n.refund_id, o.amount_total, o.currency,
-		          (SELECT r.amount FROM refunds r WHERE r.id = n.refund_id) AS refund_amount`,
+		RETURNING n.id, n.order_id, n.recipient, n.attempts, n.kind, n.refund_id, o.amount_total, o.currency, n.refund_amount`,
 		s.cfg.ClaimTTL.String(), s.cfg.ClaimTTL.String(), s.cfg.BatchSize).Scan(&batch).Error
 	if err != nil {
 		return nil, fmt.Errorf("notify: claim: %w", err)

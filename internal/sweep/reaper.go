@@ -11,6 +11,8 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/inbox"
+	"github.com/onceonly/checkout/internal/outbox"
 )
 
 // Tables the Reaper deletes from; the values of checkout_reaper_deleted_total's
@@ -147,32 +149,19 @@ func (r *Reaper) RunOnce(ctx context.Context) (Reap, error) {
 		res  Reap
 		errs []error
 	)
-	// Each query selects its batch by an index (idempotency_keys_expires,
-	// inbox_received, outbox_published) and deletes it by primary key or
-	// ctid in the same statement. SKIP LOCKED: a row a request holds is
-	// left for the next round instead of making the reaper (and everyone
-	// queued behind it) wait. FOR UPDATE rechecks the condition on the
-	// latest version of the row, so a key that is no longer finished, or an
-	// outbox row that is not published, is never deleted. The constants
-	// are literals in the SQL so that the planner matches the partial
-	// indexes whatever the plan cache does.
+	// Each table's owner deletes its rows a batch per statement
+	// (idempotency.Reap, inbox.Reap, outbox.Reap), with FOR UPDATE SKIP
+	// LOCKED: a row a request holds is left for the next round instead of
+	// making the reaper (and everyone queued behind it) wait.
 	res.Keys, errs = r.reap(ctx, TableIdempotencyKeys, errs, func(ctx context.Context, limit int) (int64, error) {
 		return idempotency.Reap(ctx, r.db, now, limit)
 	})
-	// Inbox rows are never updated, so their ctid is stable; it makes the
-	// delete a TID scan.
-	res.Inbox, errs = r.reap(ctx, TableInbox, errs, r.statement(`
-		DELETE FROM inbox WHERE ctid = ANY(ARRAY(
-		  SELECT ctid FROM inbox
-		  WHERE received_at < ?
-		  ORDER BY received_at LIMIT ? FOR UPDATE SKIP LOCKED))`,
-		now.Add(-r.cfg.InboxRetention)))
-	res.Outbox, errs = r.reap(ctx, TableOutbox, errs, r.statement(`
-		DELETE FROM outbox WHERE id = ANY(ARRAY(
-		  SELECT id FROM outbox
-		  WHERE published_at IS NOT NULL AND published_at < ?
-		  ORDER BY published_at LIMIT ? FOR UPDATE SKIP LOCKED))`,
-		now.Add(-r.cfg.OutboxRetention)))
+	res.Inbox, errs = r.reap(ctx, TableInbox, errs, func(ctx context.Context, limit int) (int64, error) {
+		return inbox.Reap(ctx, r.db, now.Add(-r.cfg.InboxRetention), limit)
+	})
+	res.Outbox, errs = r.reap(ctx, TableOutbox, errs, func(ctx context.Context, limit int) (int64, error) {
+		return outbox.Reap(ctx, r.db, now.Add(-r.cfg.OutboxRetention), limit)
+	})
 	return res, errors.Join(errs...)
 }
 
@@ -194,13 +183,4 @@ func (r *Reaper) reap(ctx context.Context, table string, errs []error, batch fun
 		}
 	}
 	return t, errs
-}
-
-// statement returns a batch for reap that runs query (whose last
-// placeholder is the batch size) with args.
-func (r *Reaper) statement(query string, args ...any) func(ctx context.Context, limit int) (int64, error) {
-	return func(ctx context.Context, limit int) (int64, error) {
-		res := r.db.WithContext(ctx).Exec(query, append(args, limit)...)
-		return res.RowsAffected, res.Error
-	}
 }

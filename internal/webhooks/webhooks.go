@@ -257,7 +257,7 @@ func (h *Handler) handle(ctx context.Context, ev Event) (string, error) {
 			if pi == "" {
 				return OutcomeIgnored, nil
 			}
-			if dup, err := h.seen(ctx, ev.ID); err != nil {
+			if dup, err := inbox.Seen(ctx, h.DB, Consumer, ev.ID); err != nil {
 				return "", problem.Wrap(ErrUnavailableProblem, err)
 			} else if dup {
 				return OutcomeDuplicate, nil
@@ -280,7 +280,7 @@ var errIgnore = errors.New("ignore")
 func (h *Handler) paymentIntent(ctx context.Context, ev Event, pi PaymentIntent) (string, error) {
 	// A redelivery of an event already recorded needs no call to Stripe.
 	// This read is only a shortcut: inbox.Record below decides.
-	if dup, err := h.seen(ctx, ev.ID); err != nil {
+	if dup, err := inbox.Seen(ctx, h.DB, Consumer, ev.ID); err != nil {
 		return "", problem.Wrap(ErrUnavailableProblem, err)
 	} else if dup {
 		return OutcomeDuplicate, nil
@@ -406,14 +406,4 @@ func (h *Handler) refunds(ctx context.Context, ev Event, rs []Refund) (string, e
 		return "", problem.Wrap(ErrUnavailableProblem, err)
 	}
 	return outcome, nil
-}
-
-// seen reports whether the event id is in the inbox already.
-func (h *Handler) seen(ctx context.Context, eventID string) (bool, error) {
-	var n int64
-	err := h.DB.WithContext(ctx).Raw(`SELECT count(*) FROM inbox WHERE consumer = ? AND message_id = ?`, Consumer, eventID).Scan(&n).Error
-	if err != nil {
-		return false, fmt.Errorf("inbox lookup %s: %w", eventID, err)
-	}
-	return n > 0, nil
 }
