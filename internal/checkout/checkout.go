@@ -9,25 +9,29 @@
 //  1. Transaction 1: claim the key, validate, reserve stock, insert the order
 //     (pending_payment), its items and order.created in the outbox; recovery
 //     point order_created. Out of stock finishes the key with a stored 409.
-//  2. The payment saga (saga.go): steps persisted in payment_attempts before
-//     each Stripe call, each with a key derived from (order, step, attempt):
-//     create the PaymentIntent unconfirmed, record its id, confirm it.
+//  2. The payment saga (saga.go, confirm.go, and cancelintent.go for the
+//     cancel step): steps persisted in payment_attempts before each Stripe
+//     call, each with a key derived from (order, step, attempt): create the
+//     PaymentIntent unconfirmed, record its id, confirm it.
 //     Every indeterminate answer is reconciled with Stripe (GET by id after a
 //     confirm, search by metadata after a create) before any new attempt.
-//  3. Settlement (one transaction): the order becomes paid, requires_action
+//  3. Settlement (settle.go, one transaction, after closeBeforeExit has
+//     closed the money of any exit): the order becomes paid, requires_action
 //     (3D Secure), or payment_failed with its stock released; its event goes
 //     to the outbox; the key is finished with the response, which is then
 //     replayed to every retry.
 //
 // A new key's checkout whose payment goes through is a first execution
-// (first.go): the same phases, each written as one statement, three
+// (fastpath.go): the same phases, each written as one statement, three
 // commits in all. Everything else takes the general path, which reads the
 // persisted state and carries on from it.
 //
-// The API request, the worker's completer (expired leases) and its
-// reconciler (orders waiting for Stripe or the customer) all run the same
-// saga, and every change of an order's status goes through orders.Apply,
-// whose transitions table only moves forward.
+// Cancel (cancel.go) and the reconciliation of orders with what Stripe
+// says (reconcile.go) are commands of their own. The API request, the
+// worker's completer (expired leases) and its reconciler (orders waiting
+// for Stripe or the customer) all run the same saga, and every change of
+// an order's status goes through orders.Apply, whose transitions table
+// only moves forward.
 package checkout
 
 import (

@@ -13,7 +13,7 @@ import (
 	"github.com/onceonly/checkout/internal/stripeemu"
 )
 
-// Tests of a first execution (internal/checkout/first.go): a new key's
+// Tests of a first execution (internal/checkout/fastpath.go): a new key's
 // checkout written as three statements, with the catalog's prices in
 // memory.
 
