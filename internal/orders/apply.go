@@ -89,7 +89,7 @@ func Apply(ctx context.Context, tx *gorm.DB, id string, ch Change, now time.Time
 			return nil, fmt.Errorf("order %s to %s: %w", id, ch.To, ErrPaymentOpen)
 		}
 	}
-	query, args, err := Statement(id, ch, now)
+	query, args, err := statement(id, ch, now)
 	if err != nil {
 		return nil, err
 	}
@@ -120,12 +120,22 @@ func Event(typ string, o *Order, at time.Time) outbox.Event {
 }
 
 // Statement returns Apply's UPDATE of order id and its arguments, without
-// the lifecycle's exit rule (ch.To must not leave the way to paid) and
-// without the event, for the checkout's fast path, which runs it inside
-// one statement of data-modifying CTEs with the event and the key's
-// finish. It ends with its WHERE clause, so the caller may add conditions
-// and a RETURNING.
+// the event, for the checkout's fast path, which runs it inside one
+// statement of data-modifying CTEs with the event and the key's finish. It
+// ends with its WHERE clause, so the caller may add conditions and a
+// RETURNING. It cannot check that the PaymentIntent is closed, so a ch.To
+// that leaves the way to paid (payment_failed, canceled) is refused with
+// ErrPaymentOpen: those moves go through Apply.
 func Statement(id string, ch Change, now time.Time) (string, []any, error) {
+	if ch.To.LeavesTheWayToPaid() {
+		return "", nil, fmt.Errorf("order %s to %q in one statement: %w", id, ch.To, ErrPaymentOpen)
+	}
+	return statement(id, ch, now)
+}
+
+// statement is Statement without its refusal of exits, for Apply, which
+// has checked the PaymentIntent first.
+func statement(id string, ch Change, now time.Time) (string, []any, error) {
 	from := froms[ch.To]
 	if len(from) == 0 {
 		return "", nil, fmt.Errorf("order %s to %q: %w", id, ch.To, ErrNoTransition)

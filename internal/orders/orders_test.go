@@ -174,6 +174,15 @@ func TestApplyRefusesAnOpenExit(t *testing.T) {
 	}
 	_, err := orders.Apply(ctx, db, ids.New("ord"), orders.Change{To: orders.PaymentFailed}, time.Now())
 	require.True(t, errors.Is(err, orders.ErrNotFound), "%v", err)
+
+	// The one-statement form cannot see whether the PaymentIntent is
+	// closed: it takes no exit at all.
+	for _, to := range []orders.Status{orders.PaymentFailed, orders.Canceled} {
+		_, _, err := orders.Statement(ids.New("ord"), orders.Change{To: to, PaymentStatus: "canceled"}, time.Now())
+		require.ErrorIs(t, err, orders.ErrPaymentOpen, "Statement to %s", to)
+	}
+	_, _, err = orders.Statement(ids.New("ord"), orders.Change{To: orders.Paid}, time.Now())
+	require.NoError(t, err)
 }
 
 // TestSettleRefund moves a paid order to partially_refunded, then
