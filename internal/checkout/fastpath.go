@@ -222,8 +222,8 @@ func createFirstOrder(ctx context.Context, db *gorm.DB, o *Order, want map[strin
 	for i, sku := range skus {
 		prices[i], currencies[i] = products[sku].UnitAmount, products[sku].Currency
 	}
-	args := []any{len(skus), postgres.TextArray(skus), intArray(prices), postgres.TextArray(currencies),
-		postgres.TextArray(skus), intArray(qtys)}
+	args := []any{len(skus), postgres.TextArray(skus), postgres.IntArray(prices), postgres.TextArray(currencies),
+		postgres.TextArray(skus), postgres.IntArray(qtys)}
 	args = append(args, claimArgs...)
 	args = append(args, orders.InsertArgs(o)...)
 	insertCreate, createArgs := stripestep.InsertStatement(create, stripestep.Fence{Cond: `EXISTS (SELECT 1 FROM o)`})

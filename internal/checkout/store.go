@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strconv"
-	"strings"
 
 	"gorm.io/gorm"
 
@@ -79,7 +77,7 @@ func sortedSKUs(want map[string]int64) ([]string, []int64) {
 func adjustStock(ctx context.Context, tx *gorm.DB, delta map[string]int64) error {
 	skus, qtys := sortedSKUs(delta)
 	if err := tx.WithContext(ctx).Exec(`SELECT release_stock(?::text[], ?::bigint[])`,
-		postgres.TextArray(skus), intArray(qtys)).Error; err != nil {
+		postgres.TextArray(skus), postgres.IntArray(qtys)).Error; err != nil {
 		return fmt.Errorf("release stock: %w", err)
 	}
 	return nil
@@ -93,7 +91,7 @@ func adjustStock(ctx context.Context, tx *gorm.DB, delta map[string]int64) error
 func createOrderReserving(ctx context.Context, tx *gorm.DB, o *Order, want map[string]int64,
 	event string, eventArgs []any) (reserved bool, err error) {
 	skus, qtys := sortedSKUs(want)
-	args := append([]any{postgres.TextArray(skus), intArray(qtys)}, orders.InsertArgs(o)...)
+	args := append([]any{postgres.TextArray(skus), postgres.IntArray(qtys)}, orders.InsertArgs(o)...)
 	args = append(args, eventArgs...)
 	err = tx.WithContext(ctx).Raw(`
 		WITH r AS MATERIALIZED (SELECT reserve_stock(?::text[], ?::bigint[]) AS ok),
@@ -105,23 +103,6 @@ func createOrderReserving(ctx context.Context, tx *gorm.DB, o *Order, want map[s
 		return false, fmt.Errorf("insert order: %w", err)
 	}
 	return reserved, nil
-}
-
-// intArray writes a PostgreSQL array literal of integers: GORM would expand
-// a Go slice into a list of parameters (postgres.TextArray does the same
-// for text).
-
-func intArray(ns []int64) string {
-	var b strings.Builder
-	b.WriteByte('{')
-	for i, n := range ns {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.FormatInt(n, 10))
-	}
-	b.WriteByte('}')
-	return b.String()
 }
 
 // loadOrder returns the order id of tenant, or ErrOrderNotFound (also for

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -39,23 +37,7 @@ func InsertArgs(o *Order) []any {
 		lines[i], itemSKUs[i], quantities[i], unitAmounts[i], amounts[i] = int64(i+1), it.SKU, int64(it.Quantity), it.UnitAmount, it.Amount
 	}
 	return []any{o.ID, o.TenantID, string(o.Status), o.Email, o.Currency, o.AmountTotal, o.PaymentMethod, o.ReturnURL, o.CreatedAt, o.CreatedAt,
-		intArray(lines), postgres.TextArray(itemSKUs), intArray(quantities), intArray(unitAmounts), intArray(amounts)}
-}
-
-// intArray writes a PostgreSQL array literal of integers: GORM would expand
-// a Go slice into a list of parameters (postgres.TextArray does the same
-// for text).
-func intArray(ns []int64) string {
-	var b strings.Builder
-	b.WriteByte('{')
-	for i, n := range ns {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.FormatInt(n, 10))
-	}
-	b.WriteByte('}')
-	return b.String()
+		postgres.IntArray(lines), postgres.TextArray(itemSKUs), postgres.IntArray(quantities), postgres.IntArray(unitAmounts), postgres.IntArray(amounts)}
 }
 
 // RecordIntent records PaymentIntent piID (in Stripe status piStatus) as

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -201,6 +202,21 @@ func TextArray(ss []string) string {
 			b.WriteRune(r)
 		}
 		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+// IntArray returns ns as a PostgreSQL bigint[] literal, e.g. {1,2,3}, to
+// bind as one parameter (`unnest(?::bigint[])`), as TextArray does for text.
+func IntArray(ns []int64) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, n := range ns {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(n, 10))
 	}
 	b.WriteByte('}')
 	return b.String()

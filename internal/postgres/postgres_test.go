@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -99,6 +100,22 @@ func TestTextArray(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	require.Equal(t, in, out)
+}
+
+// TestIntArray: the literal round-trips through PostgreSQL, negatives,
+// zero and the int64 extremes included, and an empty slice is {}.
+func TestIntArray(t *testing.T) {
+	t.Parallel()
+	db, _ := pgtest.NewDB(t)
+	for _, in := range [][]int64{{1, -2, 0, math.MaxInt64, math.MinInt64}, {}} {
+		var out []int64
+		require.NoError(t, db.Raw(`SELECT unnest(?::bigint[])`, postgres.IntArray(in)).Scan(&out).Error)
+		if len(in) == 0 {
+			require.Empty(t, out)
+			continue
+		}
+		require.Equal(t, in, out)
+	}
 }
 
 // TestMigrateReplacesAnIndexAFailedConcurrentBuildLeft: migration 00007
