@@ -51,6 +51,10 @@ var debts = map[string]bool{
 // JOIN or TABLE (quoted or not).
 var sqlTable = regexp.MustCompile(`(?i)\b(?:FROM|INTO|UPDATE|JOIN|TABLE)\s+"?([a-z_]+)"?`)
 
+// sqlListedTable finds a table named later in a FROM list, after a comma
+// and with an alias (") d, orders o WHERE"), which sqlTable does not see.
+var sqlListedTable = regexp.MustCompile(`(?i),\s*"?([a-z_]+)"?\s+(?:AS\s+)?[a-z][a-z0-9_]*\s+(?:WHERE|JOIN|LEFT|INNER|CROSS|ON)\b`)
+
 // TestOneOwnerPerTable reads every non-test Go file of the service (cmd/
 // and internal/, not the test harnesses) and finds each table it names: in
 // a string literal holding SQL, in a GORM TableName method, or in
@@ -144,9 +148,11 @@ func tablesNamedIn(t *testing.T, path string) []tableUse {
 				uses = append(uses, tableUse{s, line})
 				return true
 			}
-			for _, m := range sqlTable.FindAllStringSubmatch(s, -1) {
-				if _, ok := owners[m[1]]; ok {
-					uses = append(uses, tableUse{m[1], line})
+			for _, re := range []*regexp.Regexp{sqlTable, sqlListedTable} {
+				for _, m := range re.FindAllStringSubmatch(s, -1) {
+					if _, ok := owners[m[1]]; ok {
+						uses = append(uses, tableUse{m[1], line})
+					}
 				}
 			}
 		}

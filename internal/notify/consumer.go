@@ -114,6 +114,10 @@ type envelope struct {
 type orderData struct {
 	ID    string `json:"id"`
 	Email string `json:"email"`
+	// AmountTotal (minor units) and Currency go into the notification for
+	// the email: the sender reads no other package's table.
+	AmountTotal int64  `json:"amount_total"`
+	Currency    string `json:"currency"`
 }
 
 // refundData is what the consumer reads of a refund (order.refunded's data).
@@ -437,27 +441,27 @@ func recordBatch(ctx context.Context, db *gorm.DB, items []*item) (int, error) {
 // the count of notifications inserted.
 func recordStatement(items []*item) (string, []any) {
 	var b strings.Builder
-	b.WriteString(`WITH ev (message_id, notification_id, order_id, tenant_id, recipient) AS (VALUES `)
-	args := make([]any, 0, 5*len(items)+3)
+	b.WriteString(`WITH ev (message_id, notification_id, order_id, tenant_id, recipient, order_amount, currency) AS (VALUES `)
+	args := make([]any, 0, 7*len(items)+3)
 	for i, it := range items {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString("(?, ?, ?, ?, ?)")
+		b.WriteString("(?, ?, ?, ?, ?, ?::bigint, ?)")
 		if it.notificationID == "" {
-			args = append(args, it.messageID, nil, nil, nil, nil)
+			args = append(args, it.messageID, nil, nil, nil, nil, nil, nil)
 			continue
 		}
 		var o orderData
 		_ = json.Unmarshal(it.ev.Data, &o) // checked by parse
-		args = append(args, it.messageID, it.notificationID, o.ID, it.ev.TenantID, o.Email)
+		args = append(args, it.messageID, it.notificationID, o.ID, it.ev.TenantID, o.Email, o.AmountTotal, o.Currency)
 	}
 	record, recordArgs := inbox.StatementFrom(ConsumerName, "ev")
 	args = append(args, recordArgs...)
 	b.WriteString(`),
 recorded AS (` + record + ` RETURNING message_id),
-notified AS (INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, event_seq)
-	SELECT ev.notification_id, ev.order_id, ev.tenant_id, ?, ev.recipient, 'pending', ?, NULL
+notified AS (INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, event_seq, order_amount, currency)
+	SELECT ev.notification_id, ev.order_id, ev.tenant_id, ?, ev.recipient, 'pending', ?, NULL, ev.order_amount, ev.currency
 	FROM ev JOIN recorded USING (message_id) WHERE ev.notification_id IS NOT NULL
 	ON CONFLICT DO NOTHING RETURNING id)
 SELECT message_id, (SELECT count(*) FROM notified) AS notified FROM recorded`)
@@ -534,24 +538,24 @@ func (c *Consumer) apply(ctx context.Context, tx *gorm.DB, ev envelope) (int, er
 	case outbox.TypeOrderPaid:
 		var o orderData
 		_ = json.Unmarshal(ev.Data, &o) // checked by parse
-		res = tx.WithContext(ctx).Exec(`INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, event_seq)
-			VALUES (?, ?, ?, ?, ?, 'pending', ?, ?)
+		res = tx.WithContext(ctx).Exec(`INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, event_seq, order_amount, currency)
+			VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)
 			ON CONFLICT DO NOTHING`,
-			ids.New("ntf"), o.ID, ev.TenantID, ChannelEmail, o.Email, KindOrderPaid, seq)
+			ids.New("ntf"), o.ID, ev.TenantID, ChannelEmail, o.Email, KindOrderPaid, seq, o.AmountTotal, o.Currency)
 	case outbox.TypeOrderRefunded:
 		var r refundData
 		_ = json.Unmarshal(ev.Data, &r) // checked by parse
-		email, err := orders.Email(ctx, tx, r.OrderID)
+		to, err := orders.RecipientOf(ctx, tx, r.OrderID)
 		if errors.Is(err, orders.ErrNotFound) {
 			return 0, fmt.Errorf("%w: order %s of refund %s does not exist", errMalformed, r.OrderID, r.ID)
 		}
 		if err != nil {
 			return 0, err
 		}
-		res = tx.WithContext(ctx).Exec(`INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, refund_id, refund_amount, event_seq)
-			VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)
+		res = tx.WithContext(ctx).Exec(`INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, refund_id, refund_amount, event_seq, order_amount, currency)
+			VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?)
 			ON CONFLICT DO NOTHING`,
-			ids.New("ntf"), r.OrderID, ev.TenantID, ChannelEmail, email, KindOrderRefunded, r.ID, r.Amount, seq)
+			ids.New("ntf"), r.OrderID, ev.TenantID, ChannelEmail, to.Email, KindOrderRefunded, r.ID, r.Amount, seq, to.AmountTotal, to.Currency)
 	default:
 		return 0, nil // sequenced, nothing to send
 	}

@@ -65,26 +65,26 @@
 \set msg16 random(1, 9000000000000000000)
 \set ntf16 random(1, 9000000000000000000)
 \set claim random(1, 40)
-WITH ev (message_id, notification_id, order_id, tenant_id, recipient) AS (VALUES
-    (:msg1, :ntf1, :ord1, :tenant, :email),
-    (:msg2, :ntf2, :ord2, :tenant, :email),
-    (:msg3, :ntf3, :ord3, :tenant, :email),
-    (:msg4, :ntf4, :ord4, :tenant, :email),
-    (:msg5, :ntf5, :ord5, :tenant, :email),
-    (:msg6, :ntf6, :ord6, :tenant, :email),
-    (:msg7, :ntf7, :ord7, :tenant, :email),
-    (:msg8, :ntf8, :ord8, :tenant, :email),
-    (:msg9, :ntf9, :ord9, :tenant, :email),
-    (:msg10, :ntf10, :ord10, :tenant, :email),
-    (:msg11, :ntf11, :ord11, :tenant, :email),
-    (:msg12, :ntf12, :ord12, :tenant, :email),
-    (:msg13, :ntf13, :ord13, :tenant, :email),
-    (:msg14, :ntf14, :ord14, :tenant, :email),
-    (:msg15, :ntf15, :ord15, :tenant, :email),
-    (:msg16, :ntf16, :ord16, :tenant, :email)),
+WITH ev (message_id, notification_id, order_id, tenant_id, recipient, order_amount, currency) AS (VALUES
+    (:msg1, :ntf1, :ord1, :tenant, :email, :amount::bigint, :currency),
+    (:msg2, :ntf2, :ord2, :tenant, :email, :amount::bigint, :currency),
+    (:msg3, :ntf3, :ord3, :tenant, :email, :amount::bigint, :currency),
+    (:msg4, :ntf4, :ord4, :tenant, :email, :amount::bigint, :currency),
+    (:msg5, :ntf5, :ord5, :tenant, :email, :amount::bigint, :currency),
+    (:msg6, :ntf6, :ord6, :tenant, :email, :amount::bigint, :currency),
+    (:msg7, :ntf7, :ord7, :tenant, :email, :amount::bigint, :currency),
+    (:msg8, :ntf8, :ord8, :tenant, :email, :amount::bigint, :currency),
+    (:msg9, :ntf9, :ord9, :tenant, :email, :amount::bigint, :currency),
+    (:msg10, :ntf10, :ord10, :tenant, :email, :amount::bigint, :currency),
+    (:msg11, :ntf11, :ord11, :tenant, :email, :amount::bigint, :currency),
+    (:msg12, :ntf12, :ord12, :tenant, :email, :amount::bigint, :currency),
+    (:msg13, :ntf13, :ord13, :tenant, :email, :amount::bigint, :currency),
+    (:msg14, :ntf14, :ord14, :tenant, :email, :amount::bigint, :currency),
+    (:msg15, :ntf15, :ord15, :tenant, :email, :amount::bigint, :currency),
+    (:msg16, :ntf16, :ord16, :tenant, :email, :amount::bigint, :currency)),
 recorded AS (INSERT INTO inbox (consumer, message_id) SELECT :consumer, message_id FROM ev ON CONFLICT DO NOTHING RETURNING message_id),
-notified AS (INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, event_seq)
-    SELECT ev.notification_id, ev.order_id, ev.tenant_id, :channel, ev.recipient, 'pending', :kind, NULL
+notified AS (INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, event_seq, order_amount, currency)
+    SELECT ev.notification_id, ev.order_id, ev.tenant_id, :channel, ev.recipient, 'pending', :kind, NULL, ev.order_amount, ev.currency
     FROM ev JOIN recorded USING (message_id) WHERE ev.notification_id IS NOT NULL
     ON CONFLICT DO NOTHING RETURNING id)
 SELECT message_id, (SELECT count(*) FROM notified) AS notified FROM recorded;
@@ -98,9 +98,9 @@ FROM (
     ORDER BY next_attempt_at
     LIMIT 40
     FOR UPDATE SKIP LOCKED
-) d, orders o
-WHERE n.id = d.id AND o.id = n.order_id
-RETURNING n.id, n.order_id, n.recipient, n.attempts, o.amount_total, o.currency;
+) d
+WHERE n.id = d.id
+RETURNING n.id, n.order_id, n.recipient, n.attempts, coalesce(n.order_amount, 0), coalesce(n.currency, '');
 \endif
 UPDATE notifications SET status = 'sent', sent_at = now(), claimed_until = NULL, last_error = NULL WHERE id = :ntf1;
 UPDATE notifications SET status = 'sent', sent_at = now(), claimed_until = NULL, last_error = NULL WHERE id = :ntf2;

@@ -292,9 +292,10 @@ func (s *Sender) claim(ctx context.Context) ([]due, error) {
 			ORDER BY next_attempt_at
 			LIMIT ?
 			FOR UPDATE SKIP LOCKED
-		) d, orders o
-		WHERE n.id = d.id AND o.id = n.order_id
-		RETURNING n.id, n.order_id, n.recipient, n.attempts, n.kind, n.refund_id, o.amount_total, o.currency, n.refund_amount`,
+		) d
+		WHERE n.id = d.id
+		RETURNING n.id, n.order_id, n.recipient, n.attempts, n.kind, n.refund_id,
+		          coalesce(n.order_amount, 0) AS amount_total, coalesce(n.currency, '') AS currency, n.refund_amount`,
 		s.cfg.ClaimTTL.String(), s.cfg.ClaimTTL.String(), s.cfg.BatchSize).Scan(&batch).Error
 	if err != nil {
 		return nil, fmt.Errorf("notify: claim: %w", err)

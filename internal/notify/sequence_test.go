@@ -93,7 +93,11 @@ func TestRefundEventBeforePaidEventStillEmailsPaidFirst(t *testing.T) {
 	waitFor(t, func() bool { return len(f.kinds(t, orderID)) == 2 }, "both emails sent")
 	require.Equal(t, []string{notify.KindOrderPaid, notify.KindOrderRefunded}, f.kinds(t, orderID))
 	require.Equal(t, 2, f.sink.Len())
+	require.Contains(t, f.sink.Messages()[0].Body, "Amount paid: 50.00 USD", "the order's total, from its event")
 	require.Contains(t, f.sink.Messages()[1].Body, "Amount refunded: 15.00 USD", "the refund's amount, from its event")
+	// Both read the order's total and currency from their own row: the
+	// sender names no other package's table.
+	require.Equal(t, 2, f.count(t, `SELECT count(*) FROM notifications WHERE order_id = ? AND order_amount = 5000 AND currency = 'usd'`, orderID))
 	require.Equal(t, 1, f.count(t, `SELECT count(*) FROM notifications WHERE order_id = ? AND kind = 'order_refunded' AND refund_id = ?`, orderID, refundID))
 	require.Equal(t, 0, f.count(t, `SELECT count(*) FROM inbox_parked`))
 	require.Equal(t, 3, f.count(t, `SELECT applied_seq FROM inbox_sequences WHERE aggregate_id = ?`, orderID))

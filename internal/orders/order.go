@@ -198,14 +198,24 @@ func Lock(ctx context.Context, tx *gorm.DB, tenantID, id string) error {
 	return nil
 }
 
-// Email returns the email address of order id, through tx, or ErrNotFound.
-func Email(ctx context.Context, tx *gorm.DB, id string) (string, error) {
-	var email []string
-	if err := tx.WithContext(ctx).Model(&orderRow{}).Where("id = ?", id).Pluck("email", &email).Error; err != nil {
-		return "", fmt.Errorf("load email of order %s: %w", id, err)
+// Recipient is what an email about an order says to whom: the order's
+// address, its total in the currency's minor units, and the currency.
+type Recipient struct {
+	Email       string
+	AmountTotal int64
+	Currency    string
+}
+
+// RecipientOf returns the Recipient of order id, through tx, or
+// ErrNotFound.
+func RecipientOf(ctx context.Context, tx *gorm.DB, id string) (Recipient, error) {
+	var rs []Recipient
+	if err := tx.WithContext(ctx).Model(&orderRow{}).Where("id = ?", id).
+		Select("email, amount_total, currency").Scan(&rs).Error; err != nil {
+		return Recipient{}, fmt.Errorf("load the recipient of order %s: %w", id, err)
 	}
-	if len(email) == 0 {
-		return "", ErrNotFound
+	if len(rs) == 0 {
+		return Recipient{}, ErrNotFound
 	}
-	return email[0], nil
+	return rs[0], nil
 }
