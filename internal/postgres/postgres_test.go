@@ -154,3 +154,50 @@ func TestMigrateReplacesAnIndexAFailedConcurrentBuildLeft(t *testing.T) {
 	require.NoError(t, db.Raw(`SELECT count(*) FROM goose_db_version WHERE version_id = 7 AND is_applied`).Scan(&applied).Error)
 	require.Equal(t, 1, applied)
 }
+
+// TestMigrationsCopyTheEmailsAmounts: migrations 00011 and 00012 fill the
+// amounts an email says into the notifications made before them (the
+// refund's amount from refunds, the order's total and currency from
+// orders), so that the sender, which no longer reads those tables, does
+// not send 0.00 for them; and both go down and up again.
+func TestMigrationsCopyTheEmailsAmounts(t *testing.T) {
+	t.Parallel()
+	db, _ := pgtest.NewDB(t)
+	ctx := context.Background()
+	sqlDB, err := db.DB()
+	require.NoError(t, err)
+	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.FS)
+	require.NoError(t, err)
+	_, err = provider.DownTo(ctx, 10)
+	require.NoError(t, err)
+
+	// Rows as a worker of before 00011 wrote them.
+	require.NoError(t, db.Exec(`INSERT INTO orders (id, tenant_id, status, email, currency, amount_total, payment_method, created_at, updated_at)
+		VALUES ('ord_m', 'acme', 'partially_refunded', 'a@example.com', 'eur', 4200, 'pm_card_visa', now(), now())`).Error)
+	require.NoError(t, db.Exec(`INSERT INTO refunds (id, tenant_id, order_id, amount, currency, status, payment_intent_id, created_at, updated_at)
+		VALUES ('re_m', 'acme', 'ord_m', 1500, 'eur', 'succeeded', 'pi_m', now(), now())`).Error)
+	require.NoError(t, db.Exec(`INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind)
+		VALUES ('ntf_paid', 'ord_m', 'acme', 'email', 'a@example.com', 'pending', 'order_paid')`).Error)
+	require.NoError(t, db.Exec(`INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, refund_id)
+		VALUES ('ntf_refund', 'ord_m', 'acme', 'email', 'a@example.com', 'pending', 'order_refunded', 're_m')`).Error)
+
+	require.NoError(t, postgres.Migrate(ctx, db, slog.New(slog.DiscardHandler)))
+	type amounts struct {
+		ID           string
+		OrderAmount  *int64
+		Currency     *string
+		RefundAmount *int64
+	}
+	var got []amounts
+	require.NoError(t, db.Raw(`SELECT id, order_amount, currency, refund_amount FROM notifications ORDER BY id`).Scan(&got).Error)
+	i64 := func(n int64) *int64 { return &n }
+	eur := "eur"
+	require.Equal(t, []amounts{
+		{ID: "ntf_paid", OrderAmount: i64(4200), Currency: &eur},
+		{ID: "ntf_refund", OrderAmount: i64(4200), Currency: &eur, RefundAmount: i64(1500)},
+	}, got)
+
+	_, err = provider.DownTo(ctx, 10)
+	require.NoError(t, err)
+	require.NoError(t, postgres.Migrate(ctx, db, slog.New(slog.DiscardHandler)))
+}
