@@ -111,17 +111,17 @@ type PaymentIntents interface {
 	RetrievePaymentIntent(ctx context.Context, id string) (PaymentIntent, error)
 }
 
-// Problems the endpoint answers with.
+// The coded errors the endpoint answers with (internal/problem renders them).
 var (
-	ErrSignatureProblem = problem.New(problem.CodeInvalidSignature,
+	ErrBadSignature = problem.New(problem.CodeInvalidSignature,
 		"The Stripe-Signature header is missing, malformed, does not sign this exact body with the endpoint's secret, or is older than 300 seconds.")
-	ErrTooLargeProblem = problem.New(problem.CodePayloadTooLarge,
+	ErrBodyTooLarge = problem.New(problem.CodePayloadTooLarge,
 		"A webhook body is at most 256 KiB.")
-	ErrMalformedProblem = problem.New(problem.CodeMalformedEvent,
+	ErrNotAnEvent = problem.New(problem.CodeMalformedEvent,
 		"The body is signed but is not a Stripe event with an id, a type and a data.object.")
-	ErrUnavailableProblem = problem.New(problem.CodeUnavailable,
+	ErrUnavailable = problem.New(problem.CodeUnavailable,
 		"The event could not be recorded; nothing was changed. Stripe resends it.")
-	ErrStripeProblem = problem.New(problem.CodePaymentProviderUnavailable,
+	ErrStripeUnavailable = problem.New(problem.CodePaymentProviderUnavailable,
 		"The PaymentIntent could not be retrieved from Stripe to settle the event; nothing was changed. Stripe resends it.")
 	// errUnreadable answers a body that could not be read whole.
 	errUnreadable = problem.New(problem.CodeMalformedEvent, "The request body could not be read.")
@@ -166,7 +166,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		h.Metrics.count(typeUnverified, OutcomeError)
 		if errors.Is(err, httpbody.ErrTooLarge) {
-			problem.Write(w, ErrTooLargeProblem)
+			problem.Write(w, ErrBodyTooLarge)
 			return
 		}
 		problem.Write(w, errUnreadable)
@@ -175,14 +175,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := h.Verifier.Verify(payload, r.Header.Get("Stripe-Signature")); err != nil {
 		h.Metrics.count(typeUnverified, OutcomeInvalidSignature)
 		h.logger().WarnContext(r.Context(), "stripe webhook refused", "err", err)
-		problem.Write(w, ErrSignatureProblem)
+		problem.Write(w, ErrBadSignature)
 		return
 	}
 	ev, err := DecodeEvent(payload)
 	if err != nil {
 		h.Metrics.count(typeUnverified, OutcomeError)
 		h.logger().ErrorContext(r.Context(), "stripe webhook signed but malformed", "err", err)
-		problem.Write(w, ErrMalformedProblem)
+		problem.Write(w, ErrNotAnEvent)
 		return
 	}
 
@@ -227,7 +227,7 @@ func (h *Handler) handle(ctx context.Context, ev Event) (string, error) {
 	case TypePaymentIntentSucceeded, TypePaymentIntentPaymentFailed, TypePaymentIntentCanceled:
 		pi, err := DecodePaymentIntent(ev.Data.Object)
 		if err != nil {
-			return "", problem.Wrap(ErrMalformedProblem, err)
+			return "", problem.Wrap(ErrNotAnEvent, err)
 		}
 		if !pi.Ours() {
 			return OutcomeIgnored, nil
@@ -247,7 +247,7 @@ func (h *Handler) handle(ctx context.Context, ev Event) (string, error) {
 		}
 		rs, embedded, pi, err := DecodeRefunds(ev.Data.Object)
 		if err != nil {
-			return "", problem.Wrap(ErrMalformedProblem, err)
+			return "", problem.Wrap(ErrNotAnEvent, err)
 		}
 		if !embedded {
 			// A charge.refunded that names its PaymentIntent only: the
@@ -258,12 +258,12 @@ func (h *Handler) handle(ctx context.Context, ev Event) (string, error) {
 				return OutcomeIgnored, nil
 			}
 			if dup, err := inbox.Seen(ctx, h.DB, Consumer, ev.ID); err != nil {
-				return "", problem.Wrap(ErrUnavailableProblem, err)
+				return "", problem.Wrap(ErrUnavailable, err)
 			} else if dup {
 				return OutcomeDuplicate, nil
 			}
 			if rs, err = h.Refunds.RefundsOf(ctx, pi); err != nil {
-				return "", problem.Wrap(ErrStripeProblem, err)
+				return "", problem.Wrap(ErrStripeUnavailable, err)
 			}
 		}
 		return h.refunds(ctx, ev, rs)
@@ -281,7 +281,7 @@ func (h *Handler) paymentIntent(ctx context.Context, ev Event, pi PaymentIntent)
 	// A redelivery of an event already recorded needs no call to Stripe.
 	// This read is only a shortcut: inbox.Record below decides.
 	if dup, err := inbox.Seen(ctx, h.DB, Consumer, ev.ID); err != nil {
-		return "", problem.Wrap(ErrUnavailableProblem, err)
+		return "", problem.Wrap(ErrUnavailable, err)
 	} else if dup {
 		return OutcomeDuplicate, nil
 	}
@@ -291,7 +291,7 @@ func (h *Handler) paymentIntent(ctx context.Context, ev Event, pi PaymentIntent)
 	case errors.Is(err, ErrNotOurs):
 		return OutcomeIgnored, nil
 	case err != nil:
-		return "", problem.Wrap(ErrUnavailableProblem, err)
+		return "", problem.Wrap(ErrUnavailable, err)
 	}
 	state := pi
 	if !pi.Final() {
@@ -305,16 +305,16 @@ func (h *Handler) paymentIntent(ctx context.Context, ev Event, pi PaymentIntent)
 			// can: GET by id is strongly consistent.
 			cur, err := h.Stripe.RetrievePaymentIntent(ctx, pi.ID)
 			if err != nil {
-				return "", problem.Wrap(ErrStripeProblem, fmt.Errorf("retrieve %s: %w", pi.ID, err))
+				return "", problem.Wrap(ErrStripeUnavailable, fmt.Errorf("retrieve %s: %w", pi.ID, err))
 			}
 			if cur.OrderID != pi.OrderID || cur.TenantID != pi.TenantID {
-				return "", problem.Wrap(ErrStripeProblem, fmt.Errorf("retrieve %s: metadata names order %s/%s, the event %s/%s",
+				return "", problem.Wrap(ErrStripeUnavailable, fmt.Errorf("retrieve %s: metadata names order %s/%s, the event %s/%s",
 					pi.ID, cur.TenantID, cur.OrderID, pi.TenantID, pi.OrderID))
 			}
 			// A failed attempt fails the order only once the
 			// PaymentIntent can no longer move money.
 			if state, err = h.Orders.CloseBeforeExit(ctx, cur); err != nil {
-				return "", problem.Wrap(ErrStripeProblem, fmt.Errorf("close %s before its order fails: %w", pi.ID, err))
+				return "", problem.Wrap(ErrStripeUnavailable, fmt.Errorf("close %s before its order fails: %w", pi.ID, err))
 			}
 		}
 	}
@@ -324,7 +324,7 @@ func (h *Handler) paymentIntent(ctx context.Context, ev Event, pi PaymentIntent)
 		// before the event is recorded: a failure is a 5xx, and Stripe's
 		// resend tries again.
 		if err := h.Orders.SettleStrayPayment(ctx, state); err != nil {
-			return "", problem.Wrap(ErrStripeProblem, fmt.Errorf("settle stray payment %s: %w", pi.ID, err))
+			return "", problem.Wrap(ErrStripeUnavailable, fmt.Errorf("settle stray payment %s: %w", pi.ID, err))
 		}
 	}
 
@@ -352,7 +352,7 @@ func (h *Handler) paymentIntent(ctx context.Context, ev Event, pi PaymentIntent)
 	case errors.Is(err, ErrNotOurs):
 		return OutcomeIgnored, nil
 	case err != nil:
-		return "", problem.Wrap(ErrUnavailableProblem, err)
+		return "", problem.Wrap(ErrUnavailable, err)
 	}
 	return outcome, nil
 }
@@ -403,7 +403,7 @@ func (h *Handler) refunds(ctx context.Context, ev Event, rs []Refund) (string, e
 	case errors.Is(err, errIgnore):
 		return OutcomeIgnored, nil
 	case err != nil:
-		return "", problem.Wrap(ErrUnavailableProblem, err)
+		return "", problem.Wrap(ErrUnavailable, err)
 	}
 	return outcome, nil
 }
