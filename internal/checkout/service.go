@@ -69,6 +69,12 @@ type CheckoutCommand struct {
 func (s *Service) Checkout(ctx context.Context, cmd CheckoutCommand) (resp *idempotency.Response, replayed bool, err error) {
 	switch first, err := s.beginFirst(ctx, cmd); {
 	case err != nil:
+		// The claim's statement may have committed though its answer was
+		// lost (a failover at commit): end the lease this request may hold,
+		// by scope and owner, so the retry resumes the key at once rather
+		// than a whole IDEMPOTENCY_LEASE later. Nothing matches otherwise.
+		s.Keys.ReleaseEarly(s.DB, &idempotency.Claim{
+			Scope: idempotency.Scope{Tenant: cmd.Tenant, Route: Route, Key: cmd.IdempotencyKey}, Owner: cmd.Owner}, s.Logger)
 		return nil, false, s.translate(err)
 	case first != nil && first.final != nil:
 		return first.final, false, nil // out of stock

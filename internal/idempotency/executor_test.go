@@ -193,3 +193,34 @@ func TestFence(t *testing.T) {
 	})
 	require.ErrorIs(t, err, idempotency.ErrLeaseLost)
 }
+
+// TestReleaseByScope: a claim whose commit was lost is known only by its
+// scope and owner; Release of such a Claim ends that owner's lease, so a
+// retry takes the key over at once, and leaves another owner's alone.
+func TestReleaseByScope(t *testing.T) {
+	t.Parallel()
+	db, _ := pgtest.NewDB(t)
+	s := newStore()
+	ctx := context.Background()
+	c, err := claim(t, db, s, scope, "fp", "owner-1", true)
+	require.NoError(t, err)
+	leaseLive := func() bool {
+		var live bool
+		require.NoError(t, db.Raw(`SELECT lease_expires_at > now() FROM idempotency_keys WHERE id = ?`, c.ID).Row().Scan(&live))
+		return live
+	}
+	require.True(t, leaseLive())
+
+	require.NoError(t, s.Release(ctx, db, &idempotency.Claim{Scope: scope, Owner: "owner-2"}))
+	require.True(t, leaseLive(), "another owner's release changes nothing")
+	other := scope
+	other.Key += "-other"
+	require.NoError(t, s.Release(ctx, db, &idempotency.Claim{Scope: other, Owner: "owner-1"}))
+	require.True(t, leaseLive(), "another scope's release changes nothing")
+
+	require.NoError(t, s.Release(ctx, db, &idempotency.Claim{Scope: scope, Owner: "owner-1"}))
+	require.False(t, leaseLive(), "the owner's release by scope ends the lease")
+	again, err := claim(t, db, s, scope, "fp", "owner-3", true)
+	require.NoError(t, err)
+	require.True(t, again.TakenOver, "the retry takes the key over at once")
+}

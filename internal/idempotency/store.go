@@ -459,13 +459,27 @@ func (s *Store) extend(ctx context.Context, db *gorm.DB, scope Scope, owner stri
 
 // Release ends the lease of an unfinished key now, keeping its recovery
 // point, so that a retry can take it over at once instead of waiting for
-// the lease to expire. It is a no-op when owner no longer holds it.
+// the lease to expire. It is a no-op when owner no longer holds it. A
+// Claim with no ID (only Scope and Owner) releases the key of that scope
+// if this owner holds it: for a claim whose commit was lost.
 func (s *Store) Release(ctx context.Context, db *gorm.DB, c *Claim) error {
 	now := s.Now()
-	err := db.WithContext(ctx).Exec(`
-		UPDATE idempotency_keys SET lease_expires_at = ?, updated_at = ?
-		WHERE id = ? AND lease_owner = ? AND recovery_point <> ?`,
-		now, now, c.ID, c.Owner, RecoveryPointFinished).Error
+	var err error
+	if c.ID == 0 {
+		// A claim whose statement failed with its outcome unknown (the
+		// connection lost at commit): it may have inserted the row, so the
+		// row is found by its scope, and released only if it names this
+		// owner.
+		err = db.WithContext(ctx).Exec(`
+			UPDATE idempotency_keys SET lease_expires_at = ?, updated_at = ?
+			WHERE tenant_id = ? AND route = ? AND key = ? AND lease_owner = ? AND recovery_point <> ?`,
+			now, now, c.Scope.Tenant, c.Scope.Route, c.Scope.Key, c.Owner, RecoveryPointFinished).Error
+	} else {
+		err = db.WithContext(ctx).Exec(`
+			UPDATE idempotency_keys SET lease_expires_at = ?, updated_at = ?
+			WHERE id = ? AND lease_owner = ? AND recovery_point <> ?`,
+			now, now, c.ID, c.Owner, RecoveryPointFinished).Error
+	}
 	if err != nil {
 		return fmt.Errorf("release key lease: %w", err)
 	}
