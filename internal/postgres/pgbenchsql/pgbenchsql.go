@@ -15,6 +15,8 @@ import (
 	"sync"
 
 	"gorm.io/gorm"
+
+	"github.com/onceonly/checkout/internal/postgres"
 )
 
 // Recorder collects the statements a *gorm.DB executes while it is on.
@@ -25,10 +27,16 @@ type Recorder struct {
 }
 
 // Record registers callbacks on db that append every statement's SQL (with
-// $n placeholders) to the recorder while it is on. db's callbacks are shared
-// by every session of it, so register once per test database.
+// $n placeholders) to the recorder while it is on, and registers the
+// recorder as db's postgres.BatchObserver, which records a batch's
+// statements between the lines \startpipeline and \endpipeline, as a
+// pgbench script sends a pipeline. db's callbacks are shared by every
+// session of it, so register once per test database.
 func Record(db *gorm.DB) (*Recorder, error) {
 	r := &Recorder{}
+	if err := db.Use(r); err != nil {
+		return nil, fmt.Errorf("pgbenchsql: register batch observer: %w", err)
+	}
 	record := func(tx *gorm.DB) {
 		if tx.Error != nil || tx.Statement == nil {
 			return
@@ -54,6 +62,22 @@ func Record(db *gorm.DB) (*Recorder, error) {
 		}
 	}
 	return r, nil
+}
+
+// Name is the recorder's name as a GORM plugin (postgres.BatchObserverName).
+func (r *Recorder) Name() string { return postgres.BatchObserverName }
+
+// Initialize does nothing: Record registers the callbacks.
+func (r *Recorder) Initialize(*gorm.DB) error { return nil }
+
+// ObserveBatch records a batch's statements, between \startpipeline and
+// \endpipeline.
+func (r *Recorder) ObserveBatch(stmts []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.on {
+		r.stmts = append(append(append(r.stmts, `\startpipeline`), stmts...), `\endpipeline`)
+	}
 }
 
 // Start clears what was recorded and starts recording.
@@ -110,7 +134,9 @@ func Normalize(s string) string {
 
 // Script returns the normalized SQL statements of the pgbench script at
 // path: meta-commands (\set, ...) and transaction control (BEGIN, COMMIT,
-// END) left out, since GORM's callbacks do not see the latter either. A
+// END) left out, since GORM's callbacks do not see the latter either,
+// except \startpipeline and \endpipeline, which stand where a batch
+// begins and ends. A
 // statement ends with a semicolon, or pgbench's \gset, at the end of a line.
 func Script(path string) ([]string, error) {
 	b, err := os.ReadFile(path)
@@ -123,6 +149,10 @@ func Script(path string) ([]string, error) {
 	)
 	for _, line := range strings.Split(string(b), "\n") {
 		trimmed := strings.TrimSpace(lineComment.ReplaceAllString(line, ""))
+		if cur.Len() == 0 && (trimmed == `\startpipeline` || trimmed == `\endpipeline`) {
+			out = append(out, trimmed)
+			continue
+		}
 		if cur.Len() == 0 && (trimmed == "" || strings.HasPrefix(trimmed, `\`)) {
 			continue
 		}
