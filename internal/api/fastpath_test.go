@@ -191,3 +191,85 @@ func TestFirstExecutionOfAnExistingKeyWritesNothing(t *testing.T) {
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM idempotency_keys`))
 	require.Len(t, h.requirePaymentInvariants(o.ID, string(orders.Paid)), 1)
 }
+
+// TestFirstExecutionOutOfStock: the stock's guard fails phase 1's batch,
+// which then wrote nothing (no claim, no order), and the general path
+// finishes the key with its stored 409: every retry replays it, and no
+// Stripe call is made.
+func TestFirstExecutionOutOfStock(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	require.NoError(t, h.db.Exec(`UPDATE products SET stock = 0 WHERE sku = 'sku_tee'`).Error)
+	for range 2 {
+		r := h.checkout("sold-out-1", teeBody)
+		require.Equal(t, http.StatusConflict, r.status, "%s", r.body)
+		require.Equal(t, "out_of_stock", decodeProblem(t, r).Code)
+	}
+	require.Zero(t, h.stock("sku_tee"))
+	require.Zero(t, h.count(`SELECT count(*) FROM orders`))
+	require.Zero(t, h.count(`SELECT count(*) FROM payment_attempts`))
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM idempotency_keys WHERE key = 'sold-out-1' AND response_status = 409`))
+	require.Empty(t, h.emu.Requests())
+}
+
+// TestFirstExecutionFencedBeforeSettling: the key is taken over while the
+// confirm is in flight. Phase 3's batch fails at the key's fence and
+// writes nothing of the order's change, yet the confirm's answer (a fact,
+// whoever holds the key) is recorded on its own, and the run stops with
+// 409. The order stays pending for the key's new owner, who finds the
+// answer recorded.
+func TestFirstExecutionFencedBeforeSettling(t *testing.T) {
+	t.Parallel()
+	s := &scripted{}
+	var h *harness
+	s.confirm = func(n int, req checkout.ConfirmIntentRequest, real checkout.PaymentProvider) (checkout.PaymentIntentState, error) {
+		pi, err := real.ConfirmPaymentIntent(context.Background(), req)
+		require.NoError(t, h.db.Exec(`UPDATE idempotency_keys SET lease_owner = 'another-run' WHERE key = 'fenced-3'`).Error)
+		return pi, err
+	}
+	h = setup(t, func(o *options) {
+		o.wrap = func(p checkout.PaymentProvider) checkout.PaymentProvider { s.PaymentProvider = p; return s }
+	})
+	r := h.checkout("fenced-3", teeBody)
+	require.Equal(t, http.StatusConflict, r.status, "%s", r.body)
+	require.Equal(t, "idempotency_key_in_use", decodeProblem(t, r).Code)
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM payment_attempts WHERE step = 'confirm' AND outcome = 'succeeded'`),
+		"the confirm's answer is recorded")
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM orders WHERE status = 'pending_payment'`), "not paid by a run that lost the key")
+	require.Zero(t, h.count(`SELECT count(*) FROM outbox WHERE type = 'order.paid'`))
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM idempotency_keys WHERE key = 'fenced-3' AND response_status IS NULL`))
+}
+
+// TestFirstExecutionFindsAnotherIntentRecorded: phase 2 finds the order
+// recording another PaymentIntent (which a run holding the key cannot
+// meet; the general path copes). Its batch fails at the guard and writes
+// nothing; the create's answer is recorded on its own, the run's
+// PaymentIntent canceled as an orphan, and the checkout carries on with
+// the recorded one: one PaymentIntent moves money, the order paid.
+func TestFirstExecutionFindsAnotherIntentRecorded(t *testing.T) {
+	t.Parallel()
+	s := &scripted{}
+	var h *harness
+	s.create = func(n int, req checkout.CreateIntentRequest, real checkout.PaymentProvider) (checkout.PaymentIntentState, error) {
+		pi, err := real.CreatePaymentIntent(context.Background(), req)
+		if n == 1 && err == nil {
+			// Another PaymentIntent of the order, recorded first.
+			other := req
+			other.IdempotencyKey = req.IdempotencyKey + "-other"
+			o, oerr := real.CreatePaymentIntent(context.Background(), other)
+			require.NoError(t, oerr)
+			require.NoError(t, h.db.Exec(`UPDATE orders SET payment_intent_id = ?, payment_status = ? WHERE payment_intent_id IS NULL`, o.ID, o.Status).Error)
+		}
+		return pi, err
+	}
+	h = setup(t, func(o *options) {
+		o.wrap = func(p checkout.PaymentProvider) checkout.PaymentProvider { s.PaymentProvider = p; return s }
+	})
+	r := h.checkout("other-intent-1", teeBody)
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+	o := decodeOrder(t, r)
+	pis := h.requirePaymentInvariants(o.ID, string(orders.Paid))
+	require.Len(t, pis, 2, "the run's own, canceled, and the recorded one, paid")
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM payment_attempts WHERE step = 'create' AND outcome = 'succeeded'`),
+		"the create's answer is recorded")
+}

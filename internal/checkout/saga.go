@@ -10,6 +10,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/orders"
+	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
@@ -97,7 +98,6 @@ func (r *run) now() time.Time { return r.s.Now().UTC().Truncate(time.Microsecond
 
 // fence returns the fence of the run's new attempts: the lease of the key
 // it holds (none for the reconciler without a key).
-func (r *run) fence() stripestep.Fence { return stepFence(r.claim.Fence()) }
 
 // pay drives a checkout's payment from its persisted state to an outcome:
 // create the PaymentIntent (or find the one an indeterminate create made),
@@ -237,9 +237,22 @@ func (r *run) newAttempt(step string, n int, target string, params any) *stripes
 	return stripestep.NewAttempt(r.o.ID, r.o.TenantID, step, n, target, b, r.now())
 }
 
-// begin writes a new attempt before its call (fenced by the key's lease).
+// begin writes a new attempt before its call, fenced by the key's lease
+// (one batch: the fence, then the attempt; a run without a key, the
+// reconciler's, writes it unfenced). It returns stripestep.ErrTaken when
+// the attempt was not written: another run wrote it, or holds the key.
 func (r *run) begin(ctx context.Context, a *stripestep.Attempt) error {
-	return stripestep.Insert(ctx, r.s.DB, a, r.fence())
+	var b postgres.Batch
+	r.claim.Fence().Queue(&b)
+	stripestep.QueueInsert(&b, a)
+	err := postgres.Send(ctx, r.s.DB, &b)
+	if postgres.IsGuard(err, idempotency.GuardLeaseLost) || postgres.IsGuard(err, stripestep.GuardTaken) {
+		return stripestep.ErrTaken
+	}
+	if err != nil {
+		return fmt.Errorf("insert payment attempt %s: %w", a.IdempotencyKey, err)
+	}
+	return nil
 }
 
 // create sends create attempt a (written first when isNew) and records the
@@ -336,7 +349,7 @@ func (r *run) recordAnswer(ctx context.Context, a *stripestep.Attempt, pi Paymen
 			res.err = &waitError{reason: fmt.Sprintf("%s attempt %d of order %s: %v", a.Step, a.Attempt, r.o.ID, callErr)}
 		}
 	}
-	dbErr := stripestep.Finish(ctx, r.s.DB, a.ID, answer, now)
+	dbErr := stripestep.Finish(ctx, r.s.DB, a, answer, now)
 	if unknown && (answer.Outcome == stripestep.Indeterminate || answer.Outcome == stripestep.Open) {
 		dbErr = errors.Join(dbErr, orders.MarkUnknownSince(ctx, r.s.DB, r.o.ID, now))
 	}

@@ -76,8 +76,6 @@ func (s *Service) Checkout(ctx context.Context, cmd CheckoutCommand) (resp *idem
 		s.Keys.ReleaseEarly(s.DB, &idempotency.Claim{
 			Scope: idempotency.Scope{Tenant: cmd.Tenant, Route: Route, Key: cmd.IdempotencyKey}, Owner: cmd.Owner}, s.Logger)
 		return nil, false, s.translate(err)
-	case first != nil && first.final != nil:
-		return first.final, false, nil // out of stock
 	case first != nil:
 		resp, err = s.executor().Continue(ctx, first.claim, func(ctx context.Context, c *idempotency.Claim) (*idempotency.Response, error) {
 			return s.newRun(c, Route, first.order).payFirst(ctx, first.create)
@@ -175,16 +173,10 @@ func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.C
 	}
 	o := s.newOrder(c.Scope.Tenant, in, products)
 	now := o.CreatedAt
-	// One statement reserves the stock and, only if it could, writes the
-	// order, its items and its order.created event: out of stock leaves
-	// nothing to roll back. The key's recovery point is a second one, the
-	// key store's own (this path is rare: the fast path makes almost every
-	// order).
-	event, eventArgs, err := outbox.Statement(s.event(outbox.TypeOrderCreated, o, now))
-	if err != nil {
-		return nil, nil, err
-	}
-	reserved, err := createOrderReserving(ctx, tx, o, want, event, eventArgs)
+	// The stock first: out of stock leaves nothing to write but the key's
+	// stored 409. This path is rare (the fast path makes almost every
+	// order), so it takes a round trip a statement.
+	reserved, err := reserveStock(ctx, tx, want)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -194,6 +186,12 @@ func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.C
 			return nil, nil, err
 		}
 		return nil, resp, nil
+	}
+	if err := orders.Insert(ctx, tx, o); err != nil {
+		return nil, nil, err
+	}
+	if err := outbox.Add(ctx, tx, s.event(outbox.TypeOrderCreated, o, now)); err != nil {
+		return nil, nil, err
 	}
 	if err := s.Keys.Advance(ctx, tx, c, RecoveryPointOrderCreated, o.ID); err != nil {
 		return nil, nil, err

@@ -8,10 +8,8 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/postgres"
-	"github.com/onceonly/checkout/internal/stripestep"
 )
 
 // listProducts returns the catalog ordered by sku.
@@ -83,26 +81,16 @@ func adjustStock(ctx context.Context, tx *gorm.DB, delta map[string]int64) error
 	return nil
 }
 
-// createOrderReserving is most of transaction 1, in one statement
-// (data-modifying CTEs, one round trip instead of five): it reserves want's
-// units and, only if that succeeded, inserts the order, its items and the
-// event. It reports whether the stock was reserved (when not, it changed
-// nothing).
-func createOrderReserving(ctx context.Context, tx *gorm.DB, o *Order, want map[string]int64,
-	event string, eventArgs []any) (reserved bool, err error) {
+// reserveStock takes want's units from the stock inside tx and reports
+// whether there were enough (when not, it took nothing).
+func reserveStock(ctx context.Context, tx *gorm.DB, want map[string]int64) (bool, error) {
 	skus, qtys := sortedSKUs(want)
-	args := append([]any{postgres.TextArray(skus), postgres.IntArray(qtys)}, orders.InsertArgs(o)...)
-	args = append(args, eventArgs...)
-	err = tx.WithContext(ctx).Raw(`
-		WITH r AS MATERIALIZED (SELECT reserve_stock(?::text[], ?::bigint[]) AS ok),
-		o AS (`+orders.InsertSQL+` FROM r WHERE r.ok RETURNING id),
-		i AS (`+orders.InsertItemsSQL+`),
-		e AS (`+event+` WHERE EXISTS (SELECT 1 FROM o))
-		SELECT r.ok AS reserved FROM r`, args...).Row().Scan(&reserved)
-	if err != nil {
-		return false, fmt.Errorf("insert order: %w", err)
+	var ok bool
+	if err := tx.WithContext(ctx).Raw(`SELECT reserve_stock(?::text[], ?::bigint[])`,
+		postgres.TextArray(skus), postgres.IntArray(qtys)).Row().Scan(&ok); err != nil {
+		return false, fmt.Errorf("reserve stock: %w", err)
 	}
-	return reserved, nil
+	return ok, nil
 }
 
 // loadOrder returns the order id of tenant, or ErrOrderNotFound (also for
@@ -122,15 +110,4 @@ func releaseStock(ctx context.Context, tx *gorm.DB, o *Order) error {
 		release[it.SKU] += int64(it.Quantity)
 	}
 	return adjustStock(ctx, tx, release)
-}
-
-// stepFence is the fence of a run's writes to the step log: the lease of
-// the idempotency key that runs the saga (idempotency.Fence.Holds). The
-// zero Fence (a run without a key: the reconciler) writes unfenced.
-func stepFence(f idempotency.Fence) stripestep.Fence {
-	if f.ID == 0 {
-		return stripestep.Fence{}
-	}
-	cond, args := f.Holds()
-	return stripestep.Fence{Cond: cond, Args: args}
 }

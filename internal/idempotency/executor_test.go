@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/ids"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
 )
@@ -176,20 +177,31 @@ func TestFence(t *testing.T) {
 	c, err := claim(t, db, s, scope, "fp", "owner-1", true)
 	require.NoError(t, err)
 
+	// Queued first in a batch, it lets the batch's write through only
+	// while the fence holds.
 	holds := func(f idempotency.Fence) bool {
-		cond, args := f.Holds()
-		var ok bool
-		require.NoError(t, db.Raw(`SELECT `+cond, args...).Row().Scan(&ok))
-		return ok
+		var b postgres.Batch
+		f.Queue(&b)
+		b.Queue(`INSERT INTO inbox (consumer, message_id) VALUES ('fence', ?)`, []any{ids.New("m")}, nil)
+		before := countFenced(t, db)
+		err := postgres.Send(ctx, db, &b)
+		after := countFenced(t, db)
+		if err != nil {
+			require.True(t, postgres.IsGuard(err, idempotency.GuardLeaseLost), "%v", err)
+			require.Equal(t, before, after, "nothing written")
+			return false
+		}
+		require.Equal(t, before+1, after)
+		return true
 	}
 	require.True(t, holds(c.Fence()))
-	require.False(t, holds(idempotency.Fence{ID: c.ID, Owner: "stale"}))
+	require.False(t, holds(idempotency.Fence{Scope: c.Scope, Owner: "stale"}))
 	require.True(t, holds(idempotency.Fence{}), "the zero Fence fences nothing")
 	require.Equal(t, idempotency.Fence{}, (*idempotency.Claim)(nil).Fence())
 
 	require.NoError(t, postgres.WithTx(ctx, db, func(tx *gorm.DB) error { return s.Fence(ctx, tx, c) }))
 	err = postgres.WithTx(ctx, db, func(tx *gorm.DB) error {
-		return s.Fence(ctx, tx, &idempotency.Claim{ID: c.ID, Owner: "stale"})
+		return s.Fence(ctx, tx, &idempotency.Claim{ID: c.ID, Scope: c.Scope, Owner: "stale"})
 	})
 	require.ErrorIs(t, err, idempotency.ErrLeaseLost)
 }
@@ -223,4 +235,12 @@ func TestReleaseByScope(t *testing.T) {
 	again, err := claim(t, db, s, scope, "fp", "owner-3", true)
 	require.NoError(t, err)
 	require.True(t, again.TakenOver, "the retry takes the key over at once")
+}
+
+// countFenced counts the rows TestFence's batches wrote.
+func countFenced(t *testing.T, db *gorm.DB) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.Raw(`SELECT count(*) FROM inbox WHERE consumer = 'fence'`).Scan(&n).Error)
+	return n
 }

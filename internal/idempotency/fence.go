@@ -7,23 +7,27 @@ import (
 	"fmt"
 
 	"gorm.io/gorm"
+
+	"github.com/onceonly/checkout/internal/postgres"
 )
 
 // Fence is the lease check behind every write a route makes while it holds
-// a key: the write happens only while key ID still names Owner as its
-// lease owner, so a run whose lease expired and was taken over can never
-// write after the new owner. The zero Fence (no key: the reconciler, a
+// a key: the write happens only while the key of Scope still names Owner
+// as its lease owner, so a run whose lease expired and was taken over can
+// never write after the new owner. It names the key by its scope, as
+// Extend and Release do: the lease is (scope, owner), and a statement that
+// claimed the key need not read its id back to fence the next. The zero Fence (no key: the reconciler, a
 // webhook) fences nothing.
 //
 // It is the one place the lease column is read outside Store's own
-// statements. A route uses it three ways: Store.Fence inside a
-// transaction (lock and check, one round trip), Holds as the condition of
-// a single statement (an INSERT ... SELECT ... WHERE), or Lock as a
-// data-modifying CTE that must see the key locked before it writes.
+// statements. A route uses it two ways: Store.Fence first inside a
+// transaction, or Queue first in a batch (postgres.Batch) of the writes it
+// fences; both lock the key and check it, in one round trip.
 type Fence struct {
-	// ID is the key's id (idempotency_keys.id); 0 fences nothing.
-	ID int64
-	// Owner is the lease token the writes are made under.
+	// Scope is the key's tenant, route and key.
+	Scope Scope
+	// Owner is the lease token the writes are made under; "" fences
+	// nothing.
 	Owner string
 }
 
@@ -32,28 +36,29 @@ func (c *Claim) Fence() Fence {
 	if c == nil {
 		return Fence{}
 	}
-	return Fence{ID: c.ID, Owner: c.Owner}
+	return Fence{Scope: c.Scope, Owner: c.Owner}
 }
 
-// Holds returns a boolean SQL expression, with its arguments, that is
-// true while f's key is still held by f's owner ("TRUE" for the zero
-// Fence). It does not lock the key: a takeover that commits after the
-// statement's snapshot goes unseen, which is enough for a write the next
-// fenced step checks again (an attempt written before its Stripe call).
-func (f Fence) Holds() (string, []any) {
-	if f.ID == 0 {
-		return "TRUE", nil
+// lock is the SELECT, with its arguments, that locks f's key (FOR UPDATE)
+// and returns its id while f's owner holds it unfinished, and no row
+// otherwise: the first statement of a transaction or batch whose writes
+// must not overlap a takeover, which waits for it or sees it.
+func (f Fence) lock() (string, []any) {
+	return `SELECT id FROM idempotency_keys
+		WHERE tenant_id = ? AND route = ? AND key = ? AND lease_owner = ? AND recovery_point <> ? FOR UPDATE`,
+		[]any{f.Scope.Tenant, f.Scope.Route, f.Scope.Key, f.Owner, RecoveryPointFinished}
+}
+
+// Queue queues f's check in b, to come before the writes it fences: it
+// locks the key and fails the batch with GuardLeaseLost (and nothing of it
+// is written) unless f's owner still holds it, unfinished. The zero Fence
+// queues nothing.
+func (f Fence) Queue(b *postgres.Batch) {
+	if f.Owner == "" {
+		return
 	}
-	return `EXISTS (SELECT 1 FROM idempotency_keys WHERE id = ? AND lease_owner = ?)`, []any{f.ID, f.Owner}
-}
-
-// Lock returns a SELECT, with its arguments, that locks f's key (FOR
-// UPDATE) and returns its id while f's owner holds it unfinished, and no
-// row otherwise: the first step of a statement whose writes must not
-// overlap a takeover. f must not be the zero Fence.
-func (f Fence) Lock() (string, []any) {
-	return `SELECT id FROM idempotency_keys WHERE id = ? AND lease_owner = ? AND recovery_point <> ? FOR UPDATE`,
-		[]any{f.ID, f.Owner, RecoveryPointFinished}
+	query, args := f.lock()
+	b.QueueGuarded(GuardLeaseLost, query, args, nil)
 }
 
 // Fence locks c's key inside tx and checks that c still holds it,
@@ -61,7 +66,7 @@ func (f Fence) Lock() (string, []any) {
 // finished), and the caller must roll back. Called first in a transaction,
 // it orders every later write after any takeover.
 func (s *Store) Fence(ctx context.Context, tx *gorm.DB, c *Claim) error {
-	query, args := c.Fence().Lock()
+	query, args := c.Fence().lock()
 	var id int64
 	err := tx.WithContext(ctx).Raw(query, args...).Row().Scan(&id) // Row: see Claim
 	if errors.Is(err, sql.ErrNoRows) {

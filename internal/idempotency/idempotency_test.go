@@ -131,7 +131,7 @@ func TestClaimSequential(t *testing.T) {
 	// Finish with the first owner; a stale owner cannot.
 	resp := idempotency.JSONResponse(201, []byte(`{"id":"ord_1"}`), "/v1/orders/ord_1")
 	err = postgres.WithTx(context.Background(), db, func(tx *gorm.DB) error {
-		return s.Finish(context.Background(), tx, &idempotency.Claim{ID: c.ID, Owner: "stale"}, resp)
+		return s.Finish(context.Background(), tx, &idempotency.Claim{ID: c.ID, Scope: c.Scope, Owner: "stale"}, resp)
 	})
 	require.ErrorIs(t, err, idempotency.ErrLeaseLost)
 	err = postgres.WithTx(context.Background(), db, func(tx *gorm.DB) error {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
@@ -317,60 +318,36 @@ func (s *Store) Advance(ctx context.Context, tx *gorm.DB, c *Claim, point, order
 	return nil
 }
 
-// ClaimNewStatement returns an INSERT that claims scope as a new key for
-// owner, and its arguments, for a route whose first phase claims the key
-// inside one larger statement (data-modifying CTEs): the claim, the
-// route's writes and its recovery point then commit together in one round
-// trip instead of a transaction of several.
+// QueueClaimNew queues in b the claim of scope as a new key for owner, at
+// recovery point point with orderID and a lease of s.Lease: for a route
+// whose first phase claims the key and writes its rows in one batch, so
+// that the claim, the route's writes and its recovery point commit
+// together in one round trip instead of a transaction of several. The
+// returned Claim is the claim once b is sent without error (its ID is set
+// then); after an error it means nothing.
 //
-// The statement is "INSERT ... SELECT ... FROM from", to which the caller
-// may append a RETURNING (id and expires_at are what ClaimedNew needs).
-// cond is a boolean SQL expression over from, the caller's own CTE, that
-// decides which row is inserted: true, the key at recovery point point with
-// orderID and a lease of s.Lease for owner; false, the key finished with
-// otherwise (the route's first phase ended the request, e.g. out of stock).
-//
-// It has no ON CONFLICT: when the key exists, the whole statement fails with
-// a unique violation (IsKeyTaken) and leaves nothing behind, and the caller
-// claims the key with Claim, which applies the rules for an existing key.
-// Errors are those of encoding otherwise's headers.
-func (s *Store) ClaimNewStatement(scope Scope, fingerprint, owner, point, orderID string, otherwise *Response, from, cond string) (string, []any, error) {
-	headers, err := json.Marshal(otherwise.Header)
-	if err != nil {
-		return "", nil, err
-	}
+// It has no ON CONFLICT: when the key exists, the batch fails with a unique
+// violation (IsKeyTaken) and writes nothing, and the caller claims the key
+// with Claim, which applies the rules for an existing key.
+func (s *Store) QueueClaimNew(b *postgres.Batch, scope Scope, fingerprint, owner, point, orderID string) *Claim {
 	now := s.Now()
-	c := "CASE WHEN " + cond + " THEN "
-	return `INSERT INTO idempotency_keys
-		  (tenant_id, route, key, fingerprint, recovery_point, order_id, lease_owner, lease_expires_at,
-		   response_status, response_headers, response_body, finished_at, created_at, updated_at, expires_at)
-		SELECT ?, ?, ?, ?, ` + c + `?::text ELSE ? END, ` + c + `?::text END, ` + c + `?::text END, ` + c + `?::timestamptz END,
-		  ` + c + `NULL ELSE ?::int END, ` + c + `NULL ELSE ?::jsonb END, ` + c + `NULL ELSE ?::bytea END, ` + c + `NULL ELSE ?::timestamptz END,
-		  ?, ?, ?
-		FROM ` + from,
-		[]any{scope.Tenant, scope.Route, scope.Key, fingerprint, point, RecoveryPointFinished, orderID, owner, now.Add(s.Lease),
-			otherwise.Status, string(headers), otherwise.Body, now,
-			now, now, now.Add(s.TTL)}, nil
+	c := &Claim{Scope: scope, Fingerprint: fingerprint, RecoveryPoint: point, OrderID: orderID, Owner: owner, New: true}
+	var id int64
+	b.Queue(`INSERT INTO idempotency_keys
+		  (tenant_id, route, key, fingerprint, recovery_point, order_id, lease_owner, lease_expires_at, created_at, updated_at, expires_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		RETURNING id`,
+		[]any{scope.Tenant, scope.Route, scope.Key, fingerprint, point, orderID, owner, now.Add(s.Lease), now, now, now.Add(s.TTL)},
+		func(r pgx.Row) error { return r.Scan(&id) })
+	b.AfterCommit(func() { c.ID = id })
+	return c
 }
 
 // IsKeyTaken reports whether err is the unique violation of a key that
-// already exists, as ClaimNewStatement's INSERT fails with.
+// already exists, as QueueClaimNew's INSERT fails with.
 func IsKeyTaken(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "23505" /* unique_violation */ && pgErr.TableName == "idempotency_keys"
-}
-
-// ClaimedNew returns the claim a route's ClaimNewStatement made: key id at
-// recovery point point with orderID, held by owner. finished (the key
-// finished with ClaimNewStatement's otherwise, expiring at expiresAt) sets
-// its Response.
-func ClaimedNew(id int64, scope Scope, fingerprint, owner, point, orderID string, finished *Response, expiresAt time.Time) *Claim {
-	c := &Claim{ID: id, Scope: scope, Fingerprint: fingerprint, RecoveryPoint: point, OrderID: orderID, Owner: owner, New: true}
-	if finished != nil {
-		finished.ExpiresAt = expiresAt
-		c.RecoveryPoint, c.OrderID, c.Response = RecoveryPointFinished, "", finished
-	}
-	return c
 }
 
 // Advanced records on c that its key was advanced to point with orderID.
@@ -378,13 +355,14 @@ func (c *Claim) Advanced(point, orderID string) {
 	c.RecoveryPoint, c.OrderID = point, orderID
 }
 
-// FinishStatement returns Finish's fenced UPDATE and its arguments, for a
-// route that finishes the key inside a larger statement (a data-modifying
-// CTE) to save a round trip. The statement ends with its WHERE clause, so
-// the route may add conditions; it must add "RETURNING expires_at", treat
-// "no row" as ErrLeaseLost (or as its own condition failing) and call
-// c.Finished with the expires_at it returned.
-func (s *Store) FinishStatement(c *Claim, resp *Response) (string, []any, error) {
+// GuardLeaseLost is the batch guard (postgres.IsGuard) of a fenced
+// statement whose key is no longer leased to the run, unfinished
+// (QueueFinish, Fence.Queue): the batch wrote nothing, as ErrLeaseLost.
+const GuardLeaseLost = "idempotency_lease_lost"
+
+// finishStatement is Finish's fenced UPDATE and its arguments. It names the
+// key by its scope, as Fence does.
+func (s *Store) finishStatement(c *Claim, resp *Response) (string, []any, error) {
 	headers, err := json.Marshal(resp.Header)
 	if err != nil {
 		return "", nil, err
@@ -393,13 +371,30 @@ func (s *Store) FinishStatement(c *Claim, resp *Response) (string, []any, error)
 	return `UPDATE idempotency_keys
 		SET recovery_point = ?, response_status = ?, response_headers = ?, response_body = ?,
 		    lease_owner = NULL, lease_expires_at = NULL, finished_at = ?, updated_at = ?
-		WHERE id = ? AND lease_owner = ? AND recovery_point <> ?`,
+		WHERE tenant_id = ? AND route = ? AND key = ? AND lease_owner = ? AND recovery_point <> ?
+		RETURNING expires_at`,
 		[]any{RecoveryPointFinished, resp.Status, string(headers), resp.Body, now, now,
-			c.ID, c.Owner, RecoveryPointFinished}, nil
+			c.Scope.Tenant, c.Scope.Route, c.Scope.Key, c.Owner, RecoveryPointFinished}, nil
+}
+
+// QueueFinish queues in b what Finish does: resp stored as c's final
+// response and its lease ended, fenced: while another owner holds the key
+// (or it is finished) the batch fails with GuardLeaseLost. Once b commits,
+// c is finished (Claim.Finished, resp.ExpiresAt set). Errors are those of
+// encoding resp's headers; nothing was queued then.
+func (s *Store) QueueFinish(b *postgres.Batch, c *Claim, resp *Response) error {
+	query, args, err := s.finishStatement(c, resp)
+	if err != nil {
+		return err
+	}
+	var expiresAt time.Time
+	b.QueueGuarded(GuardLeaseLost, query, args, func(r pgx.Row) error { return r.Scan(&expiresAt) })
+	b.AfterCommit(func() { c.Finished(resp, expiresAt) })
+	return nil
 }
 
 // Finished records on c that its key was finished with resp, kept until
-// expiresAt (what FinishStatement's RETURNING gave).
+// expiresAt.
 func (c *Claim) Finished(resp *Response, expiresAt time.Time) {
 	resp.ExpiresAt = expiresAt
 	c.RecoveryPoint, c.Response = RecoveryPointFinished, resp
@@ -409,12 +404,12 @@ func (c *Claim) Finished(resp *Response, expiresAt time.Time) {
 // tx. It is fenced like Advance. On return resp.ExpiresAt is the end of the
 // key's retention. Commit makes every later request with the key a replay.
 func (s *Store) Finish(ctx context.Context, tx *gorm.DB, c *Claim, resp *Response) error {
-	query, args, err := s.FinishStatement(c, resp)
+	query, args, err := s.finishStatement(c, resp)
 	if err != nil {
 		return err
 	}
 	var expiresAt time.Time
-	err = tx.WithContext(ctx).Raw(query+` RETURNING expires_at`, args...).Row().Scan(&expiresAt) // Row: see Claim
+	err = tx.WithContext(ctx).Raw(query, args...).Row().Scan(&expiresAt) // Row: see Claim
 	if errors.Is(err, sql.ErrNoRows) {
 		return ErrLeaseLost
 	}

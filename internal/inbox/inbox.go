@@ -7,9 +7,14 @@ package inbox
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
+
+	"github.com/onceonly/checkout/internal/postgres"
 )
 
 // Record notes that consumer has processed messageID, inside tx.
@@ -25,24 +30,59 @@ func Record(ctx context.Context, tx *gorm.DB, consumer, messageID string) (first
 	if consumer == "" || messageID == "" {
 		return false, fmt.Errorf("inbox: consumer and message id are required")
 	}
-	query, args := StatementFrom(consumer, "(VALUES (?::text)) AS m (message_id)")
-	res := tx.WithContext(ctx).Exec(query, append(args, messageID)...)
+	query, args := recordStatement(consumer, []string{messageID})
+	res := tx.WithContext(ctx).Exec(query, args...)
 	if res.Error != nil {
 		return false, fmt.Errorf("inbox: record %s/%s: %w", consumer, messageID, res.Error)
 	}
 	return res.RowsAffected == 1, nil
 }
 
-// StatementFrom returns Record's INSERT for many messages at once, and its
-// argument, for a consumer that records a batch inside a larger statement of
-// its transaction (data-modifying CTEs) to save round trips: it inserts a
-// row for each message_id of the relation from (a CTE of the caller's with
-// a message_id column) that is new, none for a duplicate, and ends with its
-// ON CONFLICT clause, so the caller may add "RETURNING message_id" to learn
-// which were new. The same rules as Record's hold.
-func StatementFrom(consumer, from string) (string, []any) {
-	return `INSERT INTO inbox (consumer, message_id) SELECT ?, message_id FROM ` + from + ` ON CONFLICT DO NOTHING`,
-		[]any{consumer}
+// Recorded is what QueueRecord recorded, once its batch is sent.
+type Recorded struct {
+	// First holds the message ids recorded for the first time: the
+	// caller's state change is due for them, and for no other.
+	First map[string]bool
+}
+
+// QueueRecord queues in b what Record does, for every one of messageIDs at
+// once: a row for each id that is new, none for a duplicate. Once b is
+// sent without error, the returned Recorded says which were new. The same
+// rules as Record's hold: b must write the state changes of the new ones.
+func QueueRecord(b *postgres.Batch, consumer string, messageIDs []string) *Recorded {
+	rec := &Recorded{}
+	insert, args := recordStatement(consumer, messageIDs)
+	var ids []byte
+	b.Queue(`WITH r AS (`+insert+` RETURNING message_id) SELECT coalesce(json_agg(message_id), '[]') FROM r`,
+		args, func(r pgx.Row) error { return r.Scan(&ids) })
+	b.AfterCommit(func() {
+		var first []string
+		_ = json.Unmarshal(ids, &first) // json_agg of text: always a list of strings
+		rec.First = make(map[string]bool, len(first))
+		for _, id := range first {
+			rec.First[id] = true
+		}
+	})
+	return rec
+}
+
+// recordStatement is the INSERT of consumer's messageIDs, one parameter
+// each (a list of values, not one array, so that pgbench's script of the
+// worker can send the same statement), that skips the ones recorded.
+func recordStatement(consumer string, messageIDs []string) (string, []any) {
+	var sb strings.Builder
+	sb.WriteString(`INSERT INTO inbox (consumer, message_id) SELECT ?, m.id FROM (VALUES `)
+	args := make([]any, 0, len(messageIDs)+1)
+	args = append(args, consumer)
+	for i, id := range messageIDs {
+		if i > 0 {
+			sb.WriteString(", ")
+		}
+		sb.WriteString("(?::text)")
+		args = append(args, id)
+	}
+	sb.WriteString(`) AS m (id) ON CONFLICT DO NOTHING`)
+	return sb.String(), args
 }
 
 // Seen reports whether consumer has recorded messageID already, as of a

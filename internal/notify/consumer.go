@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"gorm.io/gorm"
@@ -409,62 +410,68 @@ func (c *Consumer) admit(ctx context.Context, tx *gorm.DB, it *item) (int, error
 	return created, nil
 }
 
-// recordBatch records every item in the inbox (inbox.StatementFrom) and,
-// in the same statement, inserts the notification of each unsequenced
-// order.paid event recorded for the first time. It sets
-// each item's first and returns how many notifications it inserted.
+// recordBatch records every item in the inbox (inbox.QueueRecord) and
+// inserts the notification of each unsequenced order.paid event among
+// them, in one batch (postgres.Batch: one round trip on db, the statements
+// in turn inside a transaction). It sets each item's first and returns how
+// many notifications it inserted.
+//
+// The notifications go in whatever the inbox says, and ON CONFLICT DO
+// NOTHING on notifications_once (an order's one email of its kind) makes
+// a duplicate's a no-op: the first delivery's row is there, since
+// notifications are never deleted, or is being written by a transaction
+// the insert waits for. So the batch needs no answer from the inbox
+// before it ends, and the inbox's answer still decides what else happens.
 func recordBatch(ctx context.Context, db *gorm.DB, items []*item) (int, error) {
-	query, args := recordStatement(items)
-	var rows []struct {
-		MessageID string
-		Notified  int
+	var b postgres.Batch
+	ids := make([]string, len(items))
+	for i, it := range items {
+		ids[i] = it.messageID
 	}
-	if err := db.WithContext(ctx).Raw(query, args...).Scan(&rows).Error; err != nil {
+	rec := inbox.QueueRecord(&b, ConsumerName, ids)
+	created := 0
+	if query, args := notificationsStatement(items); query != "" {
+		b.Queue(query, args, func(r pgx.Row) error { return r.Scan(&created) })
+	}
+	if err := postgres.Send(ctx, db, &b); err != nil {
 		return 0, fmt.Errorf("record %d events in the inbox: %w", len(items), err)
 	}
-	first := make(map[string]bool, len(rows))
-	created := 0
-	for _, r := range rows {
-		first[r.MessageID] = true
-		created = r.Notified
-	}
 	for _, it := range items {
-		it.first = first[it.messageID]
+		it.first = rec.First[it.messageID]
 	}
 	return created, nil
 }
 
-// recordStatement is recordBatch's statement: a row of ev per item (message
-// id, then the notification's id, order, tenant and recipient, NULL for an
-// event without a notification in it), the inbox records, the
-// notifications of the messages recorded, and the message ids recorded with
-// the count of notifications inserted.
-func recordStatement(items []*item) (string, []any) {
+// notificationsStatement is recordBatch's INSERT of the notifications of
+// items (those with a notificationID), returning how many it inserted, and
+// its arguments; "" when no item has one.
+func notificationsStatement(items []*item) (string, []any) {
 	var b strings.Builder
-	b.WriteString(`WITH ev (message_id, notification_id, order_id, tenant_id, recipient, order_amount, currency) AS (VALUES `)
-	args := make([]any, 0, 7*len(items)+3)
-	for i, it := range items {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString("(?, ?, ?, ?, ?, ?::bigint, ?)")
+	b.WriteString(`WITH ev (notification_id, order_id, tenant_id, recipient, order_amount, currency) AS (VALUES `)
+	args := make([]any, 0, 6*len(items)+2)
+	n := 0
+	for _, it := range items {
 		if it.notificationID == "" {
-			args = append(args, it.messageID, nil, nil, nil, nil, nil, nil)
 			continue
 		}
+		if n > 0 {
+			b.WriteString(", ")
+		}
+		n++
+		b.WriteString("(?, ?, ?, ?, ?::bigint, ?)")
 		var o orderData
 		_ = json.Unmarshal(it.ev.Data, &o) // checked by parse
-		args = append(args, it.messageID, it.notificationID, o.ID, it.ev.TenantID, o.Email, o.AmountTotal, o.Currency)
+		args = append(args, it.notificationID, o.ID, it.ev.TenantID, o.Email, o.AmountTotal, o.Currency)
 	}
-	record, recordArgs := inbox.StatementFrom(ConsumerName, "ev")
-	args = append(args, recordArgs...)
+	if n == 0 {
+		return "", nil
+	}
 	b.WriteString(`),
-recorded AS (` + record + ` RETURNING message_id),
 notified AS (INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, event_seq, order_amount, currency)
 	SELECT ev.notification_id, ev.order_id, ev.tenant_id, ?, ev.recipient, 'pending', ?, NULL, ev.order_amount, ev.currency
-	FROM ev JOIN recorded USING (message_id) WHERE ev.notification_id IS NOT NULL
+	FROM ev
 	ON CONFLICT DO NOTHING RETURNING id)
-SELECT message_id, (SELECT count(*) FROM notified) AS notified FROM recorded`)
+SELECT count(*) FROM notified`)
 	args = append(args, ChannelEmail, KindOrderPaid)
 	return b.String(), args
 }

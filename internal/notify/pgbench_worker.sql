@@ -4,8 +4,9 @@
 -- deliveries the broker has already sent, so a backlog comes in full
 -- batches), and tests/bench counts 16 events per transaction, so both
 -- sides of worker_over_pgbench are events per second. The consumer's part
--- (consumer.go HandleBatch, recordStatement) for events without a sequence,
--- as tests/bench publishes them: one statement records the 16 inbox rows
+-- (consumer.go HandleBatch, recordBatch) for events without a sequence,
+-- as tests/bench publishes them: one batch (a pipeline here: one round
+-- trip, one transaction) records the 16 inbox rows (inbox.QueueRecord)
 -- and inserts the 16 notifications, and commits by itself (a batch with
 -- sequenced events also takes inbox.Admit's cursor statements, in a
 -- transaction). Then the sender's share (sender.go): one claim of up to 40
@@ -65,29 +66,34 @@
 \set msg16 random(1, 9000000000000000000)
 \set ntf16 random(1, 9000000000000000000)
 \set claim random(1, 40)
-WITH ev (message_id, notification_id, order_id, tenant_id, recipient, order_amount, currency) AS (VALUES
-    (:msg1, :ntf1, :ord1, :tenant, :email, :amount::bigint, :currency),
-    (:msg2, :ntf2, :ord2, :tenant, :email, :amount::bigint, :currency),
-    (:msg3, :ntf3, :ord3, :tenant, :email, :amount::bigint, :currency),
-    (:msg4, :ntf4, :ord4, :tenant, :email, :amount::bigint, :currency),
-    (:msg5, :ntf5, :ord5, :tenant, :email, :amount::bigint, :currency),
-    (:msg6, :ntf6, :ord6, :tenant, :email, :amount::bigint, :currency),
-    (:msg7, :ntf7, :ord7, :tenant, :email, :amount::bigint, :currency),
-    (:msg8, :ntf8, :ord8, :tenant, :email, :amount::bigint, :currency),
-    (:msg9, :ntf9, :ord9, :tenant, :email, :amount::bigint, :currency),
-    (:msg10, :ntf10, :ord10, :tenant, :email, :amount::bigint, :currency),
-    (:msg11, :ntf11, :ord11, :tenant, :email, :amount::bigint, :currency),
-    (:msg12, :ntf12, :ord12, :tenant, :email, :amount::bigint, :currency),
-    (:msg13, :ntf13, :ord13, :tenant, :email, :amount::bigint, :currency),
-    (:msg14, :ntf14, :ord14, :tenant, :email, :amount::bigint, :currency),
-    (:msg15, :ntf15, :ord15, :tenant, :email, :amount::bigint, :currency),
-    (:msg16, :ntf16, :ord16, :tenant, :email, :amount::bigint, :currency)),
-recorded AS (INSERT INTO inbox (consumer, message_id) SELECT :consumer, message_id FROM ev ON CONFLICT DO NOTHING RETURNING message_id),
+\startpipeline
+WITH r AS (INSERT INTO inbox (consumer, message_id) SELECT :consumer, m.id FROM (VALUES
+    (:msg1::text), (:msg2::text), (:msg3::text), (:msg4::text), (:msg5::text), (:msg6::text), (:msg7::text), (:msg8::text), (:msg9::text), (:msg10::text), (:msg11::text), (:msg12::text), (:msg13::text), (:msg14::text), (:msg15::text), (:msg16::text)) AS m (id)
+  ON CONFLICT DO NOTHING RETURNING message_id)
+SELECT coalesce(json_agg(message_id), '[]') FROM r;
+WITH ev (notification_id, order_id, tenant_id, recipient, order_amount, currency) AS (VALUES
+    (:ntf1, :ord1, :tenant, :email, :amount::bigint, :currency),
+    (:ntf2, :ord2, :tenant, :email, :amount::bigint, :currency),
+    (:ntf3, :ord3, :tenant, :email, :amount::bigint, :currency),
+    (:ntf4, :ord4, :tenant, :email, :amount::bigint, :currency),
+    (:ntf5, :ord5, :tenant, :email, :amount::bigint, :currency),
+    (:ntf6, :ord6, :tenant, :email, :amount::bigint, :currency),
+    (:ntf7, :ord7, :tenant, :email, :amount::bigint, :currency),
+    (:ntf8, :ord8, :tenant, :email, :amount::bigint, :currency),
+    (:ntf9, :ord9, :tenant, :email, :amount::bigint, :currency),
+    (:ntf10, :ord10, :tenant, :email, :amount::bigint, :currency),
+    (:ntf11, :ord11, :tenant, :email, :amount::bigint, :currency),
+    (:ntf12, :ord12, :tenant, :email, :amount::bigint, :currency),
+    (:ntf13, :ord13, :tenant, :email, :amount::bigint, :currency),
+    (:ntf14, :ord14, :tenant, :email, :amount::bigint, :currency),
+    (:ntf15, :ord15, :tenant, :email, :amount::bigint, :currency),
+    (:ntf16, :ord16, :tenant, :email, :amount::bigint, :currency)),
 notified AS (INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, event_seq, order_amount, currency)
     SELECT ev.notification_id, ev.order_id, ev.tenant_id, :channel, ev.recipient, 'pending', :kind, NULL, ev.order_amount, ev.currency
-    FROM ev JOIN recorded USING (message_id) WHERE ev.notification_id IS NOT NULL
+    FROM ev
     ON CONFLICT DO NOTHING RETURNING id)
-SELECT message_id, (SELECT count(*) FROM notified) AS notified FROM recorded;
+SELECT count(*) FROM notified;
+\endpipeline
 \if :claim <= 16
 UPDATE notifications n
 SET status = 'sending', attempts = n.attempts + 1,

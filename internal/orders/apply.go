@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/outbox"
+	"github.com/onceonly/checkout/internal/postgres"
 )
 
 // events maps the statuses whose reaching emits an event to its type.
@@ -113,28 +114,15 @@ func Apply(ctx context.Context, tx *gorm.DB, id string, ch Change, now time.Time
 }
 
 // Event returns the outbox event of type typ about o at at, with o as its
-// data: what Apply adds, and what the fast path writes in its own
-// statement (outbox.Statement) for an order it changes there.
+// data: what Apply and QueueApply add.
 func Event(typ string, o *Order, at time.Time) outbox.Event {
 	return outbox.Event{Type: typ, OccurredAt: at, TenantID: o.TenantID, AggregateID: o.ID, Data: o}
 }
 
-// Statement returns Apply's UPDATE of order id and its arguments, without
-// the event, for the checkout's fast path, which runs it inside one
-// statement of data-modifying CTEs with the event and the key's finish. It
-// ends with its WHERE clause, so the caller may add conditions and a
-// RETURNING. It cannot check that the PaymentIntent is closed, so a ch.To
-// that leaves the way to paid (payment_failed, canceled) is refused with
-// ErrPaymentOpen: those moves go through Apply.
-func Statement(id string, ch Change, now time.Time) (string, []any, error) {
-	if ch.To.LeavesTheWayToPaid() {
-		return "", nil, fmt.Errorf("order %s to %q in one statement: %w", id, ch.To, ErrPaymentOpen)
-	}
-	return statement(id, ch, now)
-}
-
-// statement is Statement without its refusal of exits, for Apply, which
-// has checked the PaymentIntent first.
+// statement is the UPDATE of order id that ch makes, and its arguments,
+// ending with its WHERE clause: it matches only an order in a status ch.To
+// may be reached from. Apply checks the PaymentIntent first; QueueApply
+// refuses exits.
 func statement(id string, ch Change, now time.Time) (string, []any, error) {
 	from := froms[ch.To]
 	if len(from) == 0 {
@@ -155,11 +143,11 @@ func statement(id string, ch Change, now time.Time) (string, []any, error) {
 		    requires_action_at = CASE WHEN ? = 'requires_action' THEN ? ELSE requires_action_at END,
 		    payment_unknown_since = CASE WHEN ? = 'payment_unknown' THEN payment_unknown_since ELSE NULL END,
 		    updated_at = ?
-		WHERE id = ? AND status IN ?`,
+		WHERE id = ? AND status = ANY(?::text[])`,
 		[]any{string(ch.To), ch.PaymentIntentID, ch.PaymentStatus,
 			string(ch.To), next, string(ch.To), ch.ClientSecret,
 			ch.FailureCode, ch.DeclineCode,
-			string(ch.To), now, string(ch.To), now, id, texts(from)}, nil
+			string(ch.To), now, string(ch.To), now, id, postgres.TextArray(texts(from))}, nil
 }
 
 // texts returns ss as strings, for a query's IN list.

@@ -76,8 +76,7 @@ func newOrder(t testing.TB, db *gorm.DB, from orders.Status, piID string) *order
 	o := &orders.Order{ID: ids.New("ord"), Status: orders.PendingPayment, Email: "buyer@example.com", Currency: "usd",
 		AmountTotal: 2500, Items: []orders.OrderItem{{SKU: "sku_tee", Quantity: 1, UnitAmount: 2500, Amount: 2500}},
 		Payment: orders.Payment{Provider: "stripe"}, CreatedAt: created, TenantID: "acme", PaymentMethod: "pm_card_visa"}
-	require.NoError(t, db.WithContext(ctx).Exec(`WITH o AS (`+orders.InsertSQL+` RETURNING id), i AS (`+orders.InsertItemsSQL+`) SELECT 1`,
-		orders.InsertArgs(o)...).Error)
+	require.NoError(t, orders.Insert(ctx, db, o))
 	if piID != "" {
 		_, err := orders.RecordIntent(ctx, db, o.ID, piID, "requires_confirmation", created)
 		require.NoError(t, err)
@@ -175,14 +174,82 @@ func TestApplyRefusesAnOpenExit(t *testing.T) {
 	_, err := orders.Apply(ctx, db, ids.New("ord"), orders.Change{To: orders.PaymentFailed}, time.Now())
 	require.True(t, errors.Is(err, orders.ErrNotFound), "%v", err)
 
-	// The one-statement form cannot see whether the PaymentIntent is
-	// closed: it takes no exit at all.
+	// The batch form cannot see whether the PaymentIntent is closed: it
+	// takes no exit at all, and queues nothing.
 	for _, to := range []orders.Status{orders.PaymentFailed, orders.Canceled} {
-		_, _, err := orders.Statement(ids.New("ord"), orders.Change{To: to, PaymentStatus: "canceled"}, time.Now())
-		require.ErrorIs(t, err, orders.ErrPaymentOpen, "Statement to %s", to)
+		var b postgres.Batch
+		_, err := orders.QueueApply(&b, &orders.Order{ID: ids.New("ord")}, orders.Change{To: to, PaymentStatus: "canceled"}, time.Now())
+		require.ErrorIs(t, err, orders.ErrPaymentOpen, "QueueApply to %s", to)
+		require.Zero(t, b.Len())
 	}
-	_, _, err = orders.Statement(ids.New("ord"), orders.Change{To: orders.Paid}, time.Now())
+}
+
+// TestQueueApply: in a batch, a change writes the status and its event and
+// returns the order as Load reads it back; an order that moved fails the
+// batch at GuardMoved, which writes nothing of it.
+func TestQueueApply(t *testing.T) {
+	t.Parallel()
+	db, _ := pgtest.NewDB(t)
+	ctx := context.Background()
+	o := newOrder(t, db, orders.PendingPayment, "pi_1")
+	now := time.Now().UTC().Truncate(time.Microsecond)
+
+	var b postgres.Batch
+	paid, err := orders.QueueApply(&b, o, orders.Change{To: orders.Paid, PaymentIntentID: "pi_1", PaymentStatus: "succeeded"}, now)
 	require.NoError(t, err)
+	require.NoError(t, postgres.Send(ctx, db, &b))
+	got, err := orders.Load(ctx, db, "acme", o.ID)
+	require.NoError(t, err)
+	require.Equal(t, got, paid, "Changed is what Load reads back")
+	require.Equal(t, orders.Paid, got.Status)
+	var events []string
+	require.NoError(t, db.Raw(`SELECT type FROM outbox WHERE aggregate_id = ? ORDER BY aggregate_seq`, o.ID).Scan(&events).Error)
+	require.Equal(t, []string{"order.paid"}, events)
+
+	// Paid again: it moved; the statement queued before it is undone too.
+	var again postgres.Batch
+	again.Queue(`UPDATE orders SET email = 'x@example.com' WHERE id = ?`, []any{o.ID}, nil)
+	_, err = orders.QueueApply(&again, o, orders.Change{To: orders.RequiresAction, PaymentStatus: "requires_action"}, now)
+	require.NoError(t, err)
+	require.True(t, postgres.IsGuard(postgres.Send(ctx, db, &again), orders.GuardMoved))
+	after, err := orders.Load(ctx, db, "acme", o.ID)
+	require.NoError(t, err)
+	require.Equal(t, got, after)
+	require.NoError(t, db.Raw(`SELECT type FROM outbox WHERE aggregate_id = ? ORDER BY aggregate_seq`, o.ID).Scan(&events).Error)
+	require.Equal(t, []string{"order.paid"}, events)
+
+	// requires_action shows Stripe's next action, as Load does.
+	pending := newOrder(t, db, orders.PendingPayment, "pi_2")
+	var ra postgres.Batch
+	next, err := orders.QueueApply(&ra, pending, orders.Change{To: orders.RequiresAction, PaymentStatus: "requires_action",
+		NextAction: []byte(`{"type":"redirect_to_url"}`), ClientSecret: "pi_2_secret"}, now)
+	require.NoError(t, err)
+	require.NoError(t, postgres.Send(ctx, db, &ra))
+	got, err = orders.Load(ctx, db, "acme", pending.ID)
+	require.NoError(t, err)
+	require.JSONEq(t, string(next.Payment.NextAction), string(got.Payment.NextAction))
+	got.Payment.NextAction = next.Payment.NextAction // jsonb's spacing is its own
+	require.Equal(t, got, next)
+}
+
+// TestQueueRecordIntent: the first PaymentIntent recorded wins; another
+// fails the batch at GuardIntentTaken.
+func TestQueueRecordIntent(t *testing.T) {
+	t.Parallel()
+	db, _ := pgtest.NewDB(t)
+	ctx := context.Background()
+	o := newOrder(t, db, orders.PendingPayment, "")
+	now := time.Now()
+	var b postgres.Batch
+	orders.QueueRecordIntent(&b, o.ID, "pi_1", "requires_confirmation", now)
+	orders.QueueRecordIntent(&b, o.ID, "pi_1", "requires_confirmation", now) // the same again: a no-op
+	require.NoError(t, postgres.Send(ctx, db, &b))
+	var other postgres.Batch
+	orders.QueueRecordIntent(&other, o.ID, "pi_2", "requires_confirmation", now)
+	require.True(t, postgres.IsGuard(postgres.Send(ctx, db, &other), orders.GuardIntentTaken))
+	got, err := orders.Load(ctx, db, "acme", o.ID)
+	require.NoError(t, err)
+	require.Equal(t, "pi_1", got.Payment.PaymentIntentID)
 }
 
 // TestSettleRefund moves a paid order to partially_refunded, then

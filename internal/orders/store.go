@@ -8,36 +8,19 @@ import (
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
-
-	"github.com/onceonly/checkout/internal/postgres"
 )
 
-// InsertSQL and InsertItemsSQL insert an order and its items (InsertArgs,
-// in this order) inside a statement of data-modifying CTEs, the checkout's
-// one round trip that also reserves the stock and claims or advances the
-// key: the order's INSERT ... SELECT takes the caller's FROM (and
-// condition), and the items' is over the order's CTE, which must be named
-// o, so they exist only if it does.
-const (
-	InsertSQL = `
-			INSERT INTO orders (id, tenant_id, status, email, currency, amount_total, payment_method, return_url, created_at, updated_at)
-			SELECT ?, ?, ?, ?, ?, ?, ?, NULLIF(?, ''), ?::timestamptz, ?::timestamptz`
-	InsertItemsSQL = `
-			INSERT INTO order_items (order_id, line, sku, quantity, unit_amount, amount)
-			SELECT o.id, t.line, t.sku, t.quantity, t.unit_amount, t.amount
-			FROM o, unnest(?::int[], ?::text[], ?::int[], ?::bigint[], ?::bigint[]) AS t (line, sku, quantity, unit_amount, amount)`
-)
-
-// InsertArgs are the arguments of InsertSQL then InsertItemsSQL for o, a
-// new order (pending_payment).
-func InsertArgs(o *Order) []any {
-	n := len(o.Items)
-	lines, itemSKUs, quantities, unitAmounts, amounts := make([]int64, n), make([]string, n), make([]int64, n), make([]int64, n), make([]int64, n)
-	for i, it := range o.Items {
-		lines[i], itemSKUs[i], quantities[i], unitAmounts[i], amounts[i] = int64(i+1), it.SKU, int64(it.Quantity), it.UnitAmount, it.Amount
+// Insert writes o, a new order (pending_payment), and its items inside
+// tx. A duplicate id fails.
+func Insert(ctx context.Context, tx *gorm.DB, o *Order) error {
+	order, orderArgs, items, itemArgs := insertStatements(o)
+	if err := tx.WithContext(ctx).Exec(order, orderArgs...).Error; err != nil {
+		return fmt.Errorf("insert order %s: %w", o.ID, err)
 	}
-	return []any{o.ID, o.TenantID, string(o.Status), o.Email, o.Currency, o.AmountTotal, o.PaymentMethod, o.ReturnURL, o.CreatedAt, o.CreatedAt,
-		postgres.IntArray(lines), postgres.TextArray(itemSKUs), postgres.IntArray(quantities), postgres.IntArray(unitAmounts), postgres.IntArray(amounts)}
+	if err := tx.WithContext(ctx).Exec(items, itemArgs...).Error; err != nil {
+		return fmt.Errorf("insert items of order %s: %w", o.ID, err)
+	}
+	return nil
 }
 
 // RecordIntent records PaymentIntent piID (in Stripe status piStatus) as
@@ -46,24 +29,22 @@ func InsertArgs(o *Order) []any {
 // so concurrent runs agree. The status changes nothing.
 func RecordIntent(ctx context.Context, db *gorm.DB, id, piID, piStatus string, now time.Time) (string, error) {
 	var recorded string
-	err := db.WithContext(ctx).Raw(RecordIntentSQL+` RETURNING payment_intent_id`, RecordIntentArgs(id, piID, piStatus, now)...).Scan(&recorded).Error
+	err := db.WithContext(ctx).Raw(recordIntentSQL+` RETURNING payment_intent_id`, recordIntentArgs(id, piID, piStatus, now)...).Scan(&recorded).Error
 	if err != nil {
 		return "", fmt.Errorf("record payment intent of %s: %w", id, err)
 	}
 	return recorded, nil
 }
 
-// RecordIntentSQL is RecordIntent's UPDATE (RecordIntentArgs) without its
-// RETURNING, for the checkout's fast path, which runs it inside one
-// statement with the create's answer and the confirm's attempt.
-const RecordIntentSQL = `
+// recordIntentSQL is RecordIntent's UPDATE (recordIntentArgs), ending
+// with its WHERE clause.
+const recordIntentSQL = `
 		UPDATE orders SET payment_intent_id = COALESCE(payment_intent_id, ?),
 		    payment_status = CASE WHEN payment_intent_id IS NULL OR payment_intent_id = ? THEN ? ELSE payment_status END,
 		    payment_unknown_since = NULL, updated_at = ?
 		WHERE id = ?`
 
-// RecordIntentArgs are RecordIntentSQL's arguments.
-func RecordIntentArgs(id, piID, piStatus string, now time.Time) []any {
+func recordIntentArgs(id, piID, piStatus string, now time.Time) []any {
 	return []any{piID, piID, piStatus, now, id}
 }
 

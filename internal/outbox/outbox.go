@@ -18,6 +18,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/ids"
+	"github.com/onceonly/checkout/internal/postgres"
 )
 
 // Routing keys of the events this service publishes to the checkout.events
@@ -73,7 +74,7 @@ func NewID() string { return ids.New("evt") }
 // caller's other writes; rollback discards it with them, so no event is ever
 // published for a change that did not happen. Add never talks to the broker.
 func Add(ctx context.Context, tx *gorm.DB, e Event) error {
-	query, args, err := Statement(e)
+	query, args, err := statement(e)
 	if err != nil {
 		return err
 	}
@@ -83,13 +84,21 @@ func Add(ctx context.Context, tx *gorm.DB, e Event) error {
 	return nil
 }
 
-// Statement returns Add's INSERT of e and its arguments, with Add's
-// defaults applied, for a caller that writes the event inside a larger
-// statement (a data-modifying CTE) to save a round trip. It is an INSERT
-// ... SELECT, so the caller may append a WHERE clause that makes the event
-// depend on the rest of its statement. The same rules as Add's hold: the
-// statement must run in the transaction of the change it announces.
-func Statement(e Event) (string, []any, error) {
+// Queue queues in b what Add does inside a transaction: e written to the
+// outbox, committed with the rest of b (postgres.Batch) or discarded with
+// it. Errors are those of encoding e; nothing was queued then.
+func Queue(b *postgres.Batch, e Event) error {
+	query, args, err := statement(e)
+	if err != nil {
+		return err
+	}
+	b.Queue(query, args, nil)
+	return nil
+}
+
+// statement returns Add's INSERT of e and its arguments, with Add's
+// defaults applied.
+func statement(e Event) (string, []any, error) {
 	if e.ID == "" {
 		e.ID = NewID()
 	}

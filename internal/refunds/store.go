@@ -103,7 +103,7 @@ func insertAttempt(ctx context.Context, tx *gorm.DB, r *refundRow, n int, now ti
 		return nil, err
 	}
 	a := stripestep.NewAttempt(r.OrderID, r.TenantID, stripestep.RefundStep(r.ID), n, r.PaymentIntentID, params, now)
-	if err := stripestep.Insert(ctx, tx, a, stripestep.Fence{}); err != nil {
+	if err := stripestep.Insert(ctx, tx, a); err != nil {
 		return nil, err
 	}
 	return a, nil
@@ -128,7 +128,7 @@ func recordAttempt(ctx context.Context, db *gorm.DB, a *stripestep.Attempt, outc
 	if cause != nil {
 		answer.Error = cause.Error()
 	}
-	if err := stripestep.Finish(ctx, db, a.ID, answer, now); err != nil {
+	if err := stripestep.Finish(ctx, db, a, answer, now); err != nil {
 		return fmt.Errorf("record attempt %d of %s: %w", a.Attempt, a.Step, err)
 	}
 	if outcome != stripestep.Open {

@@ -7,7 +7,10 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
+
+	"github.com/onceonly/checkout/internal/postgres"
 )
 
 // Attempt is one row of payment_attempts: one attempt of one step of an
@@ -118,27 +121,35 @@ func Sent(ctx context.Context, db *gorm.DB, orderID, step, target, param, value 
 	return n > 0, nil
 }
 
-// Fence is the condition a fenced write of the log is made under, as an
-// SQL boolean expression and its arguments: e.g. "the idempotency key
-// that runs this saga is still leased to this run", which the key's owner
-// supplies. The zero Fence writes unconditionally.
-type Fence struct {
-	Cond string
-	Args []any
-}
-
 // ErrTaken is returned by Insert when the attempt was not written: another
 // run wrote the same attempt first, or the fence no longer holds (the run's
 // lease is gone). That run owns the step now.
 var ErrTaken = errors.New("payment attempt taken by another run")
 
-// Insert writes attempt a before its call, only while fence holds, and
-// sets a.ID. It returns ErrTaken when another run wrote the same attempt
-// (order, step, attempt, or key) first or the fence does not hold, and
-// nothing was written.
-func Insert(ctx context.Context, db *gorm.DB, a *Attempt, fence Fence) error {
-	q, args := InsertStatement(a, fence)
-	res := db.WithContext(ctx).Raw(q+` RETURNING id`, args...).Scan(&a.ID)
+// GuardTaken is the batch guard (postgres.IsGuard) of QueueInsert: the
+// attempt was written by another run first, and the batch wrote nothing,
+// as ErrTaken.
+const GuardTaken = "stripestep_attempt_taken"
+
+// insertSQL writes an attempt (insertArgs) unless the same one exists
+// (order, step, attempt, or key), and returns its id.
+const insertSQL = `INSERT INTO payment_attempts
+			(order_id, tenant_id, step, attempt, idempotency_key, payment_intent_id, request_params, created_at, updated_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?::jsonb, ?, ?)
+			ON CONFLICT DO NOTHING RETURNING id`
+
+func insertArgs(a *Attempt) []any {
+	return []any{a.OrderID, a.TenantID, a.Step, a.Attempt, a.IdempotencyKey, a.PaymentIntentID,
+		string(a.RequestParams), a.CreatedAt, a.CreatedAt}
+}
+
+// Insert writes attempt a before its call and sets a.ID. It returns
+// ErrTaken when another run wrote the same attempt (order, step, attempt,
+// or key) first, and nothing was written. A run that holds an idempotency
+// key writes its attempts fenced by the key's lease instead: the fence and
+// QueueInsert in one batch.
+func Insert(ctx context.Context, db *gorm.DB, a *Attempt) error {
+	res := db.WithContext(ctx).Raw(insertSQL, insertArgs(a)...).Scan(&a.ID)
 	if res.Error != nil {
 		return fmt.Errorf("insert payment attempt %s: %w", a.IdempotencyKey, res.Error)
 	}
@@ -148,21 +159,13 @@ func Insert(ctx context.Context, db *gorm.DB, a *Attempt, fence Fence) error {
 	return nil
 }
 
-// InsertStatement returns Insert's statement, without its RETURNING, and
-// its arguments, for a caller that writes the attempt together with other
-// rows in one statement of data-modifying CTEs (add "RETURNING id" to read
-// the attempt's id back: no row when it was not written).
-func InsertStatement(a *Attempt, fence Fence) (string, []any) {
-	q := `INSERT INTO payment_attempts
-			(order_id, tenant_id, step, attempt, idempotency_key, payment_intent_id, request_params, created_at, updated_at)
-			SELECT ?, ?, ?, ?, ?, ?, ?::jsonb, ?, ?`
-	args := []any{a.OrderID, a.TenantID, a.Step, a.Attempt, a.IdempotencyKey, a.PaymentIntentID,
-		string(a.RequestParams), a.CreatedAt, a.CreatedAt}
-	if fence.Cond != "" {
-		q += ` WHERE ` + fence.Cond
-		args = append(args, fence.Args...)
-	}
-	return q + ` ON CONFLICT DO NOTHING`, args
+// QueueInsert queues in b what Insert does: a written before its call;
+// a.ID is set once b commits. When another run wrote the same attempt
+// first, the batch fails with GuardTaken.
+func QueueInsert(b *postgres.Batch, a *Attempt) {
+	var id int64
+	b.QueueGuarded(GuardTaken, insertSQL, insertArgs(a), func(r pgx.Row) error { return r.Scan(&id) })
+	b.AfterCommit(func() { a.ID = id })
 }
 
 // Answer is what Finish records of a call's answer.
@@ -178,29 +181,37 @@ type Answer struct {
 	Error string
 }
 
-// Finish records answer to attempt id at now: its outcome, the object
+// Finish records answer to attempt a at now: its outcome, the object
 // Stripe answered with, and its error (cleared without one; kept to
 // maxError bytes). An Open answer records only the error, and only on an
 // attempt still open: a run that finished it meanwhile knows better.
-func Finish(ctx context.Context, db *gorm.DB, id int64, answer Answer, now time.Time) error {
-	q, args := FinishStatement(id, answer, now)
+func Finish(ctx context.Context, db *gorm.DB, a *Attempt, answer Answer, now time.Time) error {
+	q, args := finishStatement(a, answer, now)
 	if err := db.WithContext(ctx).Exec(q, args...).Error; err != nil {
-		return fmt.Errorf("record payment attempt %d: %w", id, err)
+		return fmt.Errorf("record payment attempt %s: %w", a.IdempotencyKey, err)
 	}
 	return nil
 }
 
-// FinishStatement returns Finish's statement and its arguments, for a
-// caller that records the answer together with other rows in one
-// statement.
-func FinishStatement(id int64, answer Answer, now time.Time) (string, []any) {
+// QueueFinish queues in b what Finish does: answer recorded to attempt a
+// at now, committed with the rest of b.
+func QueueFinish(b *postgres.Batch, a *Attempt, answer Answer, now time.Time) {
+	q, args := finishStatement(a, answer, now)
+	b.Queue(q, args, nil)
+}
+
+// finishStatement returns Finish's statement and its arguments. It names
+// the attempt by its idempotency key (unique, as its id is), which is
+// known before the attempt is written: a batch that writes an attempt can
+// record the previous one's answer without reading an id back.
+func finishStatement(a *Attempt, answer Answer, now time.Time) (string, []any) {
 	var errText any
 	if answer.Error != "" {
 		errText = clip(answer.Error)
 	}
 	if answer.Outcome == Open {
-		return `UPDATE payment_attempts SET error = ?, updated_at = ? WHERE id = ? AND outcome IS NULL`,
-			[]any{errText, now, id}
+		return `UPDATE payment_attempts SET error = ?, updated_at = ? WHERE idempotency_key = ? AND outcome IS NULL`,
+			[]any{errText, now, a.IdempotencyKey}
 	}
 	var objID, status any
 	if answer.ObjectID != "" {
@@ -209,8 +220,8 @@ func FinishStatement(id int64, answer Answer, now time.Time) (string, []any) {
 	return `UPDATE payment_attempts SET outcome = ?,
 		    stripe_object_id = COALESCE(?, stripe_object_id), stripe_status = COALESCE(?, stripe_status),
 		    error = ?, updated_at = ?
-		WHERE id = ?`,
-		[]any{string(answer.Outcome), objID, status, errText, now, id}
+		WHERE idempotency_key = ?`,
+		[]any{string(answer.Outcome), objID, status, errText, now, a.IdempotencyKey}
 }
 
 // maxError is the most of an error message payment_attempts.error keeps.

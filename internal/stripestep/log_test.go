@@ -9,12 +9,13 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
-// TestLog: an attempt is written once (a second writer of the same attempt,
-// or one whose fence does not hold, gets ErrTaken and writes nothing), is
+// TestLog: an attempt is written once (a second writer of the same attempt
+// gets ErrTaken, or in a batch GuardTaken, and writes nothing), is
 // read back with its outcome Open (NULL), and an answer recorded Open only
 // touches an attempt still open.
 func TestLog(t *testing.T) {
@@ -26,14 +27,29 @@ func TestLog(t *testing.T) {
 		INSERT INTO orders (id, tenant_id, status, email, currency, amount_total, payment_method, created_at, updated_at)
 		VALUES ('ord_1', 'acme', 'pending_payment', 'buyer@example.com', 'usd', 2500, 'pm_card_visa', ?, ?)`, now, now).Error)
 
-	refused := stripestep.Fence{Cond: `? = 'ours'`, Args: []any{"theirs"}}
 	a := stripestep.NewAttempt("ord_1", "acme", stripestep.StepCreate, 1, "", []byte(`{"amount":2500}`), now)
-	require.ErrorIs(t, stripestep.Insert(ctx, db, a, refused), stripestep.ErrTaken, "the fence does not hold")
-	require.Zero(t, a.ID)
-	require.NoError(t, stripestep.Insert(ctx, db, a, stripestep.Fence{Cond: `? = 'ours'`, Args: []any{"ours"}}))
+	require.NoError(t, stripestep.Insert(ctx, db, a))
 	require.NotZero(t, a.ID)
 	again := stripestep.NewAttempt("ord_1", "acme", stripestep.StepCreate, 1, "", []byte(`{}`), now)
-	require.ErrorIs(t, stripestep.Insert(ctx, db, again, stripestep.Fence{}), stripestep.ErrTaken, "written by another run")
+	require.ErrorIs(t, stripestep.Insert(ctx, db, again), stripestep.ErrTaken, "written by another run")
+	require.Zero(t, again.ID)
+
+	// In a batch: the same attempt fails the batch, and its other writes.
+	var b postgres.Batch
+	b.Queue(`UPDATE orders SET email = 'changed@example.com' WHERE id = 'ord_1'`, nil, nil)
+	stripestep.QueueInsert(&b, again)
+	require.True(t, postgres.IsGuard(postgres.Send(ctx, db, &b), stripestep.GuardTaken))
+	require.Zero(t, again.ID)
+	var email string
+	require.NoError(t, db.Raw(`SELECT email FROM orders WHERE id = 'ord_1'`).Scan(&email).Error)
+	require.Equal(t, "buyer@example.com", email, "nothing of the batch is written")
+	confirm := stripestep.NewAttempt("ord_1", "acme", stripestep.StepConfirm, 1, "pi_0", []byte(`{}`), now)
+	var ok postgres.Batch
+	stripestep.QueueInsert(&ok, confirm)
+	stripestep.QueueFinish(&ok, a, stripestep.Answer{Error: "first"}, now)
+	require.NoError(t, postgres.Send(ctx, db, &ok))
+	require.NotZero(t, confirm.ID, "set once the batch committed")
+	require.NoError(t, db.Exec(`DELETE FROM payment_attempts WHERE id = ?`, confirm.ID).Error)
 
 	as, err := stripestep.Load(ctx, db, "ord_1", stripestep.StepCreate)
 	require.NoError(t, err)
@@ -43,16 +59,16 @@ func TestLog(t *testing.T) {
 	require.JSONEq(t, `{"amount":2500}`, string(as[0].RequestParams))
 
 	later := now.Add(time.Second)
-	require.NoError(t, stripestep.Finish(ctx, db, a.ID, stripestep.Answer{Error: "timeout"}, later))
+	require.NoError(t, stripestep.Finish(ctx, db, a, stripestep.Answer{Error: "timeout"}, later))
 	last, err := stripestep.Latest(ctx, db, "ord_1", stripestep.StepCreate)
 	require.NoError(t, err)
 	require.Equal(t, stripestep.Open, last.Outcome)
 	require.Equal(t, "timeout", *last.Error)
 	require.True(t, last.UpdatedAt.Equal(later))
 
-	require.NoError(t, stripestep.Finish(ctx, db, a.ID,
+	require.NoError(t, stripestep.Finish(ctx, db, a,
 		stripestep.Answer{Outcome: stripestep.Succeeded, ObjectID: "pi_1", Status: "requires_confirmation"}, later))
-	require.NoError(t, stripestep.Finish(ctx, db, a.ID, stripestep.Answer{Error: "late"}, later.Add(time.Second)))
+	require.NoError(t, stripestep.Finish(ctx, db, a, stripestep.Answer{Error: "late"}, later.Add(time.Second)))
 	last, err = stripestep.Latest(ctx, db, "ord_1", stripestep.StepCreate)
 	require.NoError(t, err)
 	require.Equal(t, stripestep.Succeeded, last.Outcome, "an Open answer never reopens an answered attempt")
@@ -66,7 +82,7 @@ func TestLog(t *testing.T) {
 
 	cancel := stripestep.NewAttempt("ord_1", "acme", stripestep.StepCancel, 1, "pi_1",
 		[]byte(`{"cancellation_reason":"requested_by_customer"}`), now)
-	require.NoError(t, stripestep.Insert(ctx, db, cancel, stripestep.Fence{}))
+	require.NoError(t, stripestep.Insert(ctx, db, cancel))
 	sent, err := stripestep.Sent(ctx, db, "ord_1", stripestep.StepCancel, "pi_1", "cancellation_reason", "requested_by_customer")
 	require.NoError(t, err)
 	require.True(t, sent)

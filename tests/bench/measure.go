@@ -117,11 +117,12 @@ func pgbenchVars() map[string]string {
 		"headers": `{"Content-Type":["application/json"],"Location":["/v1/orders/ord_bench"]}`,
 		"body":    orderJSON, "paid": "paid", "pi": "pi_bench", "succeeded": "succeeded", "paid_event": "order.paid",
 		"consumer": "notify.order_paid", "channel": "email", "ttl": "60s", "orders": strconv.Itoa(workerOrders),
-		// The body of a sequenced event up to its number (outbox.Statement).
+		// The body of a sequenced event up to its number (outbox.Add).
 		"payload_seq": payload[:len(payload)-1] + `,"sequence":`,
 		"step_create": "create", "step_confirm": "confirm", "one": "1", "params": `{"amount":2500,"currency":"usd"}`,
 		"pi_created": "requires_confirmation", "payment_unknown": "payment_unknown", "requires_action": "requires_action",
-		"kind": "order_paid",
+		"kind": "order_paid", "guard": "bench",
+		"to_paid_from": "{pending_payment,payment_unknown,requires_action}",
 	}
 }
 
