@@ -24,15 +24,15 @@ import (
 //     create attempt (recovery point order_created);
 //  2. the create's answer, the PaymentIntent on the order, the confirm
 //     attempt;
-//  3. the confirm's answer, the order paid, order.paid, the key finished
-//     with the response.
+//  3. the confirm's answer, the key finished with the response, the order
+//     paid, order.paid.
 //
 // That is three commits and four round trips (the catalog is read first),
 // where the general path takes a transaction of several round trips for
 // the first phase alone. The guarantees are the general path's: each batch
 // is one phase, every attempt is written before its call, every write
 // after the claim is fenced by the key's lease (idempotency.Fence, first in
-// the batch). Anything else (the key exists, the body or the catalog says
+// the batch, or the key's own fenced finish). Anything else (the key exists, the body or the catalog says
 // no, the stock is short, Stripe declines, is indeterminate or unanswered,
 // another run got there first) fails the batch at a guard, which writes
 // nothing of it, and leaves the first execution for the general path at
@@ -233,27 +233,29 @@ func (r *run) recordCreated(ctx context.Context, create *stripestep.Attempt, pi 
 }
 
 // settlePaid is phase 3's batch: while the run holds the key and the order
-// may still move to paid, the confirm's answer got (succeeded), the order
-// paid with order.paid (orders.QueueApply) and the key finished with the
-// 201. It returns nil, nil when the batch failed at a guard (the lease is
+// may still move to paid, the confirm's answer got (succeeded), the key
+// finished with the 201, and the order paid with order.paid
+// (orders.QueueApply). It returns nil, nil when the batch failed at a guard (the lease is
 // gone, or the order moved): then it has recorded the answer alone, and
 // the caller settles the general way.
 func (r *run) settlePaid(ctx context.Context, confirm *stripestep.Attempt, got PaymentIntentState) (*idempotency.Response, error) {
 	ch, _ := r.changeFor(got, false)
 	now := r.now()
 	answer := stripestep.Answer{Outcome: stripestep.Succeeded, ObjectID: got.ID, Status: got.Status}
-	var b postgres.Batch
-	r.claim.Fence().Queue(&b)
-	stripestep.QueueFinish(&b, confirm, answer, now)
-	paid, err := orders.QueueApply(&b, r.o, ch, now)
-	if err != nil {
-		return nil, err
-	}
+	paid := r.o.Changed(ch, now)
 	resp := responseFor(r.route, paid)
+	var b postgres.Batch
+	stripestep.QueueFinish(&b, confirm, answer, now)
+	// The key first: its fenced finish locks it, so no takeover commits
+	// between it and the rest, and it is locked before the order, as in
+	// every transaction that fences (Store.Fence, then the order).
 	if err := r.s.Keys.QueueFinish(&b, r.claim, resp); err != nil {
 		return nil, err
 	}
-	err = postgres.Send(ctx, r.s.DB, &b)
+	if _, err := orders.QueueApply(&b, r.o, ch, now); err != nil {
+		return nil, err
+	}
+	err := postgres.Send(ctx, r.s.DB, &b)
 	if postgres.IsGuard(err, "") {
 		return nil, stripestep.Finish(ctx, r.s.DB, confirm, answer, now)
 	}

@@ -8,9 +8,9 @@
 -- (outbox.Queue) and the create attempt (stripestep.QueueInsert); phase 2
 -- the key's fence (idempotency.Fence.Queue), the create's answer
 -- (stripestep.QueueFinish), the PaymentIntent (orders.QueueRecordIntent)
--- and the confirm attempt; phase 3 the fence, the confirm's answer, the
--- order paid with order.paid (orders.QueueApply) and the key finished
--- (idempotency.Store.QueueFinish). A guard's statement is wrapped as
+-- and the confirm attempt; phase 3 the confirm's answer, the key finished
+-- (idempotency.Store.QueueFinish, fenced: it locks the key) and the order
+-- paid with order.paid (orders.QueueApply). A guard's statement is wrapped as
 -- postgres.Batch.QueueGuarded wraps it. The Stripe calls between the
 -- phases are not SQL and are left out.
 -- internal/api's TestPgbenchCheckoutScriptMirrorsTheCode fails when the
@@ -56,8 +56,8 @@ SELECT g.* FROM ok LEFT JOIN g ON true;
 -- Phase 2, after the create, committed without waiting for the WAL flush.
 \startpipeline
 SELECT set_config('synchronous_commit', 'off', true);
-WITH g AS (SELECT id FROM idempotency_keys
-  WHERE tenant_id = :tenant AND route = :route AND key = :key AND lease_owner = :owner AND recovery_point <> :rp_finished FOR UPDATE),
+WITH g AS (SELECT 1 FROM idempotency_keys
+  WHERE tenant_id = :tenant AND route = :route AND key = :key AND lease_owner = :owner AND recovery_point <> :rp_finished),
 ok AS MATERIALIZED (SELECT batch_guard(EXISTS (SELECT 1 FROM g), :guard) AS held)
 SELECT g.* FROM ok LEFT JOIN g ON true;
 UPDATE payment_attempts SET outcome = :succeeded,
@@ -79,14 +79,17 @@ SELECT g.* FROM ok LEFT JOIN g ON true;
 \endpipeline
 -- Phase 3, after the confirm.
 \startpipeline
-WITH g AS (SELECT id FROM idempotency_keys
-  WHERE tenant_id = :tenant AND route = :route AND key = :key AND lease_owner = :owner AND recovery_point <> :rp_finished FOR UPDATE),
-ok AS MATERIALIZED (SELECT batch_guard(EXISTS (SELECT 1 FROM g), :guard) AS held)
-SELECT g.* FROM ok LEFT JOIN g ON true;
 UPDATE payment_attempts SET outcome = :succeeded,
     stripe_object_id = COALESCE(:pi, stripe_object_id), stripe_status = COALESCE(:succeeded, stripe_status),
     error = NULL, updated_at = :now
 WHERE idempotency_key = :ak2;
+WITH g AS (UPDATE idempotency_keys
+  SET recovery_point = :rp_finished, response_status = :status, response_headers = :headers, response_body = :body,
+      lease_owner = NULL, lease_expires_at = NULL, finished_at = :now, updated_at = :now
+  WHERE tenant_id = :tenant AND route = :route AND key = :key AND lease_owner = :owner AND recovery_point <> :rp_finished
+  RETURNING expires_at),
+ok AS MATERIALIZED (SELECT batch_guard(EXISTS (SELECT 1 FROM g), :guard) AS held)
+SELECT g.* FROM ok LEFT JOIN g ON true;
 WITH g AS (UPDATE orders SET status = :paid,
     payment_intent_id = COALESCE(NULLIF(:pi, ''), payment_intent_id),
     payment_status = COALESCE(NULLIF(:succeeded, ''), payment_status),
@@ -103,11 +106,4 @@ SELECT g.* FROM ok LEFT JOIN g ON true;
 INSERT INTO outbox (id, tenant_id, aggregate_id, aggregate_seq, type, payload, occurred_at)
 SELECT :ev2, :tenant, :ord, s.n, :paid_event, (:payload_seq || s.n || '}')::json, :now
 FROM (SELECT outbox_next_seq(:ord) AS n) s;
-WITH g AS (UPDATE idempotency_keys
-  SET recovery_point = :rp_finished, response_status = :status, response_headers = :headers, response_body = :body,
-      lease_owner = NULL, lease_expires_at = NULL, finished_at = :now, updated_at = :now
-  WHERE tenant_id = :tenant AND route = :route AND key = :key AND lease_owner = :owner AND recovery_point <> :rp_finished
-  RETURNING expires_at),
-ok AS MATERIALIZED (SELECT batch_guard(EXISTS (SELECT 1 FROM g), :guard) AS held)
-SELECT g.* FROM ok LEFT JOIN g ON true;
 \endpipeline

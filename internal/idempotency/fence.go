@@ -21,8 +21,8 @@ import (
 //
 // It is the one place the lease column is read outside Store's own
 // statements. A route uses it two ways: Store.Fence first inside a
-// transaction, or Queue first in a batch (postgres.Batch) of the writes it
-// fences; both lock the key and check it, in one round trip.
+// transaction (it locks the key), or Queue first in a batch
+// (postgres.Batch) of the writes it fences (it checks without a lock).
 type Fence struct {
 	// Scope is the key's tenant, route and key.
 	Scope Scope
@@ -41,24 +41,33 @@ func (c *Claim) Fence() Fence {
 
 // lock is the SELECT, with its arguments, that locks f's key (FOR UPDATE)
 // and returns its id while f's owner holds it unfinished, and no row
-// otherwise: the first statement of a transaction or batch whose writes
-// must not overlap a takeover, which waits for it or sees it.
+// otherwise: the first statement of a transaction whose writes must not
+// overlap a takeover, which waits for it or sees it.
 func (f Fence) lock() (string, []any) {
 	return `SELECT id FROM idempotency_keys
 		WHERE tenant_id = ? AND route = ? AND key = ? AND lease_owner = ? AND recovery_point <> ? FOR UPDATE`,
 		[]any{f.Scope.Tenant, f.Scope.Route, f.Scope.Key, f.Owner, RecoveryPointFinished}
 }
 
-// Queue queues f's check in b, to come before the writes it fences: it
-// locks the key and fails the batch with GuardLeaseLost (and nothing of it
-// is written) unless f's owner still holds it, unfinished. The zero Fence
-// queues nothing.
+// Queue queues f's check in b, to come before the writes it fences: the
+// batch fails with GuardLeaseLost (and nothing of it is written) unless
+// f's owner still holds the key, unfinished. The zero Fence queues
+// nothing.
+//
+// It does not lock the key (Store.Fence does, in a transaction): a
+// takeover that commits after the check goes unseen by the rest of the
+// batch, which is enough for writes the next fenced step checks again (an
+// attempt written before its Stripe call: a takeover's run writing the
+// same attempt finds it taken). A batch whose writes must not overlap a
+// takeover ends with a fenced write of the key itself (Store.QueueFinish),
+// which locks it and fails the whole batch after a takeover.
 func (f Fence) Queue(b *postgres.Batch) {
 	if f.Owner == "" {
 		return
 	}
-	query, args := f.lock()
-	b.QueueGuarded(GuardLeaseLost, query, args, nil)
+	b.QueueGuarded(GuardLeaseLost, `SELECT 1 FROM idempotency_keys
+		WHERE tenant_id = ? AND route = ? AND key = ? AND lease_owner = ? AND recovery_point <> ?`,
+		[]any{f.Scope.Tenant, f.Scope.Route, f.Scope.Key, f.Owner, RecoveryPointFinished}, nil)
 }
 
 // Fence locks c's key inside tx and checks that c still holds it,
