@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -205,9 +206,23 @@ func IsGuard(err error, guard string) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == GuardCode && (guard == "" || pgErr.ConstraintName == guard)
 }
 
+// numberedCache holds numbered's answers: the owners' statements are a
+// few constant strings (and a few lists of up to a batch's size), sent
+// thousands of times a second.
+var numberedCache sync.Map // string -> string
+
 // numbered returns query with its ? placeholders numbered $1, $2, ...,
 // leaving a ? inside a single-quoted literal or a double-quoted name.
 func numbered(query string) string {
+	if v, ok := numberedCache.Load(query); ok {
+		return v.(string)
+	}
+	n := number(query)
+	numberedCache.Store(query, n)
+	return n
+}
+
+func number(query string) string {
 	if !strings.Contains(query, "?") {
 		return query
 	}
