@@ -34,18 +34,11 @@ var owners = map[string]string{
 }
 
 // debts are the places that still name another package's table, as
-// "table package" pairs: issue 20's redesign removes them one by one. The
-// test fails on a pair not listed here (a new debt) and on a listed pair
-// that no longer occurs (a debt paid: strike it here, so the list stays
-// the truth).
-var debts = map[string]bool{
-	"idempotency_keys internal/sweep": true,
-	// The reconciler's two candidate queries join orders with
-	// idempotency_keys and the Stripe step log in one indexed statement
-	// (the sweep's plan is pinned by a test); their statuses come from
-	// orders' predicates (orders.SQLList), its other reads from orders.
-	"orders internal/sweep": true,
-}
+// "table package" pairs, each with its reason. Issue 20's redesign paid the
+// last of them. The test fails on a pair not listed here (a new debt) and
+// on a listed pair that no longer occurs (a debt paid: strike it here, so
+// the list stays the truth).
+var debts = map[string]bool{}
 
 // sqlTable finds the table a statement names after FROM, INTO, UPDATE,
 // JOIN or TABLE (quoted or not).

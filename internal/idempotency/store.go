@@ -251,6 +251,37 @@ func (s *Store) Expired(ctx context.Context, db *gorm.DB, olderThan time.Time, l
 	return ids, nil
 }
 
+// ExpiredKey is an unfinished key that names an order, as ExpiredOrders
+// lists it: the key's id, the order's tenant and id, and when the key's
+// lease ended. The last one of a page is the cursor of the next.
+type ExpiredKey struct {
+	ID             int64
+	TenantID       string
+	OrderID        string
+	LeaseExpiresAt time.Time
+}
+
+// ExpiredOrders lists up to limit unfinished keys that name an order and
+// whose lease ended before olderThan, oldest lease first (ties by id),
+// starting after the key after (the zero ExpiredKey: from the first). It
+// pages through what Expired lists, with the keys' orders, for a caller
+// that picks among them by the order's state (the reconciler), so that the
+// keys it leaves never hide the ones after them. It reads the partial
+// index idempotency_keys_unfinished.
+func ExpiredOrders(ctx context.Context, db *gorm.DB, olderThan time.Time, after ExpiredKey, limit int) ([]ExpiredKey, error) {
+	var keys []ExpiredKey
+	err := db.WithContext(ctx).Raw(`
+		SELECT id, tenant_id, order_id, lease_expires_at FROM idempotency_keys
+		WHERE recovery_point <> ? AND lease_expires_at < ? AND order_id IS NOT NULL
+		  AND lease_expires_at >= ? AND (lease_expires_at > ? OR id > ?)
+		ORDER BY lease_expires_at, id LIMIT ?`,
+		RecoveryPointFinished, olderThan, after.LeaseExpiresAt, after.LeaseExpiresAt, after.ID, limit).Scan(&keys).Error
+	if err != nil {
+		return nil, fmt.Errorf("list expired keys of orders: %w", err)
+	}
+	return keys, nil
+}
+
 // OrderTaken reports whether a key of c's tenant and route other than c
 // has recorded orderID with its recovery point (Advance): another
 // execution of the route, under another key, got to that order first.

@@ -2,7 +2,6 @@ package orders
 
 import (
 	"slices"
-	"strings"
 )
 
 // Status is an order's status (orders.status), one of the constants below:
@@ -117,22 +116,3 @@ func (s Status) Terminal() bool { return s.Valid() && len(transitions[s]) == 0 }
 // own (refunds writes order.refunded, with the refund, for each refund that
 // succeeds), nor do requires_action and payment_unknown.
 func (s Status) Event() string { return events[s] }
-
-// SQLList returns ss as an SQL list of literals, "('a', 'b')", for a query
-// others keep as a constant that filters orders by a predicate's statuses
-// (a status is one of the constants above, never input).
-func SQLList(ss ...Status) string {
-	var b strings.Builder
-	b.WriteByte('(')
-	for i, s := range ss {
-		if !s.Valid() {
-			panic("orders: not a status: " + string(s))
-		}
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString("'" + string(s) + "'")
-	}
-	b.WriteByte(')')
-	return b.String()
-}

@@ -8,6 +8,8 @@ import (
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
+
+	"github.com/onceonly/checkout/internal/postgres"
 )
 
 // Insert writes o, a new order (pending_payment), and its items inside
@@ -85,6 +87,47 @@ func InStatus(ctx context.Context, db *gorm.DB, status Status, limit int) ([]Ref
 		ORDER BY updated_at LIMIT ?`, string(status), limit).Scan(&refs).Error
 	if err != nil {
 		return nil, fmt.Errorf("list orders in %s: %w", status, err)
+	}
+	return refs, nil
+}
+
+// Statuses returns the status of each order of ids that exists, by id.
+func Statuses(ctx context.Context, db *gorm.DB, ids []string) (map[string]Status, error) {
+	m := make(map[string]Status, len(ids))
+	if len(ids) == 0 {
+		return m, nil
+	}
+	var rows []struct{ ID, Status string }
+	err := db.WithContext(ctx).Raw(`SELECT id, status FROM orders WHERE id = ANY(?::text[])`,
+		postgres.TextArray(ids)).Scan(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("read the status of %d orders: %w", len(ids), err)
+	}
+	for _, r := range rows {
+		m[r.ID] = Status(r.Status)
+	}
+	return m, nil
+}
+
+// OrphanSweepsDue returns up to limit of the orders ids whose payment has
+// settled (their status is not Pending: no create of theirs can still be
+// sent) and that were not searched for orphan PaymentIntents since
+// checkedBefore (MarkOrphansChecked), the longest unsearched first (never
+// searched before all). ids come from the step log (stripestep.Recreated):
+// only orders with a second create can have an orphan.
+func OrphanSweepsDue(ctx context.Context, db *gorm.DB, ids []string, checkedBefore time.Time, limit int) ([]Ref, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	var refs []Ref
+	err := db.WithContext(ctx).Raw(`
+		SELECT tenant_id, id FROM orders
+		WHERE id = ANY(?::text[]) AND status <> ALL(?::text[])
+		  AND (payment_orphans_checked_at IS NULL OR payment_orphans_checked_at < ?)
+		ORDER BY payment_orphans_checked_at NULLS FIRST, id LIMIT ?`,
+		postgres.TextArray(ids), postgres.TextArray(texts(Pending())), checkedBefore, limit).Scan(&refs).Error
+	if err != nil {
+		return nil, fmt.Errorf("list orders to sweep for orphans: %w", err)
 	}
 	return refs, nil
 }

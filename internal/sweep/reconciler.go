@@ -11,9 +11,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"gorm.io/gorm"
 
-	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/orders"
-	"github.com/onceonly/checkout/internal/stripestep"
 )
 
 // OrderReconciler settles orders whose payment waits for Stripe or for the
@@ -174,28 +172,6 @@ type ReconcileRound struct {
 	Orphans                    int
 }
 
-// sweepCandidates lists the orders to search for orphan PaymentIntents:
-// those no longer being paid (their saga has settled: with a PaymentIntent
-// of their own or, when every create after an indeterminate one was
-// refused, without) and with a create attempt after the first made in the
-// last SweepFor ($1), not swept in the last SweepEvery ($2), at most
-// BatchSize ($3), the longest unswept first.
-//
-// Stripe creates at most one PaymentIntent per idempotency key
-// (https://docs.stripe.com/api/idempotent_requests), and the saga sends a
-// create under a new key (attempt n+1) only after attempt n was answered
-// indeterminately or not at all. So an order can have an orphan only if it
-// has a create attempt after the first: the sweep starts from those, by
-// the partial index payment_attempts_recreated (migration 00007), and
-// reads no order that has none, however many there are
-// (stripestep.RecreatedOrders).
-var sweepCandidates = `
-	SELECT o.tenant_id, o.id FROM orders o
-	WHERE o.id IN (` + stripestep.RecreatedOrders() + `)
-	  AND o.status NOT IN ` + orders.SQLList(orders.Pending()...) + `
-	  AND (o.payment_orphans_checked_at IS NULL OR o.payment_orphans_checked_at < ?)
-	ORDER BY o.payment_orphans_checked_at NULLS FIRST LIMIT ?`
-
 // RunOnce runs one round and refreshes the gauges. An order's failure is
 // counted and logged, not returned; the error is for the round itself.
 func (r *Reconciler) RunOnce(ctx context.Context) (ReconcileRound, error) {
@@ -204,23 +180,12 @@ func (r *Reconciler) RunOnce(ctx context.Context) (ReconcileRound, error) {
 	if err != nil {
 		return round, err
 	}
-	var keys []int64
-	err = r.db.WithContext(ctx).Raw(`
-		SELECT k.id FROM orders o
-		JOIN idempotency_keys k ON k.order_id = o.id AND k.tenant_id = o.tenant_id
-		WHERE o.status IN `+orders.SQLList(orders.Pending()...)+`
-		  AND k.recovery_point <> ? AND k.lease_expires_at < ?
-		  AND (o.status IN `+orders.SQLList(orders.PaymentUnknown)+` OR `+stripestep.PaymentIndeterminate("o.id")+`)
-		ORDER BY k.lease_expires_at LIMIT ?`,
-		idempotency.RecoveryPointFinished, r.cfg.Now().Add(-r.cfg.Grace), r.cfg.BatchSize).Scan(&keys).Error
+	now := r.cfg.Now()
+	keys, err := r.unknownPayments(ctx, now)
 	if err != nil {
 		return round, fmt.Errorf("list orders with an unknown payment: %w", err)
 	}
-
-	var sweeps []orders.Ref
-	now := r.cfg.Now()
-	err = r.db.WithContext(ctx).Raw(sweepCandidates,
-		now.Add(-r.cfg.SweepFor), now.Add(-r.cfg.SweepEvery), r.cfg.BatchSize).Scan(&sweeps).Error
+	sweeps, err := r.orphanSweeps(ctx, now)
 	if err != nil {
 		return round, fmt.Errorf("list orders to sweep for orphans: %w", err)
 	}
