@@ -48,6 +48,11 @@ type Admission struct {
 // parked and nothing is returned. When ev.Seq is behind the cursor, it is
 // returned with Late set.
 //
+// An event in order, and one parked, cost one statement: admitStatement
+// locks the cursor, moves it or parks ev, and returns the cursor's highest
+// parked sequence (parked_max, migration 00014); only when that lies past
+// ev does a second statement look for parked successors.
+//
 // Commit makes the cursor, the parking and the caller's effects durable
 // together; rollback undoes all of them, and the redelivered message is
 // admitted again.
@@ -56,21 +61,19 @@ func Admit(ctx context.Context, tx *gorm.DB, consumer string, ev Sequenced) (Adm
 		return Admission{}, fmt.Errorf("inbox: admit %s: aggregate id and a positive sequence are required", ev.MessageID)
 	}
 	tx = tx.WithContext(ctx)
-	applied, err := lockCursor(tx, consumer, ev.AggregateID)
+	var cur []struct{ AppliedSeq, ParkedMax int64 }
+	err := tx.Raw(admitStatement, map[string]any{"consumer": consumer, "aggregate": ev.AggregateID,
+		"seq": ev.Seq, "message": ev.MessageID, "body": ev.Body}).Scan(&cur).Error
 	if err != nil {
-		return Admission{}, err
+		return Admission{}, fmt.Errorf("inbox: admit %s: %w", ev.MessageID, err)
 	}
 	switch {
-	case ev.Seq <= applied:
+	case len(cur) == 0: // the cursor was at or past ev: left as it was
 		return Admission{Apply: []Sequenced{ev}, Late: true}, nil
-	case ev.Seq > applied+1:
-		err := tx.Exec(`INSERT INTO inbox_parked (consumer, aggregate_id, seq, message_id, body)
-			VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING`,
-			consumer, ev.AggregateID, ev.Seq, ev.MessageID, ev.Body).Error
-		if err != nil {
-			return Admission{}, fmt.Errorf("inbox: park %s: %w", ev.MessageID, err)
-		}
+	case cur[0].AppliedSeq < ev.Seq:
 		return Admission{Parked: true}, nil
+	case cur[0].ParkedMax <= ev.Seq: // nothing parked after ev
+		return Admission{Apply: []Sequenced{ev}}, nil
 	}
 	apply, err := drain(tx, consumer, ev.AggregateID, ev.Seq, []Sequenced{ev})
 	if err != nil {
@@ -78,6 +81,34 @@ func Admit(ctx context.Context, tx *gorm.DB, consumer string, ev Sequenced) (Adm
 	}
 	return Admission{Apply: apply}, nil
 }
+
+// admitStatement is Admit's one statement (named arguments consumer,
+// aggregate, seq, message, body). The upsert takes the cursor's
+// row lock (waiting for a consumer that holds it) and then reads that row
+// as it is now, not as the statement's snapshot saw it: so its parked_max
+// includes what a consumer that parked a successor meanwhile wrote, which
+// a read of inbox_parked in this same statement (one snapshot) could miss.
+// Its WHERE leaves a cursor at or past ev untouched (still locked) and
+// then returns no row: ev is late. Otherwise the cursor moves to ev when ev
+// is its next, or ev is parked and parked_max raised; the row returned
+// tells which (applied_seq = ev's sequence, or below it).
+const admitStatement = `WITH cur AS (
+	INSERT INTO inbox_sequences AS s (consumer, aggregate_id, applied_seq, parked_max)
+	VALUES (@consumer, @aggregate, CASE WHEN CAST(@seq AS bigint) = 1 THEN 1 ELSE 0 END,
+		CASE WHEN CAST(@seq AS bigint) = 1 THEN 0 ELSE CAST(@seq AS bigint) END)
+	ON CONFLICT (consumer, aggregate_id) DO UPDATE SET
+		applied_seq = CASE WHEN s.applied_seq = CAST(@seq AS bigint) - 1 THEN CAST(@seq AS bigint) ELSE s.applied_seq END,
+		parked_max = CASE WHEN s.applied_seq = CAST(@seq AS bigint) - 1 THEN s.parked_max
+			ELSE greatest(s.parked_max, CAST(@seq AS bigint)) END,
+		updated_at = now()
+	WHERE s.applied_seq < CAST(@seq AS bigint)
+	RETURNING applied_seq, parked_max
+), park AS (
+	INSERT INTO inbox_parked (consumer, aggregate_id, seq, message_id, body)
+	SELECT @consumer, @aggregate, CAST(@seq AS bigint), @message, @body FROM cur WHERE cur.applied_seq < CAST(@seq AS bigint)
+	ON CONFLICT DO NOTHING
+)
+SELECT applied_seq, parked_max FROM cur`
 
 // ReleaseOverdue lets go, inside tx, of the events consumer has parked for
 // longer than wait: for up to limit aggregates whose lowest parked event is
@@ -134,19 +165,6 @@ func ReleaseOverdue(ctx context.Context, tx *gorm.DB, consumer string, wait time
 		apply = append(apply, evs...)
 	}
 	return apply, skipped, nil
-}
-
-// lockCursor returns the aggregate's cursor, creating it at 0, with its row
-// locked until tx ends.
-func lockCursor(tx *gorm.DB, consumer, aggregateID string) (int64, error) {
-	var applied int64
-	err := tx.Raw(`INSERT INTO inbox_sequences (consumer, aggregate_id, applied_seq) VALUES (?, ?, 0)
-		ON CONFLICT (consumer, aggregate_id) DO UPDATE SET updated_at = now()
-		RETURNING applied_seq`, consumer, aggregateID).Scan(&applied).Error
-	if err != nil {
-		return 0, fmt.Errorf("inbox: cursor of %s: %w", aggregateID, err)
-	}
-	return applied, nil
 }
 
 // drain moves the locked cursor to seq, then past each parked event that
