@@ -144,3 +144,77 @@ func TestReleaseOverdueSkipsTheGapAndALateEventStillApplies(t *testing.T) {
 	next := deliver(t, db, "ord_x", 5)
 	require.Equal(t, []int64{5, 6}, []int64{next.Apply[0].Seq, next.Apply[1].Seq})
 }
+
+// TestAdmitUnparksWhatAConsumerItWaitedForParked: a consumer parks 3 and
+// holds the cursor; another, admitting 2, waits for that lock. When the
+// first commits, the second must apply 2 and then 3, although 3's parking
+// committed after its statement began: a check of inbox_parked in the
+// statement that waited (one snapshot, taken before the wait) misses it,
+// and 3 would wait for ReleaseOverdue.
+func TestAdmitUnparksWhatAConsumerItWaitedForParked(t *testing.T) {
+	t.Parallel()
+	db := setup(t)
+	require.Len(t, deliver(t, db, "ord_w", 1).Apply, 1)
+
+	ctx := context.Background()
+	parker := db.Begin()
+	require.NoError(t, parker.Error)
+	adm, err := inbox.Admit(ctx, parker, "c", inbox.Sequenced{MessageID: "evt_w_3", AggregateID: "ord_w", Seq: 3, Body: []byte("{}")})
+	require.NoError(t, err)
+	require.True(t, adm.Parked)
+
+	done := make(chan inbox.Admission, 1)
+	go func() { done <- deliver(t, db, "ord_w", 2) }()
+	// The second consumer is waiting for the cursor's row lock.
+	require.Eventually(t, func() bool {
+		var waiting int64
+		db.Raw(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
+		return waiting == 1
+	}, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, parker.Commit().Error)
+
+	got := <-done
+	require.Len(t, got.Apply, 2)
+	require.Equal(t, []int64{2, 3}, []int64{got.Apply[0].Seq, got.Apply[1].Seq})
+	require.Equal(t, []int64{1, 2, 3}, applied(t, db, "ord_w"))
+	var parked int64
+	require.NoError(t, db.Raw(`SELECT count(*) FROM inbox_parked`).Scan(&parked).Error)
+	require.Zero(t, parked)
+}
+
+// TestAdmitInOrderIsOneStatement: an event that is its aggregate's next,
+// with nothing parked, costs the consumer's transaction one statement (the
+// round trips are most of the worker's CPU per event); one that unblocks a
+// parked successor costs the statements that unpark it.
+func TestAdmitInOrderIsOneStatement(t *testing.T) {
+	t.Parallel()
+	db := setup(t)
+	var statements int
+	count := func(*gorm.DB) { statements++ }
+	require.NoError(t, db.Callback().Raw().After("gorm:raw").Register("count", count))
+	require.NoError(t, db.Callback().Row().After("gorm:row").Register("count", count))
+	require.NoError(t, db.Callback().Query().After("gorm:query").Register("count", count))
+	admit := func(seq int64) inbox.Admission {
+		statements = 0
+		var adm inbox.Admission
+		require.NoError(t, postgres.WithTx(context.Background(), db, func(tx *gorm.DB) error {
+			var err error
+			adm, err = inbox.Admit(context.Background(), tx, "c", inbox.Sequenced{
+				MessageID: fmt.Sprintf("evt_s_%d", seq), AggregateID: "ord_s", Seq: seq, Body: []byte("{}")})
+			return err
+		}))
+		return adm
+	}
+	require.Len(t, admit(1).Apply, 1)
+	require.Equal(t, 1, statements, "first event")
+	require.Len(t, admit(2).Apply, 1)
+	require.Equal(t, 1, statements, "next event")
+	require.True(t, admit(4).Parked)
+	require.Equal(t, 1, statements, "parked event")
+	require.Len(t, admit(3).Apply, 2)
+	require.Equal(t, 4, statements, "admit, unpark 4, look for 5, move the cursor")
+	require.True(t, admit(2).Late)
+	require.Equal(t, 1, statements, "late event")
+	require.Len(t, admit(5).Apply, 1)
+	require.Equal(t, 1, statements, "next event after the parked ones")
+}
