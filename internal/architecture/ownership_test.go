@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -54,42 +55,22 @@ var sqlListedTable = regexp.MustCompile(`(?i),\s*"?([a-z_]+)"?\s+(?:AS\s+)?[a-z]
 // db.Table("..."). A table named outside its owner is a violation unless
 // it is a listed debt.
 func TestOneOwnerPerTable(t *testing.T) {
-	root := filepath.Join("..", "..")
 	found := map[string][]string{} // "table package" -> positions
-	for _, dir := range []string{"cmd", "internal"} {
-		err := filepath.WalkDir(filepath.Join(root, dir), func(path string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
+	// The test harnesses seed and inspect every table on purpose.
+	serviceFiles(t, []string{"internal/testenv", "internal/architecture"}, func(path, rel string) {
+		for _, use := range tablesNamedIn(t, path) {
+			pkg := filepath.ToSlash(filepath.Dir(rel))
+			if strings.HasPrefix(pkg, "cmd/") {
+				pkg = "cmd" // a main names tables only to wire or demo; all of cmd is one place
 			}
-			rel, _ := filepath.Rel(root, path)
-			if d.IsDir() {
-				// The test harnesses seed and inspect every table on purpose.
-				if rel == "internal/testenv" || rel == "internal/architecture" {
-					return filepath.SkipDir
-				}
-				return nil
+			owner, ok := owners[use.table]
+			if !ok || pkg == owner {
+				continue
 			}
-			if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-				return nil
-			}
-			for _, use := range tablesNamedIn(t, path) {
-				pkg := filepath.ToSlash(filepath.Dir(rel))
-				if strings.HasPrefix(pkg, "cmd/") {
-					pkg = "cmd" // a main names tables only to wire or demo; all of cmd is one place
-				}
-				owner, ok := owners[use.table]
-				if !ok || pkg == owner {
-					continue
-				}
-				k := use.table + " " + pkg
-				found[k] = append(found[k], rel+":"+strconv.Itoa(use.line))
-			}
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
+			k := use.table + " " + pkg
+			found[k] = append(found[k], rel+":"+strconv.Itoa(use.line))
 		}
-	}
+	})
 	var keys []string
 	for k := range found {
 		keys = append(keys, k)
@@ -187,4 +168,33 @@ func contains(root ast.Node, target ast.Node) bool {
 		return !in
 	})
 	return in
+}
+
+// serviceFiles calls fn with the path and the repository-relative path of
+// every non-test Go file under cmd/ and internal/, leaving out the
+// directories in skip (repository-relative, slash-separated).
+func serviceFiles(t *testing.T, skip []string, fn func(path, rel string)) {
+	t.Helper()
+	root := filepath.Join("..", "..")
+	for _, dir := range []string{"cmd", "internal"} {
+		err := filepath.WalkDir(filepath.Join(root, dir), func(path string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			rel, _ := filepath.Rel(root, path)
+			if d.IsDir() {
+				if slices.Contains(skip, filepath.ToSlash(rel)) {
+					return filepath.SkipDir
+				}
+				return nil
+			}
+			if strings.HasSuffix(path, ".go") && !strings.HasSuffix(path, "_test.go") {
+				fn(path, rel)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -4,11 +4,8 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"io/fs"
-	"path/filepath"
 	"regexp"
 	"strconv"
-	"strings"
 	"testing"
 )
 
@@ -25,31 +22,9 @@ var sqlText = regexp.MustCompile(`(?is)\b(SELECT\s.+\sFROM|INSERT\s+INTO|UPDATE\
 // be got round by building the SQL in the owner and running it elsewhere.
 // internal/postgres is the exception: it is where statements are run.
 func TestNoSQLCrossesAPackage(t *testing.T) {
-	root := filepath.Join("..", "..")
 	var found []string
-	for _, dir := range []string{"cmd", "internal"} {
-		err := filepath.WalkDir(filepath.Join(root, dir), func(path string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			rel, _ := filepath.Rel(root, path)
-			if d.IsDir() {
-				switch filepath.ToSlash(rel) {
-				case "internal/testenv", "internal/architecture", "internal/postgres", "internal/postgres/pgbenchsql", "internal/postgres/pgtest":
-					return filepath.SkipDir
-				}
-				return nil
-			}
-			if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-				return nil
-			}
-			found = append(found, sqlHandedOut(t, path, rel)...)
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	skip := []string{"internal/testenv", "internal/architecture", "internal/postgres", "internal/postgres/pgbenchsql", "internal/postgres/pgtest"}
+	serviceFiles(t, skip, func(path, rel string) { found = append(found, sqlHandedOut(t, path, rel)...) })
 	for _, f := range found {
 		t.Errorf("%s hands SQL to other packages: run the statement in the owner (taking a *gorm.DB or a *postgres.Batch) instead", f)
 	}
