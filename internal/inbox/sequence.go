@@ -88,8 +88,11 @@ func Admit(ctx context.Context, tx *gorm.DB, consumer string, ev Sequenced) (Adm
 // as it is now, not as the statement's snapshot saw it: so its parked_max
 // includes what a consumer that parked a successor meanwhile wrote, which
 // a read of inbox_parked in this same statement (one snapshot) could miss.
-// Its WHERE leaves a cursor at or past ev untouched (still locked) and
-// then returns no row: ev is late. Otherwise the cursor moves to ev when ev
+// Its WHERE leaves a cursor at or past ev untouched and then returns no
+// row: ev is late. The row is locked all the same ("all rows will be
+// locked when the ON CONFLICT DO UPDATE action is taken",
+// https://www.postgresql.org/docs/15/sql-insert.html), so a late event
+// still takes its turn. Otherwise the cursor moves to ev when ev
 // is its next, or ev is parked and parked_max raised; the row returned
 // tells which (applied_seq = ev's sequence, or below it).
 const admitStatement = `WITH cur AS (

@@ -3,11 +3,14 @@ package inbox_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"gorm.io/gorm"
@@ -15,6 +18,7 @@ import (
 	"github.com/onceonly/checkout/internal/inbox"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
+	"github.com/onceonly/checkout/migrations"
 )
 
 func TestMain(m *testing.M) {
@@ -29,9 +33,18 @@ func TestMain(m *testing.M) {
 // table applied, in the same transaction.
 func deliver(t *testing.T, db *gorm.DB, agg string, seq int64) inbox.Admission {
 	t.Helper()
+	adm, err := deliverAs(db, fmt.Sprintf("evt_%s_%d", agg, seq), agg, seq)
+	require.NoError(t, err)
+	return adm
+}
+
+// deliverAs is deliver under message id id, returning its error: for a
+// goroutine, where require cannot stop the test, and for a second copy of
+// an event under another id. A message already recorded is not admitted
+// (the zero Admission).
+func deliverAs(db *gorm.DB, id, agg string, seq int64) (inbox.Admission, error) {
 	var adm inbox.Admission
-	id := fmt.Sprintf("evt_%s_%d", agg, seq)
-	require.NoError(t, postgres.WithTx(context.Background(), db, func(tx *gorm.DB) error {
+	err := postgres.WithTx(context.Background(), db, func(tx *gorm.DB) error {
 		first, err := inbox.Record(context.Background(), tx, "c", id)
 		if err != nil || !first {
 			return err
@@ -46,8 +59,8 @@ func deliver(t *testing.T, db *gorm.DB, agg string, seq int64) inbox.Admission {
 			}
 		}
 		return nil
-	}))
-	return adm
+	})
+	return adm, err
 }
 
 func applied(t *testing.T, db *gorm.DB, agg string) []int64 {
@@ -55,6 +68,14 @@ func applied(t *testing.T, db *gorm.DB, agg string) []int64 {
 	var seqs []int64
 	require.NoError(t, db.Raw(`SELECT seq FROM applied WHERE aggregate_id = ? ORDER BY n`, agg).Scan(&seqs).Error)
 	return seqs
+}
+
+// requireNothingParked fails the test when any event is still parked.
+func requireNothingParked(t *testing.T, db *gorm.DB) {
+	t.Helper()
+	var parked int64
+	require.NoError(t, db.Raw(`SELECT count(*) FROM inbox_parked`).Scan(&parked).Error)
+	require.Zero(t, parked, "events still parked")
 }
 
 func setup(t *testing.T) *gorm.DB {
@@ -104,9 +125,7 @@ func TestAdmitAppliesInSequenceWhateverTheArrivalOrder(t *testing.T) {
 	for _, agg := range []string{"ord_a", "ord_b", "ord_c"} {
 		require.Equal(t, want, applied(t, db, agg), agg)
 	}
-	var parked int64
-	require.NoError(t, db.Raw(`SELECT count(*) FROM inbox_parked`).Scan(&parked).Error)
-	require.Zero(t, parked)
+	requireNothingParked(t, db)
 }
 
 // TestReleaseOverdueSkipsTheGapAndALateEventStillApplies: 1 applied, 2
@@ -163,58 +182,94 @@ func TestAdmitUnparksWhatAConsumerItWaitedForParked(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, adm.Parked)
 
-	done := make(chan inbox.Admission, 1)
-	go func() { done <- deliver(t, db, "ord_w", 2) }()
+	type result struct {
+		adm inbox.Admission
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		adm, err := deliverAs(db, "evt_w_2", "ord_w", 2)
+		done <- result{adm, err}
+	}()
 	// The second consumer is waiting for the cursor's row lock.
 	require.Eventually(t, func() bool {
 		var waiting int64
-		db.Raw(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
-		return waiting == 1
+		err := db.Raw(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting).Error
+		return err == nil && waiting == 1
 	}, 10*time.Second, 10*time.Millisecond)
 	require.NoError(t, parker.Commit().Error)
 
-	got := <-done
+	r := <-done
+	require.NoError(t, r.err)
+	got := r.adm
 	require.Len(t, got.Apply, 2)
 	require.Equal(t, []int64{2, 3}, []int64{got.Apply[0].Seq, got.Apply[1].Seq})
 	require.Equal(t, []int64{1, 2, 3}, applied(t, db, "ord_w"))
-	var parked int64
-	require.NoError(t, db.Raw(`SELECT count(*) FROM inbox_parked`).Scan(&parked).Error)
-	require.Zero(t, parked)
+	requireNothingParked(t, db)
 }
 
 // TestAdmitInOrderIsOneStatement: an event that is its aggregate's next,
-// with nothing parked, costs the consumer's transaction one statement (the
-// round trips are most of the worker's CPU per event); one that unblocks a
-// parked successor costs the statements that unpark it.
+// with nothing parked, costs the consumer's transaction one statement of
+// the cursor's and parking's tables (the round trips are most of the
+// worker's CPU per event); so do a parked one and a late one; one that
+// unblocks a parked successor costs the statements that unpark it.
 func TestAdmitInOrderIsOneStatement(t *testing.T) {
 	t.Parallel()
 	db := setup(t)
 	var statements int
-	count := func(*gorm.DB) { statements++ }
+	count := func(tx *gorm.DB) {
+		if sql := tx.Statement.SQL.String(); strings.Contains(sql, "inbox_sequences") || strings.Contains(sql, "inbox_parked") {
+			statements++
+		}
+	}
 	require.NoError(t, db.Callback().Raw().After("gorm:raw").Register("count", count))
 	require.NoError(t, db.Callback().Row().After("gorm:row").Register("count", count))
 	require.NoError(t, db.Callback().Query().After("gorm:query").Register("count", count))
-	admit := func(seq int64) inbox.Admission {
+	admit := func(id string, seq int64) inbox.Admission {
 		statements = 0
-		var adm inbox.Admission
-		require.NoError(t, postgres.WithTx(context.Background(), db, func(tx *gorm.DB) error {
-			var err error
-			adm, err = inbox.Admit(context.Background(), tx, "c", inbox.Sequenced{
-				MessageID: fmt.Sprintf("evt_s_%d", seq), AggregateID: "ord_s", Seq: seq, Body: []byte("{}")})
-			return err
-		}))
+		adm, err := deliverAs(db, id, "ord_s", seq)
+		require.NoError(t, err)
 		return adm
 	}
-	require.Len(t, admit(1).Apply, 1)
+	require.Len(t, admit("evt_1", 1).Apply, 1)
 	require.Equal(t, 1, statements, "first event")
-	require.Len(t, admit(2).Apply, 1)
+	require.Len(t, admit("evt_2", 2).Apply, 1)
 	require.Equal(t, 1, statements, "next event")
-	require.True(t, admit(4).Parked)
+	require.True(t, admit("evt_4", 4).Parked)
 	require.Equal(t, 1, statements, "parked event")
-	require.Len(t, admit(3).Apply, 2)
+	require.Len(t, admit("evt_3", 3).Apply, 2)
 	require.Equal(t, 4, statements, "admit, unpark 4, look for 5, move the cursor")
-	require.True(t, admit(2).Late)
+	require.True(t, admit("evt_2_again", 2).Late)
 	require.Equal(t, 1, statements, "late event")
-	require.Len(t, admit(5).Apply, 1)
+	require.Len(t, admit("evt_5", 5).Apply, 1)
 	require.Equal(t, 1, statements, "next event after the parked ones")
+	require.Equal(t, []int64{1, 2, 3, 4, 2, 5}, applied(t, db, "ord_s"))
+}
+
+// TestMigration00014FindsWhatWasParkedBefore: a cursor at 1 and event 3
+// parked by a worker of before migration 00014; after it, admitting 2
+// applies 2 and then 3 at once (the backfill raised parked_max), instead
+// of leaving 3 to ReleaseOverdue. The migration also goes down and up.
+func TestMigration00014FindsWhatWasParkedBefore(t *testing.T) {
+	t.Parallel()
+	db := setup(t)
+	ctx := context.Background()
+	sqlDB, err := db.DB()
+	require.NoError(t, err)
+	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.FS)
+	require.NoError(t, err)
+	_, err = provider.DownTo(ctx, 13)
+	require.NoError(t, err)
+	require.NoError(t, db.Exec(`INSERT INTO inbox_sequences (consumer, aggregate_id, applied_seq) VALUES ('c', 'ord_m', 1)`).Error)
+	require.NoError(t, db.Exec(`INSERT INTO inbox_parked (consumer, aggregate_id, seq, message_id, body)
+		VALUES ('c', 'ord_m', 3, 'evt_ord_m_3', '{}')`).Error)
+
+	require.NoError(t, postgres.Migrate(ctx, db, slog.New(slog.DiscardHandler)))
+	got := deliver(t, db, "ord_m", 2)
+	require.Len(t, got.Apply, 2)
+	require.Equal(t, []int64{2, 3}, []int64{got.Apply[0].Seq, got.Apply[1].Seq})
+
+	_, err = provider.DownTo(ctx, 13)
+	require.NoError(t, err)
+	require.NoError(t, postgres.Migrate(ctx, db, slog.New(slog.DiscardHandler)))
 }
