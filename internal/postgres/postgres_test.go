@@ -7,11 +7,13 @@ import (
 	"log/slog"
 	"math"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
+	gormlogger "gorm.io/gorm/logger"
 
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
@@ -200,4 +202,30 @@ func TestMigrationsCopyTheEmailsAmounts(t *testing.T) {
 	_, err = provider.DownTo(ctx, 10)
 	require.NoError(t, err)
 	require.NoError(t, postgres.Migrate(ctx, db, slog.New(slog.DiscardHandler)))
+}
+
+// sqlRecorder is a GORM logger that keeps the SQL text each Trace is given.
+type sqlRecorder struct {
+	gormlogger.Interface
+	sql []string
+}
+
+func (r *sqlRecorder) Trace(_ context.Context, _ time.Time, fc func() (string, int64), _ error) {
+	s, _ := fc()
+	r.sql = append(r.sql, s)
+}
+
+// GORM's Scan hands its logger the statement as the dialector explains it,
+// whatever the logger (finisher_api.go); Open's dialector leaves the
+// arguments out, so that no statement's data is formatted for nothing (or
+// logged, should a logger ever be installed).
+func TestScanDoesNotWriteTheArgumentsIntoTheSQL(t *testing.T) {
+	t.Parallel()
+	db, _ := pgtest.NewDB(t)
+	rec := &sqlRecorder{Interface: gormlogger.Discard}
+	var got string
+	require.NoError(t, db.Session(&gorm.Session{Logger: rec}).
+		Raw(`SELECT ?::text || ?::text`, "buyer@", "example.com").Scan(&got).Error)
+	require.Equal(t, "buyer@example.com", got)
+	require.Equal(t, []string{`SELECT $1::text || $2::text`}, rec.sql)
 }
