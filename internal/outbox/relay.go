@@ -62,9 +62,10 @@ type RelayConfig struct {
 	// one index probe; idle, once every PollInterval. At 1ms a loaded relay
 	// claimed about one row per transaction of three round trips; 5ms took
 	// the dispatcher's CPU per checkout from 0.34 to 0.26 ms (medians of 5
-	// alternating runs of make bench's 16-client point, 2026-12-04), and
-	// the paced point's commit-to-confirm p50 stayed within its runs' noise
-	// (8 to 19 ms either way): the broker's confirms are most of it.
+	// alternating runs of make bench's 16-client point, 2026-12-04) and
+	// added about 2.5 ms, half the interval, to the paced point's
+	// commit-to-confirm p50 (7.3 to 9.8 ms, medians of 4 alternating runs),
+	// and nothing its runs' noise shows to the p99 over a bare publisher's.
 	MinPoll time.Duration
 	// BatchSize is how many rows one transaction claims (100).
 	BatchSize int
