@@ -64,8 +64,8 @@ type RelayConfig struct {
 	// the dispatcher's CPU per checkout from 0.34 to 0.26 ms (medians of 5
 	// alternating runs of make bench's 16-client point, 2026-12-04) and
 	// added about 2.5 ms, half the interval, to the paced point's
-	// commit-to-confirm p50 (7.3 to 9.8 ms, medians of 4 alternating runs),
-	// and nothing its runs' noise shows to the p99 over a bare publisher's.
+	// commit-to-confirm p50 (7.3 to 9.8 ms, medians of 4 alternating runs);
+	// its p99 over a bare publisher's moved less than the runs' noise.
 	MinPoll time.Duration
 	// BatchSize is how many rows one transaction claims (100).
 	BatchSize int
