@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"gorm.io/gorm"
@@ -18,7 +17,6 @@ import (
 	"github.com/onceonly/checkout/internal/inbox"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
-	"github.com/onceonly/checkout/migrations"
 )
 
 func TestMain(m *testing.M) {
@@ -254,12 +252,7 @@ func TestMigration00014FindsWhatWasParkedBefore(t *testing.T) {
 	t.Parallel()
 	db := setup(t)
 	ctx := context.Background()
-	sqlDB, err := db.DB()
-	require.NoError(t, err)
-	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.FS)
-	require.NoError(t, err)
-	_, err = provider.DownTo(ctx, 13)
-	require.NoError(t, err)
+	pgtest.MigrateDownTo(t, db, 13)
 	require.NoError(t, db.Exec(`INSERT INTO inbox_sequences (consumer, aggregate_id, applied_seq) VALUES ('c', 'ord_m', 1)`).Error)
 	require.NoError(t, db.Exec(`INSERT INTO inbox_parked (consumer, aggregate_id, seq, message_id, body)
 		VALUES ('c', 'ord_m', 3, 'evt_ord_m_3', '{}')`).Error)
@@ -269,7 +262,6 @@ func TestMigration00014FindsWhatWasParkedBefore(t *testing.T) {
 	require.Len(t, got.Apply, 2)
 	require.Equal(t, []int64{2, 3}, []int64{got.Apply[0].Seq, got.Apply[1].Seq})
 
-	_, err = provider.DownTo(ctx, 13)
-	require.NoError(t, err)
+	pgtest.MigrateDownTo(t, db, 13)
 	require.NoError(t, postgres.Migrate(ctx, db, slog.New(slog.DiscardHandler)))
 }

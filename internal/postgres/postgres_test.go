@@ -10,14 +10,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
 	gormlogger "gorm.io/gorm/logger"
 
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
-	"github.com/onceonly/checkout/migrations"
 )
 
 func TestErrorClasses(t *testing.T) {
@@ -139,12 +137,7 @@ func TestMigrateReplacesAnIndexAFailedConcurrentBuildLeft(t *testing.T) {
 	// What a build interrupted after its catalog entry looks like, 00007
 	// being the last migration then: the later ones undone, the index
 	// marked invalid, and goose's record of 00007 missing.
-	sqlDB, err := db.DB()
-	require.NoError(t, err)
-	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.FS)
-	require.NoError(t, err)
-	_, err = provider.DownTo(ctx, 7)
-	require.NoError(t, err)
+	pgtest.MigrateDownTo(t, db, 7)
 	require.NoError(t, db.Exec(`UPDATE pg_index SET indisvalid = false
 		WHERE indexrelid = 'payment_attempts_recreated'::regclass`).Error)
 	require.NoError(t, db.Exec(`DELETE FROM goose_db_version WHERE version_id = 7`).Error)
@@ -166,12 +159,7 @@ func TestMigrationsCopyTheEmailsAmounts(t *testing.T) {
 	t.Parallel()
 	db, _ := pgtest.NewDB(t)
 	ctx := context.Background()
-	sqlDB, err := db.DB()
-	require.NoError(t, err)
-	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.FS)
-	require.NoError(t, err)
-	_, err = provider.DownTo(ctx, 10)
-	require.NoError(t, err)
+	pgtest.MigrateDownTo(t, db, 10)
 
 	// Rows as a worker of before 00011 wrote them.
 	require.NoError(t, db.Exec(`INSERT INTO orders (id, tenant_id, status, email, currency, amount_total, payment_method, created_at, updated_at)
@@ -199,8 +187,7 @@ func TestMigrationsCopyTheEmailsAmounts(t *testing.T) {
 		{ID: "ntf_refund", OrderAmount: i64(4200), Currency: &eur, RefundAmount: i64(1500)},
 	}, got)
 
-	_, err = provider.DownTo(ctx, 10)
-	require.NoError(t, err)
+	pgtest.MigrateDownTo(t, db, 10)
 	require.NoError(t, postgres.Migrate(ctx, db, slog.New(slog.DiscardHandler)))
 }
 

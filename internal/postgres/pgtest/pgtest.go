@@ -15,9 +15,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pressly/goose/v3"
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/migrations"
 )
 
 // AdminURL is the server the test databases are created on:
@@ -56,6 +58,26 @@ func NewDB(t testing.TB, opts ...Options) (*gorm.DB, string) {
 		t.Fatalf("pgtest: migrate: %v", err)
 	}
 	return db, dbURL
+}
+
+// MigrateDownTo rolls db's schema back with the embedded migrations'
+// Down sections until version is the last one applied, for a test that
+// writes rows as an older build did and then migrates up again
+// (postgres.Migrate) to check a migration's backfill, or its way down and
+// up. It fails the test on any error.
+func MigrateDownTo(t testing.TB, db *gorm.DB, version int64) {
+	t.Helper()
+	sqlDB, err := db.DB()
+	if err != nil {
+		t.Fatalf("pgtest: migrate down: %v", err)
+	}
+	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.FS)
+	if err != nil {
+		t.Fatalf("pgtest: migrate down: %v", err)
+	}
+	if _, err := provider.DownTo(context.Background(), version); err != nil {
+		t.Fatalf("pgtest: migrate down to %d: %v", version, err)
+	}
 }
 
 // NewEmptyDB creates a database named checkout_test_<random> without
