@@ -77,6 +77,20 @@ func requireNothingParked(t *testing.T, db *gorm.DB) {
 	require.Zero(t, parked, "events still parked")
 }
 
+// releaseOverdue runs inbox.ReleaseOverdue for consumer "c" in a
+// transaction of its own and returns what it released and skipped.
+func releaseOverdue(t *testing.T, db *gorm.DB, wait time.Duration) ([]inbox.Sequenced, int64) {
+	t.Helper()
+	var evs []inbox.Sequenced
+	var skipped int64
+	require.NoError(t, postgres.WithTx(context.Background(), db, func(tx *gorm.DB) error {
+		var err error
+		evs, skipped, err = inbox.ReleaseOverdue(context.Background(), tx, "c", wait, 10)
+		return err
+	}))
+	return evs, skipped
+}
+
 func setup(t *testing.T) *gorm.DB {
 	t.Helper()
 	db, _ := pgtest.NewDB(t)
@@ -137,16 +151,7 @@ func TestReleaseOverdueSkipsTheGapAndALateEventStillApplies(t *testing.T) {
 	require.True(t, deliver(t, db, "ord_x", 4).Parked)
 	require.True(t, deliver(t, db, "ord_x", 3).Parked)
 
-	release := func(wait time.Duration) ([]inbox.Sequenced, int64) {
-		var evs []inbox.Sequenced
-		var skipped int64
-		require.NoError(t, postgres.WithTx(context.Background(), db, func(tx *gorm.DB) error {
-			var err error
-			evs, skipped, err = inbox.ReleaseOverdue(context.Background(), tx, "c", wait, 10)
-			return err
-		}))
-		return evs, skipped
-	}
+	release := func(wait time.Duration) ([]inbox.Sequenced, int64) { return releaseOverdue(t, db, wait) }
 	evs, _ := release(time.Hour)
 	require.Empty(t, evs)
 	require.NoError(t, db.Exec(`UPDATE inbox_parked SET parked_at = now() - interval '1 minute'`).Error)
@@ -265,4 +270,28 @@ func TestMigration00014FindsWhatWasParkedBefore(t *testing.T) {
 
 	pgtest.MigrateDownTo(t, db, 13)
 	require.NoError(t, postgres.Migrate(ctx, db, slog.New(slog.DiscardHandler)))
+}
+
+// TestAnEventParkedWithoutParkedMaxIsLateNotLost: the rollout window of
+// migration 00014. A worker of before it parks 3 without raising the
+// cursor's parked_max (written here as it wrote it); a new worker admitting
+// 2 cannot see it, so 3 stays parked, and ReleaseOverdue lets it go after
+// the wait, with no sequence number skipped: late, never lost.
+func TestAnEventParkedWithoutParkedMaxIsLateNotLost(t *testing.T) {
+	t.Parallel()
+	db := setup(t)
+	require.Len(t, deliver(t, db, "ord_r", 1).Apply, 1)
+	require.NoError(t, db.Exec(`INSERT INTO inbox_parked (consumer, aggregate_id, seq, message_id, body, parked_at)
+		VALUES ('c', 'ord_r', 3, 'evt_ord_r_3', '{}', now() - interval '1 minute')`).Error)
+
+	got := deliver(t, db, "ord_r", 2)
+	require.Len(t, got.Apply, 1)
+	require.EqualValues(t, 2, got.Apply[0].Seq)
+
+	evs, skipped := releaseOverdue(t, db, 30*time.Second)
+	require.Len(t, evs, 1)
+	require.EqualValues(t, 3, evs[0].Seq)
+	require.Zero(t, skipped)
+	requireNothingParked(t, db)
+	require.True(t, deliver(t, db, "ord_r", 3).Late, "the cursor is past 3")
 }
