@@ -176,6 +176,9 @@ func (s *settings) check() (*auth.Keys, idempotency.FailureMode, error) {
 	if s.IdempotencyTTL <= s.IdempotencyLease {
 		errs = append(errs, fmt.Errorf("IDEMPOTENCY_TTL: %s must exceed IDEMPOTENCY_LEASE (%s)", s.IdempotencyTTL, s.IdempotencyLease))
 	}
+	if err := config.CheckDatabaseURL(s.DatabaseURL); err != nil {
+		errs = append(errs, err)
+	}
 	if err := payments.CheckAPIBase(s.StripeAPIBase); err != nil {
 		errs = append(errs, fmt.Errorf("STRIPE_API_BASE: %w", err))
 	}
@@ -239,9 +242,15 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	logger := telemetry.NewLogger(logOut, s.LogLevel)
 	logger.Info("starting api", append(config.Masked(&s), "api_keys", keys.Fingerprints())...)
 
-	db, err := postgres.Open(ctx, postgres.Config{URL: s.DatabaseURL, MaxConns: s.DatabaseMaxConns})
+	// Waits for PostgreSQL as the other processes do: an api started (or
+	// restarted) while the database is away serves once it answers,
+	// instead of exiting with an error that reads like a bad setting.
+	db, err := postgres.OpenRetrying(ctx, postgres.Config{URL: s.DatabaseURL, MaxConns: s.DatabaseMaxConns}, logger)
 	if err != nil {
-		return fmt.Errorf("DATABASE_URL: %w", err)
+		if ctx.Err() != nil {
+			return nil // stopped while waiting for PostgreSQL
+		}
+		return fmt.Errorf("postgres: %w", err)
 	}
 	defer postgres.Close(db)
 	if s.MigrateOnStart {

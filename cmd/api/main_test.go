@@ -58,6 +58,9 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"unparsable action timeout", map[string]string{"PAYMENT_ACTION_TIMEOUT": "half an hour"}, "PAYMENT_ACTION_TIMEOUT"},
 		{"lease longer than the TTL", map[string]string{"IDEMPOTENCY_TTL": "10s", "IDEMPOTENCY_LEASE": "1m"}, "IDEMPOTENCY_TTL"},
 		{"bad redis url", map[string]string{"REDIS_URL": "http://x"}, "REDIS_URL"},
+		// Checked before the api waits for the database, which would
+		// retry a malformed URL for ever.
+		{"bad database url", map[string]string{"DATABASE_URL": "postgres://db:notaport/checkout"}, "DATABASE_URL"},
 		{"bad log level", map[string]string{"LOG_LEVEL": "loud"}, "LOG_LEVEL"},
 		{"empty webhook secret", map[string]string{"STRIPE_WEBHOOK_SECRET": "whsec_"}, "STRIPE_WEBHOOK_SECRET"},
 		{"an API key as webhook secret", map[string]string{"STRIPE_WEBHOOK_SECRET": "sk_test_123"}, "STRIPE_WEBHOOK_SECRET"},

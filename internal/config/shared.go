@@ -31,8 +31,8 @@ type Shared struct {
 // Check validates what parsing cannot; each error names its variable.
 func (s *Shared) Check() []error {
 	var errs []error
-	if _, err := pgx.ParseConfig(s.DatabaseURL); err != nil {
-		errs = append(errs, fmt.Errorf("DATABASE_URL: %w", err))
+	if err := CheckDatabaseURL(s.DatabaseURL); err != nil {
+		errs = append(errs, err)
 	}
 	if _, err := rabbitmq.ParseURLs(s.AMQPURL); err != nil {
 		errs = append(errs, fmt.Errorf("AMQP_URL: %w", err))
@@ -53,4 +53,16 @@ func (s *Shared) Names() rabbitmq.Names {
 	n.NotifyQueue = s.NotifyQueue
 	n.NotifyDLQ = s.NotifyQueue + ".dlq"
 	return n
+}
+
+// CheckDatabaseURL returns an error naming DATABASE_URL when url is not a
+// PostgreSQL connection string pgx can parse (URL or key=value form, libpq
+// multi-host included). Every process checks it before it waits for the
+// database (postgres.OpenRetrying), which would retry a malformed URL
+// forever like an unreachable server.
+func CheckDatabaseURL(url string) error {
+	if _, err := pgx.ParseConfig(url); err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	return nil
 }
