@@ -23,8 +23,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/onceonly/checkout/internal/config"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/telemetry"
@@ -50,8 +48,8 @@ type settings struct {
 
 func (s *settings) check() error {
 	var errs []error
-	if _, err := pgx.ParseConfig(s.DatabaseURL); err != nil {
-		errs = append(errs, fmt.Errorf("DATABASE_URL: %w", err))
+	if err := config.CheckDatabaseURL(s.DatabaseURL); err != nil {
+		errs = append(errs, err)
 	}
 	if s.Timeout <= 0 {
 		errs = append(errs, fmt.Errorf("MIGRATE_TIMEOUT: must be positive, got %s", s.Timeout))
