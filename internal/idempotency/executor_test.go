@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -235,6 +236,40 @@ func TestReleaseByScope(t *testing.T) {
 	again, err := claim(t, db, s, scope, "fp", "owner-3", true)
 	require.NoError(t, err)
 	require.True(t, again.TakenOver, "the retry takes the key over at once")
+}
+
+// TestAnExtensionAfterTheReleaseDoesNotReviveTheLease: the lease keeper
+// (KeepLease, the gateway's) ticks on its own goroutine, so its Extend can
+// reach the row just after the run failed and Release ended the lease.
+// Release must win whatever the order: the retry takes the key over at
+// once. Before, Release only moved lease_expires_at to now, the late
+// Extend (same owner) moved it a whole lease ahead, and the client's
+// retry got 409 idempotency_key_in_use for IDEMPOTENCY_LEASE (seen as a
+// 502 followed by a 409 when the keeper's tick met the request's end).
+func TestAnExtensionAfterTheReleaseDoesNotReviveTheLease(t *testing.T) {
+	t.Parallel()
+	db, _ := pgtest.NewDB(t)
+	s := newStore()
+	ctx := context.Background()
+	for _, byScope := range []bool{false, true} {
+		sc := scope
+		sc.Key += fmt.Sprintf("-by-scope-%v", byScope)
+		c, err := claim(t, db, s, sc, "fp", "owner-1", true)
+		require.NoError(t, err)
+		released := &idempotency.Claim{ID: c.ID, Scope: sc, Owner: "owner-1"}
+		if byScope {
+			released.ID = 0
+		}
+		require.NoError(t, s.Release(ctx, db, released))
+		extended, err := s.Extend(ctx, db, sc, "owner-1")
+		require.NoError(t, err)
+		require.False(t, extended, "a released lease is not extended")
+		again, err := claim(t, db, s, sc, "fp", "owner-2", true)
+		require.NoError(t, err, "the retry is not told the key is in use")
+		require.True(t, again.TakenOver)
+		fenced := postgres.WithTx(ctx, db, func(tx *gorm.DB) error { return s.Fence(ctx, tx, c) })
+		require.ErrorIs(t, fenced, idempotency.ErrLeaseLost, "the released owner writes nothing more")
+	}
 }
 
 // countFenced counts the rows TestFence's batches wrote.

@@ -485,7 +485,10 @@ func (s *Store) extend(ctx context.Context, db *gorm.DB, scope Scope, owner stri
 
 // Release ends the lease of an unfinished key now, keeping its recovery
 // point, so that a retry can take it over at once instead of waiting for
-// the lease to expire. It is a no-op when owner no longer holds it. A
+// the lease to expire. It is a no-op when owner no longer holds it. It
+// clears the owner too: the lease keeper's Extend, which may reach the row
+// after Release (its tick is on another goroutine), then matches nothing,
+// instead of moving the lease a whole IDEMPOTENCY_LEASE ahead. A
 // Claim with no ID (only Scope and Owner) releases the key of that scope
 // if this owner holds it: for a claim whose commit was lost.
 func (s *Store) Release(ctx context.Context, db *gorm.DB, c *Claim) error {
@@ -497,12 +500,12 @@ func (s *Store) Release(ctx context.Context, db *gorm.DB, c *Claim) error {
 		// row is found by its scope, and released only if it names this
 		// owner.
 		err = db.WithContext(ctx).Exec(`
-			UPDATE idempotency_keys SET lease_expires_at = ?, updated_at = ?
+			UPDATE idempotency_keys SET lease_owner = NULL, lease_expires_at = ?, updated_at = ?
 			WHERE tenant_id = ? AND route = ? AND key = ? AND lease_owner = ? AND recovery_point <> ?`,
 			now, now, c.Scope.Tenant, c.Scope.Route, c.Scope.Key, c.Owner, RecoveryPointFinished).Error
 	} else {
 		err = db.WithContext(ctx).Exec(`
-			UPDATE idempotency_keys SET lease_expires_at = ?, updated_at = ?
+			UPDATE idempotency_keys SET lease_owner = NULL, lease_expires_at = ?, updated_at = ?
 			WHERE id = ? AND lease_owner = ? AND recovery_point <> ?`,
 			now, now, c.ID, c.Owner, RecoveryPointFinished).Error
 	}
