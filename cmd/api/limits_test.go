@@ -1,15 +1,12 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -34,36 +31,12 @@ func startAPI(t *testing.T, vars map[string]string) string {
 		all[k] = v
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	pr, pw := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, env(all), pw)
-		pw.Close()
-	}()
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			var line struct{ Msg, Addr string }
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" {
-				addr <- line.Addr
-			}
-		}
-	}()
+	lines, done := runAPI(ctx, all)
 	t.Cleanup(func() {
 		stop()
 		require.NoError(t, <-done, "exit 0")
 	})
-	select {
-	case a := <-addr:
-		return "http://" + a
-	case err := <-done:
-		done <- err // for the cleanup, which would wait for it forever
-		t.Fatalf("run returned early: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("api did not start")
-	}
-	return ""
+	return "http://" + waitForLog(t, lines, done, "listening")
 }
 
 // TestLimitsFromEnvironment: RATE_LIMIT and the HTTP_* limits reach the

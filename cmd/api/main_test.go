@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -119,37 +117,14 @@ func TestGracefulShutdown(t *testing.T) {
 
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
-	pr, pw := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, env(map[string]string{
-			"HTTP_ADDR":        "127.0.0.1:0",
-			"DATABASE_URL":     dbURL,
-			"REDIS_URL":        testenv.RedisURL(),
-			"REDIS_KEY_PREFIX": prefix,
-			"STRIPE_API_BASE":  emuSrv.URL,
-		}), pw)
-		pw.Close()
-	}()
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			var line struct{ Msg, Addr string }
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" {
-				addr <- line.Addr
-			}
-		}
-	}()
-	var base string
-	select {
-	case a := <-addr:
-		base = "http://" + a
-	case err := <-done:
-		t.Fatalf("run returned early: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("api did not start")
-	}
+	lines, done := runAPI(ctx, map[string]string{
+		"HTTP_ADDR":        "127.0.0.1:0",
+		"DATABASE_URL":     dbURL,
+		"REDIS_URL":        testenv.RedisURL(),
+		"REDIS_KEY_PREFIX": prefix,
+		"STRIPE_API_BASE":  emuSrv.URL,
+	})
+	base := "http://" + waitForLog(t, lines, done, "listening")
 
 	result := make(chan int, 1)
 	go func() {

@@ -1,14 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 	"net/url"
 	"testing"
-	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/rs/zerolog"
@@ -47,49 +44,13 @@ func TestAPIWaitsForPostgresAtStart(t *testing.T) {
 
 			ctx, stop := context.WithCancel(context.Background())
 			t.Cleanup(stop)
-			pr, pw := io.Pipe()
-			done := make(chan error, 1)
-			go func() {
-				done <- run(ctx, env(map[string]string{
-					"HTTP_ADDR":        "127.0.0.1:0",
-					"DATABASE_URL":     proxied.String(),
-					"REDIS_URL":        testenv.RedisURL(),
-					"REDIS_KEY_PREFIX": prefix,
-				}), pw)
-				pw.Close()
-			}()
-			msgs := make(chan struct{ Msg, Addr string }, 1024)
-			go func() {
-				defer close(msgs)
-				sc := bufio.NewScanner(pr)
-				for sc.Scan() {
-					var line struct{ Msg, Addr string }
-					if json.Unmarshal(sc.Bytes(), &line) == nil {
-						select { // never blocks the api's log
-						case msgs <- line:
-						default:
-						}
-					}
-				}
-			}()
-			waitFor := func(msg string) string {
-				t.Helper()
-				deadline := time.After(30 * time.Second)
-				for {
-					select {
-					case line, ok := <-msgs:
-						require.True(t, ok, "the api's log ended before %q", msg)
-						if line.Msg == msg {
-							return line.Addr
-						}
-					case err := <-done:
-						t.Fatalf("run returned while PostgreSQL was away: %v", err)
-					case <-deadline:
-						t.Fatalf("no %q in the api's log", msg)
-					}
-				}
-			}
-			waitFor("postgres not reachable, retrying")
+			lines, done := runAPI(ctx, map[string]string{
+				"HTTP_ADDR":        "127.0.0.1:0",
+				"DATABASE_URL":     proxied.String(),
+				"REDIS_URL":        testenv.RedisURL(),
+				"REDIS_KEY_PREFIX": prefix,
+			})
+			waitForLog(t, lines, done, "postgres not reachable, retrying")
 
 			if !tc.comes {
 				stop() // SIGTERM while waiting
@@ -97,7 +58,7 @@ func TestAPIWaitsForPostgresAtStart(t *testing.T) {
 				return
 			}
 			require.NoError(t, proxy.Start())
-			base := "http://" + waitFor("listening")
+			base := "http://" + waitForLog(t, lines, done, "listening")
 			resp, err := http.Get(base + "/readyz")
 			require.NoError(t, err)
 			resp.Body.Close()
