@@ -145,6 +145,27 @@ func do(t *testing.T, ctx context.Context, steps ...chromedp.Action[chromedp.Voi
 	require.NoError(t, chromedp.Do(ctx, steps...))
 }
 
+// click clicks the element sel (a CSS selector) selects, with the mouse
+// at its centre, as a user does. chromedp finds the node and then, in
+// further commands, scrolls to it and reads its box: a page that has just
+// loaded can replace its document in between, and Chrome answers "Could
+// not find node with given id" (chromedp issue #1001), before any mouse
+// event is sent. Only that answer is tried again, for up to 5 s.
+func click(t *testing.T, ctx context.Context, sel string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(sel)))
+		if err == nil {
+			return
+		}
+		if !strings.Contains(err.Error(), "Could not find node with given id") || time.Now().After(deadline) {
+			require.NoError(t, err, "click %s", sel)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // eval returns a JavaScript expression's value.
 func eval[T any](t *testing.T, ctx context.Context, expr string) T {
 	t.Helper()
@@ -181,9 +202,10 @@ func email(name string) string {
 // with buyer and card.
 func (e *env) toCheckout(t *testing.T, ctx context.Context, buyer, card string) {
 	t.Helper()
-	do(t, ctx, chromedp.Navigate(e.shopURL+"/"), chromedp.Click(chromedp.CSS("#add-sku_tee")))
+	do(t, ctx, chromedp.Navigate(e.shopURL+"/"))
+	click(t, ctx, "#add-sku_tee")
 	until(t, ctx, 10*time.Second, `document.getElementById("to-checkout")`)
-	do(t, ctx, chromedp.Click(chromedp.CSS("#to-checkout")))
+	click(t, ctx, "#to-checkout")
 	e.fillCheckout(t, ctx, buyer, card)
 }
 

@@ -58,7 +58,7 @@ func TestStorefrontRestartDuringPay(t *testing.T) {
 	mine.toCheckout(t, ctx, buyer, "pm_card_visa")
 	e.st.Fault(stripeemu.Fault{Kind: stripeemu.FaultDelay, Op: stripeemu.OpPICreate, Count: 1, Before: 3 * time.Second})
 	t.Cleanup(e.st.ClearFaults)
-	do(t, ctx, chromedp.Click(chromedp.CSS("#pay")))
+	click(t, ctx, "#pay")
 	deadline := time.Now().Add(10 * time.Second)
 	for len(e.orders(t, buyer)) == 0 {
 		require.True(t, time.Now().Before(deadline), "the Pay reached the api")
@@ -68,7 +68,7 @@ func TestStorefrontRestartDuringPay(t *testing.T) {
 	until(t, ctx, 10*time.Second, `document.getElementById("result").textContent.includes("Press Pay again")`)
 	serve(addr) // the restart: a new storefront, nothing in memory
 
-	payUntilDone(t, e, buyer, func() { do(t, ctx, chromedp.Click(chromedp.CSS("#pay"))) }, func() bool {
+	payUntilDone(t, e, buyer, func() { click(t, ctx, "#pay") }, func() bool {
 		return eval[bool](t, ctx, `!!document.getElementById("order-link")`) ||
 			eval[bool](t, ctx, `document.getElementById("result").textContent.includes("empty")`)
 	}, 30*time.Second)
@@ -98,7 +98,7 @@ func TestChangedDetailsAfterLostAnswer(t *testing.T) {
 
 	require.NoError(t, e.apiLink.DropAnswers())
 	t.Cleanup(e.apiLink.Heal)
-	do(t, ctx, chromedp.Click(chromedp.CSS("#pay")))
+	click(t, ctx, "#pay")
 	until(t, ctx, 20*time.Second, `document.getElementById("result").textContent.includes("we do not know")`)
 	e.apiLink.Heal()
 	require.Len(t, e.orders(t, buyer), 1, "the api executed the lost Pay")
@@ -112,7 +112,7 @@ func TestChangedDetailsAfterLostAnswer(t *testing.T) {
 	require.Equal(t, buyer, eval[string](t, ctx, `document.getElementById("email").value`), "the reload shows the stored email")
 	// The shopper changes the email anyway (the page's form is not the guard).
 	do(t, ctx, chromedp.Evaluate[chromedp.Void](`(() => { const el = document.getElementById("email"); el.disabled = false; el.value = "`+other+`"; document.getElementById("payment-method").disabled = false; })()`))
-	do(t, ctx, chromedp.Click(chromedp.CSS("#pay")))
+	click(t, ctx, "#pay")
 	until(t, ctx, 20*time.Second, `document.getElementById("order-link") || document.getElementById("result").textContent.includes("422")`)
 
 	orders := e.orders(t, buyer)

@@ -79,7 +79,7 @@ func TestReloadAfterLostAnswer(t *testing.T) {
 	key := eval[string](t, ctx, `document.getElementById("browser-key").textContent`)
 
 	require.NoError(t, e.apiLink.DropAnswers())
-	do(t, ctx, chromedp.Click(chromedp.CSS("#pay")))
+	click(t, ctx, "#pay")
 	until(t, ctx, 20*time.Second, `document.getElementById("result").textContent.includes("we do not know")`)
 	e.apiLink.Heal()
 	orders := e.orders(t, buyer)
@@ -93,7 +93,7 @@ func TestReloadAfterLostAnswer(t *testing.T) {
 	do(t, ctx, chromedp.Reload())
 	e.fillCheckout(t, ctx, buyer, "pm_card_visa")
 	again, lost := panel(t, ctx)
-	do(t, ctx, chromedp.Click(chromedp.CSS("#pay")))
+	click(t, ctx, "#pay")
 	until(t, ctx, 20*time.Second, `document.getElementById("order-link")`)
 
 	require.Equal(t, orders, e.orders(t, buyer), "the same one order")
@@ -127,17 +127,17 @@ func TestThreeDSecureRedirect(t *testing.T) {
 			ctx := e.tab(t, time.Minute)
 			buyer := email("3ds-" + tc.button)
 			e.toCheckout(t, ctx, buyer, "pm_card_authenticationRequired")
-			do(t, ctx, chromedp.Click(chromedp.CSS("#pay")))
+			click(t, ctx, "#pay")
 			until(t, ctx, 20*time.Second, `document.getElementById("authenticate") && !document.getElementById("waiting").hidden`)
 			orders := e.orders(t, buyer)
 			require.Len(t, orders, 1)
 			require.Equal(t, "requires_action", e.orderStatus(t, orders[0]))
 
-			do(t, ctx, chromedp.Click(chromedp.CSS("#authenticate")))
+			click(t, ctx, "#authenticate")
 			until(t, ctx, 10*time.Second, `document.getElementById("`+tc.button+`")`)
 			require.True(t, strings.HasPrefix(eval[string](t, ctx, `location.href`), e.st.EmulatorURL+"/3d_secure_2/hosted?"),
 				"the emulator's challenge page")
-			do(t, ctx, chromedp.Click(chromedp.CSS("#"+tc.button)))
+			click(t, ctx, "#"+tc.button)
 			until(t, ctx, 30*time.Second, `document.getElementById("order-status") && document.getElementById("order-status").textContent === "`+tc.wantStatus+`"`)
 			require.Equal(t, e.shopURL+"/orders/"+orders[0], eval[string](t, ctx, `location.href`), "back on the order page")
 			if tc.wantStatus == "paid" {
@@ -161,9 +161,9 @@ func TestCancelWhileWaiting(t *testing.T) {
 	ctx := e.tab(t, time.Minute)
 	buyer := email("cancel")
 	e.toCheckout(t, ctx, buyer, "pm_card_authenticationRequired")
-	do(t, ctx, chromedp.Click(chromedp.CSS("#pay")))
+	click(t, ctx, "#pay")
 	until(t, ctx, 20*time.Second, `document.getElementById("cancel") && !document.getElementById("waiting").hidden`)
-	do(t, ctx, chromedp.Click(chromedp.CSS("#cancel")))
+	click(t, ctx, "#cancel")
 	until(t, ctx, 20*time.Second, `document.getElementById("order-status") && document.getElementById("order-status").textContent === "canceled"`)
 	require.True(t, eval[bool](t, ctx, `document.getElementById("waiting").hidden`))
 
