@@ -31,6 +31,7 @@ type problemBody struct {
 	Type    string                `json:"type"`
 	Title   string                `json:"title"`
 	Status  int                   `json:"status"`
+	Detail  string                `json:"detail"`
 	Code    string                `json:"code"`
 	OrderID string                `json:"order_id"`
 	Errors  []checkout.FieldError `json:"errors"`

@@ -269,3 +269,48 @@ func TestOrphanOfAnOrderWithoutPaymentIntent(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, sweep.ReconcileRound{}, round, "swept again only after ORPHAN_SWEEP_INTERVAL")
 }
+
+// failureCode returns why order id left the way to paid
+// (orders.payment_failure_code), "" while it has not.
+func (h *harness) failureCode(id string) string {
+	h.t.Helper()
+	var code *string
+	require.NoError(h.t, h.db.Raw(`SELECT payment_failure_code FROM orders WHERE id = ?`, id).Scan(&code).Error)
+	if code == nil {
+		return ""
+	}
+	return *code
+}
+
+// TestARejectionKeepsItsReasonWhenItsCancelWebhookComesFirst: a confirm
+// that Stripe refuses (a 400 that is not a card error) fails the order only
+// after the service cancels its PaymentIntent, with cancellation_reason
+// abandoned, the only one of Stripe's that fits. The cancel's
+// payment_intent.canceled webhook may reach the API before the request's
+// own settling transaction (here the cancel's answer comes a second after
+// the cancel and its webhook). The webhook handler must then fail the order
+// for the reason the service recorded with its cancel, payment_rejected,
+// not guess one from Stripe's state (abandoned, no payment error: an
+// abandoned 3D Secure). Before the fix the order's failure code was
+// payment_action_timeout and the stored 402 said the customer had not
+// authenticated in time (a newcomer saw it in 18 checkouts of 25).
+func TestARejectionKeepsItsReasonWhenItsCancelWebhookComesFirst(t *testing.T) {
+	t.Parallel()
+	h := setup(t, func(o *options) { o.webhooks = true })
+	require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultFail, Op: stripeemu.OpPIConfirm, Count: 1, Status: http.StatusBadRequest}))
+	require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultDelay, Op: stripeemu.OpPICancel, Count: 1, After: time.Second}))
+
+	r := h.checkout("rejected-webhook-first", teeBody)
+	require.Equal(t, http.StatusPaymentRequired, r.status, "%s", r.body)
+	p := decodeProblem(t, r)
+	require.Equal(t, checkout.CodePaymentRejected, p.Code)
+	require.NotContains(t, p.Detail, "authentication", "a rejection is not an abandoned 3D Secure")
+	id := h.orderOfKey("rejected-webhook-first")
+	require.Equal(t, checkout.CodePaymentRejected, h.failureCode(id))
+	pis := h.requirePaymentInvariants(id, string(orders.PaymentFailed), stripeemu.OpPIConfirm)
+	require.Len(t, pis, 1)
+	require.Equal(t, stripe.PaymentIntentStatusCanceled, pis[0].Status)
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.payment_failed'`, id))
+	replay := h.checkout("rejected-webhook-first", teeBody)
+	require.Equal(t, r.body, replay.body, "stored as answered")
+}

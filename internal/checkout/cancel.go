@@ -105,7 +105,7 @@ func (x *cancellation) Run(ctx context.Context, c *idempotency.Claim) (*idempote
 	if o.Status != orders.RequiresAction || o.Payment.PaymentIntentID == "" {
 		return r.settle(ctx, nil)
 	}
-	pi, err := r.cancel(ctx, o.Payment.PaymentIntentID, CancelRequestedByCustomer)
+	pi, err := r.cancel(ctx, o.Payment.PaymentIntentID, CancelRequestedByCustomer, FailureCanceled)
 	if err != nil {
 		return r.stop(ctx, err)
 	}

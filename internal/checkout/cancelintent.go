@@ -26,17 +26,19 @@ func (r *run) cancelOrphans(ctx context.Context, found []PaymentIntentState, kee
 			}
 			continue
 		}
-		if _, err := r.cancel(ctx, pi.ID, CancelDuplicate); err != nil {
+		if _, err := r.cancel(ctx, pi.ID, CancelDuplicate, ""); err != nil {
 			r.s.Logger.WarnContext(ctx, "cancel orphan PaymentIntent", "order_id", r.o.ID, "payment_intent", pi.ID, "err", err)
 		}
 	}
 }
 
-// cancel cancels PaymentIntent piID of the order with reason and returns
-// Stripe's state of it afterwards: canceled, or whatever state made the
-// cancellation impossible (succeeded, say). Indeterminate answers are
+// cancel cancels PaymentIntent piID of the order with reason (Stripe's
+// cancellation_reason) and returns Stripe's state of it afterwards:
+// canceled, or whatever state made the cancellation impossible (succeeded,
+// say). cause is why (CancelIntentRequest.Cause), written with the attempt
+// before it is sent; "" for an orphan. Indeterminate answers are
 // reconciled with a GET before a new attempt.
-func (r *run) cancel(ctx context.Context, piID, reason string) (PaymentIntentState, error) {
+func (r *run) cancel(ctx context.Context, piID, reason, cause string) (PaymentIntentState, error) {
 	newAttempts := 0
 	raced := false
 	for {
@@ -70,7 +72,7 @@ func (r *run) cancel(ctx context.Context, piID, reason string) (PaymentIntentSta
 				return PaymentIntentState{}, &waitError{reason: fmt.Sprintf("cancel of %s: %d new attempts in one run", piID, newAttempts)}
 			}
 			newAttempts++
-			a = r.newAttempt(StepCancel, maxN+1, piID, CancelIntentRequest{PaymentIntentID: piID, Reason: reason})
+			a = r.newAttempt(StepCancel, maxN+1, piID, CancelIntentRequest{PaymentIntentID: piID, Reason: reason, Cause: cause})
 			if err := r.begin(ctx, a); err != nil {
 				if errors.Is(err, stripestep.ErrTaken) && !raced {
 					// Another run (a webhook closing the same payment)

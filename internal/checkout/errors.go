@@ -24,6 +24,21 @@ const (
 	codeProviderCredentials = string(problem.CodePaymentProviderCredentials)
 )
 
+// Failure codes: why an order left the way to paid (orders.Order.FailureCode,
+// from which responseFor answers its checkout key): CodeCardDeclined,
+// CodePaymentRejected, or one of these.
+const (
+	// FailureActionTimeout: the customer did not complete the payment's
+	// next action (3D Secure) within PAYMENT_ACTION_TIMEOUT.
+	FailureActionTimeout = "payment_action_timeout"
+	// FailurePaymentCanceled: the PaymentIntent was canceled at Stripe by
+	// someone other than this service (the Dashboard, say).
+	FailurePaymentCanceled = "payment_canceled"
+	// FailureCanceled: the customer canceled the order (POST
+	// /v1/orders/{id}/cancel); the order is canceled, not payment_failed.
+	FailureCanceled = "canceled"
+)
+
 // Error is a domain error with a code (Code* constants). It carries no HTTP
 // status: http.go turns it into a coded problem.Error, whose table decides
 // it.

@@ -239,7 +239,7 @@ func (r *run) recordCreated(ctx context.Context, create *stripestep.Attempt, pi 
 // gone, or the order moved): then it has recorded the answer alone, and
 // the caller settles the general way.
 func (r *run) settlePaid(ctx context.Context, confirm *stripestep.Attempt, got PaymentIntentState) (*idempotency.Response, error) {
-	ch, _ := r.changeFor(got, false)
+	ch, _ := r.changeFor(got, "")
 	now := r.now()
 	answer := stripestep.Answer{Outcome: stripestep.Succeeded, ObjectID: got.ID, Status: got.Status}
 	paid := r.o.Changed(ch, now)

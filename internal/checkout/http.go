@@ -209,9 +209,9 @@ func responseFor(route string, o *Order) *idempotency.Response {
 		}
 		e := &Error{Code: CodePaymentRejected, OrderID: o.ID}
 		switch o.FailureCode {
-		case "payment_action_timeout":
+		case FailureActionTimeout:
 			e.Detail = "The customer did not complete the payment's authentication in time. The order is payment_failed and its stock was released."
-		case "payment_canceled", "canceled":
+		case FailurePaymentCanceled, FailureCanceled:
 			e.Detail = "The payment was canceled. The order is " + string(o.Status) + " and its stock was released."
 		}
 		return responseForError(e)

@@ -84,8 +84,19 @@ type CancelIntentRequest struct {
 	PaymentIntentID string `json:"payment_intent"`
 	// Reason is Stripe's cancellation_reason: "duplicate" (an orphan of an
 	// indeterminate create), "requested_by_customer" (POST
-	// /v1/orders/{id}/cancel) or "abandoned" (PAYMENT_ACTION_TIMEOUT).
+	// /v1/orders/{id}/cancel) or "abandoned" (any other close of the
+	// order's payment: PAYMENT_ACTION_TIMEOUT, a decline, a rejection;
+	// Cause says which).
 	Reason string `json:"cancellation_reason"`
+	// Cause is why this service closes the order's payment: the failure
+	// code the order leaves the way to paid with (CodePaymentRejected,
+	// CodeCardDeclined, FailureActionTimeout, FailureCanceled), "" for an
+	// orphan. It is kept with the request in the step log and never sent:
+	// Stripe's four cancellation reasons cannot say it, and whoever applies
+	// the canceled PaymentIntent first (the cancel's own webhook may
+	// overtake the request that sent it) must fail the order for the same
+	// reason (cancelCause).
+	Cause string `json:"cause,omitempty"`
 }
 
 // Cancellation reasons (https://docs.stripe.com/api/payment_intents/cancel).

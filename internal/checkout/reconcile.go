@@ -42,7 +42,7 @@ func (s *Service) ReconcileOrder(ctx context.Context, tenantID, id string) (bool
 		!s.Now().Before(o.RequiresActionAt.Add(r.cfg.ActionTimeout)) {
 		s.Logger.InfoContext(ctx, "the customer did not complete the payment's next action in time; canceling",
 			"order_id", id, "payment_intent", pi.ID, "since", o.RequiresActionAt)
-		if pi, err = r.cancel(ctx, pi.ID, CancelAbandoned); err != nil {
+		if pi, err = r.cancel(ctx, pi.ID, CancelAbandoned, FailureActionTimeout); err != nil {
 			return false, fmt.Errorf("cancel abandoned payment of order %s: %w", id, err)
 		}
 	}
@@ -142,11 +142,11 @@ func (s *Service) CloseBeforeExit(ctx context.Context, pi PaymentIntentState) (P
 		return pi, nil
 	}
 	r := s.newRun(nil, "", o)
-	ch, ok := r.changeFor(pi, false)
+	ch, ok := r.changeFor(pi, "")
 	if !ok || !ch.To.LeavesTheWayToPaid() || !o.Status.CanMoveTo(ch.To) {
 		return pi, nil
 	}
-	got, err := r.cancel(ctx, pi.ID, CancelAbandoned)
+	got, err := r.cancel(ctx, pi.ID, CancelAbandoned, ch.FailureCode)
 	if err != nil {
 		return pi, fmt.Errorf("close the payment of order %s: %w", o.ID, err)
 	}
@@ -194,7 +194,7 @@ func (s *Service) SweepOrphans(ctx context.Context, tenantID, id string) (int, e
 		if pi.ID == o.Payment.PaymentIntentID || !cancelable(pi.Status) {
 			continue
 		}
-		got, err := r.cancel(ctx, pi.ID, CancelDuplicate)
+		got, err := r.cancel(ctx, pi.ID, CancelDuplicate, "")
 		if err != nil {
 			return n, fmt.Errorf("cancel orphan %s of order %s: %w", pi.ID, id, err)
 		}

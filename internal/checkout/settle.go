@@ -2,6 +2,7 @@ package checkout
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -18,16 +19,17 @@ import (
 // verdictOf returns the verdict for a PaymentIntent's state, or a wait when
 // the state settles nothing yet (processing, requires_capture).
 func (r *run) verdictOf(pi PaymentIntentState) (*verdict, error) {
-	if _, ok := r.changeFor(pi, false); !ok {
+	if _, ok := r.changeFor(pi, ""); !ok {
 		return nil, &waitError{reason: fmt.Sprintf("payment intent %s of order %s is %s", pi.ID, r.o.ID, pi.Status)}
 	}
 	return &verdict{pi: &pi}, nil
 }
 
 // changeFor returns the order change Stripe's state of the order's
-// PaymentIntent calls for, and false when it calls for none.
-// customerCanceled says whether the customer asked for the cancellation.
-func (r *run) changeFor(pi PaymentIntentState, customerCanceled bool) (orders.Change, bool) {
+// PaymentIntent calls for, and false when it calls for none. cause is why
+// this service canceled pi (cancelCause), "" when it did not or pi is not
+// canceled.
+func (r *run) changeFor(pi PaymentIntentState, cause string) (orders.Change, bool) {
 	ch := orders.Change{PaymentIntentID: pi.ID, PaymentStatus: pi.Status}
 	switch pi.Status {
 	case PISucceeded:
@@ -42,15 +44,21 @@ func (r *run) changeFor(pi PaymentIntentState, customerCanceled bool) (orders.Ch
 		ch.To, ch.FailureCode, ch.DeclineCode = orders.PaymentFailed, CodeCardDeclined, firstOf(pi.LastDeclineCode, pi.LastErrorCode)
 	case PICanceled:
 		switch {
-		case customerCanceled || pi.CancellationReason == CancelRequestedByCustomer:
-			ch.To, ch.FailureCode = orders.Canceled, "canceled"
+		case cause == FailureCanceled || pi.CancellationReason == CancelRequestedByCustomer:
+			ch.To, ch.FailureCode = orders.Canceled, FailureCanceled
 		case pi.CancellationReason == CancelAbandoned && failedAttempt(pi):
 			// Closed by closeBeforeExit after a failed attempt.
 			ch.To, ch.FailureCode, ch.DeclineCode = orders.PaymentFailed, CodeCardDeclined, firstOf(pi.LastDeclineCode, pi.LastErrorCode)
+		case cause != "":
+			// Closed by closeBeforeExit, for the reason it wrote with its
+			// cancel: a rejection, a timeout.
+			ch.To, ch.FailureCode = orders.PaymentFailed, cause
 		case pi.CancellationReason == CancelAbandoned:
-			ch.To, ch.FailureCode = orders.PaymentFailed, "payment_action_timeout"
+			// Closed by this service with no reason written (a cancel
+			// sent before cancels carried one): a timeout.
+			ch.To, ch.FailureCode = orders.PaymentFailed, FailureActionTimeout
 		default:
-			ch.To, ch.FailureCode = orders.PaymentFailed, "payment_canceled"
+			ch.To, ch.FailureCode = orders.PaymentFailed, FailurePaymentCanceled
 		}
 	default:
 		return ch, false
@@ -101,7 +109,7 @@ func (r *run) closeBeforeExit(ctx context.Context, ch orders.Change) (orders.Cha
 	}
 	r.s.Logger.InfoContext(ctx, "closing the order's PaymentIntent before the order leaves the way to paid",
 		"order_id", r.o.ID, "payment_intent", id, "to", ch.To, "code", firstOf(ch.DeclineCode, ch.FailureCode))
-	got, err := r.cancel(ctx, id, CancelAbandoned)
+	got, err := r.cancel(ctx, id, CancelAbandoned, ch.FailureCode)
 	if err != nil {
 		return ch, fmt.Errorf("close the payment of order %s before it is %s: %w", r.o.ID, ch.To, err)
 	}
@@ -110,7 +118,7 @@ func (r *run) closeBeforeExit(ctx context.Context, ch orders.Change) (orders.Cha
 		return ch, nil
 	}
 	// Stripe refused the cancel: the PaymentIntent moved on.
-	moved, ok := r.changeFor(got, false)
+	moved, ok := r.changeFor(got, "")
 	if !ok || moved.To.LeavesTheWayToPaid() {
 		return ch, &waitError{reason: fmt.Sprintf("payment intent %s of order %s is %s and cannot be canceled", id, r.o.ID, got.Status)}
 	}
@@ -140,21 +148,45 @@ func (r *run) changeOf(ctx context.Context, v *verdict) (orders.Change, bool, er
 		}
 		return ch, true, nil
 	}
-	customer := false
+	cause := ""
 	if v.pi.Status == PICanceled {
 		var err error
-		if customer, err = customerCanceled(ctx, r.s.DB, r.o.ID, v.pi.ID); err != nil {
+		if cause, err = cancelCause(ctx, r.s.DB, r.o.ID, v.pi.ID); err != nil {
 			return orders.Change{}, false, err
 		}
 	}
-	ch, ok := r.changeFor(*v.pi, customer)
+	ch, ok := r.changeFor(*v.pi, cause)
 	return ch, ok, nil
 }
 
-// customerCanceled reports whether the order's PaymentIntent piID was
-// canceled at the customer's request (POST /v1/orders/{id}/cancel).
-func customerCanceled(ctx context.Context, db *gorm.DB, orderID, piID string) (bool, error) {
-	return stripestep.Sent(ctx, db, orderID, StepCancel, piID, "cancellation_reason", CancelRequestedByCustomer)
+// cancelCause returns why this service canceled the order's PaymentIntent
+// piID, from the cancel attempts written in the step log before each
+// cancel was sent: FailureCanceled when the customer asked for it (POST
+// /v1/orders/{id}/cancel), else the Cause of the first attempt that has
+// one, and "" when no cancel of ours gives one (someone else canceled it,
+// or it was an orphan).
+func cancelCause(ctx context.Context, db *gorm.DB, orderID, piID string) (string, error) {
+	all, err := stripestep.Load(ctx, db, orderID, StepCancel)
+	if err != nil {
+		return "", err
+	}
+	cause := ""
+	for _, a := range all {
+		if a.Target() != piID {
+			continue
+		}
+		var req CancelIntentRequest
+		if err := json.Unmarshal(a.RequestParams, &req); err != nil {
+			return "", fmt.Errorf("decode cancel attempt %s: %w", a.IdempotencyKey, err)
+		}
+		if req.Reason == CancelRequestedByCustomer {
+			return FailureCanceled, nil
+		}
+		if cause == "" {
+			cause = req.Cause
+		}
+	}
+	return cause, nil
 }
 
 // settle applies v (if any) to the order in one transaction, monotonically:

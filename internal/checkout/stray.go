@@ -91,7 +91,7 @@ func (s *Service) settleStray(ctx context.Context, o *Order, pi PaymentIntentSta
 		return nil
 	case PIRequiresCapture:
 		// Authorized, not captured: canceling releases the hold.
-		got, err := s.newRun(nil, "", o).cancel(ctx, pi.ID, CancelDuplicate)
+		got, err := s.newRun(nil, "", o).cancel(ctx, pi.ID, CancelDuplicate, "")
 		if err != nil {
 			s.Metrics.stray(StrayFailed)
 			return fmt.Errorf("cancel stray payment %s of order %s: %w", pi.ID, o.ID, err)

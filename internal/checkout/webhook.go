@@ -28,14 +28,14 @@ func (s *Service) ApplyPaymentIntentTx(ctx context.Context, tx *gorm.DB, pi Paym
 		}
 		return false, nil
 	}
-	customer := false
+	cause := ""
 	if pi.Status == PICanceled {
-		if customer, err = customerCanceled(ctx, tx, o.ID, pi.ID); err != nil {
+		if cause, err = cancelCause(ctx, tx, o.ID, pi.ID); err != nil {
 			return false, err
 		}
 	}
 	r := s.newRun(nil, "", o)
-	ch, ok := r.changeFor(pi, customer)
+	ch, ok := r.changeFor(pi, cause)
 	if !ok {
 		return false, nil
 	}

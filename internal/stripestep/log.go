@@ -105,22 +105,6 @@ func Latest(ctx context.Context, db *gorm.DB, orderID, step string) (*Attempt, e
 	return &as[0], nil
 }
 
-// Sent reports whether an attempt of step of the order, acting on
-// PaymentIntent target, was written with the request parameter param (a
-// top-level key of RequestParams) equal to value: e.g. whether a cancel of
-// pi_… asked for cancellation_reason requested_by_customer.
-func Sent(ctx context.Context, db *gorm.DB, orderID, step, target, param, value string) (bool, error) {
-	var n int64
-	err := db.WithContext(ctx).Raw(`
-		SELECT count(*) FROM payment_attempts
-		WHERE order_id = ? AND step = ? AND payment_intent_id = ? AND request_params->>(?::text) = ?`,
-		orderID, step, target, param, value).Scan(&n).Error
-	if err != nil {
-		return false, fmt.Errorf("load %s attempts of %s: %w", step, orderID, err)
-	}
-	return n > 0, nil
-}
-
 // ErrTaken is returned by Insert when the attempt was not written: another
 // run wrote the same attempt first, or the fence no longer holds (the run's
 // lease is gone). That run owns the step now.

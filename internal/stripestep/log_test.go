@@ -79,16 +79,6 @@ func TestLog(t *testing.T) {
 	none, err := stripestep.Latest(ctx, db, "ord_1", stripestep.StepConfirm)
 	require.NoError(t, err)
 	require.Nil(t, none)
-
-	cancel := stripestep.NewAttempt("ord_1", "acme", stripestep.StepCancel, 1, "pi_1",
-		[]byte(`{"cancellation_reason":"requested_by_customer"}`), now)
-	require.NoError(t, stripestep.Insert(ctx, db, cancel))
-	sent, err := stripestep.Sent(ctx, db, "ord_1", stripestep.StepCancel, "pi_1", "cancellation_reason", "requested_by_customer")
-	require.NoError(t, err)
-	require.True(t, sent)
-	sent, err = stripestep.Sent(ctx, db, "ord_1", stripestep.StepCancel, "pi_1", "cancellation_reason", "abandoned")
-	require.NoError(t, err)
-	require.False(t, sent)
 }
 
 type refusal struct{ declined bool }
