@@ -314,3 +314,35 @@ func TestARejectionKeepsItsReasonWhenItsCancelWebhookComesFirst(t *testing.T) {
 	replay := h.checkout("rejected-webhook-first", teeBody)
 	require.Equal(t, r.body, replay.body, "stored as answered")
 }
+
+// TestCredentialsRefusedAfterAConfirmThatWentThrough: a confirm answered
+// with a stored 500 that Stripe rolls forward at once, then Stripe refusing
+// this service's credentials when the saga reads the PaymentIntent back.
+// The money has moved, though the service cannot know it yet: the 503 must
+// not tell the client that nothing was charged (a client believing it
+// could pay again under a new key), and the same key, once the key works,
+// answers 201 with the one PaymentIntent that moved money. Before the fix
+// the 503 said "nothing was charged".
+func TestCredentialsRefusedAfterAConfirmThatWentThrough(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultStored500, Op: stripeemu.OpPIConfirm, Count: 1,
+		RollForward: stripeemu.RollForwardAfter(0)}))
+	require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultFail, Op: stripeemu.OpPIRetrieve, Status: http.StatusUnauthorized}))
+
+	r := h.checkout("charged-then-refused", teeBody)
+	require.Equal(t, http.StatusServiceUnavailable, r.status, "%s", r.body)
+	p := decodeProblem(t, r)
+	require.Equal(t, "payment_provider_unavailable", p.Code)
+	require.NotContains(t, p.Detail, "nothing was charged")
+	require.Contains(t, p.Detail, "same Idempotency-Key")
+	id := h.orderOfKey("charged-then-refused")
+	pis := h.intents(id)
+	require.Len(t, pis, 1)
+	require.Equal(t, stripe.PaymentIntentStatusSucceeded, pis[0].Status, "the money moved meanwhile")
+
+	h.emu.ClearFaults()
+	again := h.checkout("charged-then-refused", teeBody)
+	require.Equal(t, http.StatusCreated, again.status, "%s", again.body)
+	require.Len(t, h.requirePaymentInvariants(id, string(orders.Paid)), 1)
+}

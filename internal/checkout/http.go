@@ -113,7 +113,7 @@ var details = map[string]string{
 	CodeCardDeclined:        "The payment was declined. The order is payment_failed and its stock was released.",
 	CodePaymentRejected:     "The payment provider refused the payment request (for example an unknown payment method). The order is payment_failed and its stock was released; retrying cannot succeed.",
 	CodePaymentUnavailable:  "The payment provider did not answer, or its answer is not known yet. Retry with the same Idempotency-Key: it resumes this request where it stopped and never charges twice.",
-	codeProviderCredentials: "The payment provider refused this service's credentials; nothing was charged and the order keeps its stock. Retry with the same Idempotency-Key once the service is fixed: it resumes this request.",
+	codeProviderCredentials: "The payment provider refused this service's credentials, so this payment is not settled yet; the order keeps its stock. Retry with the same Idempotency-Key once the service is fixed: it resumes this request and never charges twice.",
 	CodeUnavailable:         "A dependency is unavailable. Retry with the same Idempotency-Key: it resumes this request where it stopped and never charges twice.",
 }
 
