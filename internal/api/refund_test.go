@@ -809,3 +809,33 @@ func TestChargeRefundedSettlesARefundWhoseAnswerWasLost(t *testing.T) {
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM refunds WHERE order_id = ? AND stripe_refund_id = ?`, orderID, at[0].ID))
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.refunded'`, orderID))
 }
+
+// TestRefundStripeCredentialsRefused: Stripe refusing this service's own
+// credentials (401, 403) while it refunds is not the refund being refused
+// (CONTRACT.md v3): 503 payment_provider_unavailable with Retry-After 30,
+// nothing stored under the key, the refund pending with its amount held;
+// once the key works the same Idempotency-Key refunds, once. Before the
+// fix: 502, "the payment provider did not answer", as for a timeout.
+func TestRefundStripeCredentialsRefused(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	orderID, pi := h.paidOrder()
+	for _, status := range []int{http.StatusUnauthorized, http.StatusForbidden} {
+		require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultFail, Op: stripeemu.OpRefundCreate, Status: status}))
+		r := h.refund(orderID, "rotated-key", `{"amount":1000}`)
+		require.Equal(t, http.StatusServiceUnavailable, r.status, "%d: %s", status, r.body)
+		require.Equal(t, "payment_provider_unavailable", decodeProblem(t, r).Code)
+		require.Equal(t, "30", r.header.Get("Retry-After"))
+		h.emu.ClearFaults()
+	}
+	require.Zero(t, h.count(`SELECT count(*) FROM idempotency_keys WHERE key = 'rotated-key' AND recovery_point = 'finished'`), "nothing stored")
+	require.Empty(t, h.stripeRefunds(pi))
+	held := h.refund(orderID, "other", `{"amount":4001}`)
+	require.Equal(t, http.StatusConflict, held.status, "the pending refund's 1000 is held: %s", held.body)
+
+	rf := decodeRefund(t, h.refund(orderID, "rotated-key", `{"amount":1000}`))
+	require.Equal(t, int64(1000), rf.Amount)
+	at := h.stripeRefunds(pi)
+	require.Len(t, at, 1, "one refund at Stripe")
+	require.Equal(t, rf.ID, at[0].RefundID)
+}

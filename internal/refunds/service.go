@@ -27,6 +27,11 @@ var (
 	// indeterminate and reconciliation has not settled it yet.
 	ErrPaymentUnavailable = problem.New(problem.CodePaymentProviderUnavailable,
 		"The payment provider did not answer. Retry with the same Idempotency-Key: it resumes this refund and never refunds twice.")
+	// ErrProviderCredentials: Stripe refused this service's own
+	// credentials (401, 403), which is not the refund being refused
+	// (CONTRACT.md v3): payment_provider_unavailable with 503.
+	ErrProviderCredentials = problem.New(problem.CodePaymentProviderCredentials,
+		"The payment provider refused this service's credentials, so this refund is not settled yet. Retry with the same Idempotency-Key once the service is fixed: it resumes this refund and never refunds twice.")
 	ErrUnavailable = problem.New(problem.CodeUnavailable,
 		"A dependency is unavailable. Retry with the same Idempotency-Key: it resumes this refund and never refunds twice.")
 )
@@ -66,6 +71,20 @@ func (s *Service) now() time.Time {
 		return time.Now().UTC().Truncate(time.Microsecond)
 	}
 	return s.Now().UTC().Truncate(time.Microsecond)
+}
+
+// unsettled is the error for refund refundID, which Stripe has not settled
+// because of err, a call that got no usable answer: ErrProviderCredentials
+// when Stripe refused this service's own credentials (logged as an error: a
+// person must fix STRIPE_SECRET_KEY), ErrPaymentUnavailable otherwise.
+// Neither is stored under the key.
+func (s *Service) unsettled(ctx context.Context, refundID string, err error) error {
+	if errors.Is(err, stripestep.ErrCredentials) {
+		s.Logger.ErrorContext(ctx, "Stripe refused the service's credentials (401/403): check STRIPE_SECRET_KEY",
+			"refund_id", refundID, "err", err)
+		return problem.Wrap(ErrProviderCredentials, err)
+	}
+	return problem.Wrap(ErrPaymentUnavailable, err)
 }
 
 func (s *Service) retryAfter() time.Duration {
@@ -256,13 +275,13 @@ func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (
 				if rerr := recordAttempt(ctx, s.DB, a, stripestep.Open, nil, err, s.now()); rerr != nil {
 					s.Logger.WarnContext(ctx, "record refund attempt", "err", rerr)
 				}
-				return nil, translate(problem.Wrap(ErrPaymentUnavailable, err))
+				return nil, translate(s.unsettled(ctx, r.ID, err))
 			}
 		case a.Outcome == stripestep.Succeeded && a.StripeObjectID != nil:
 			// Stripe answered but transaction 2 did not commit.
 			st, err := s.Stripe.GetRefund(ctx, *a.StripeObjectID)
 			if err != nil {
-				return nil, translate(problem.Wrap(ErrPaymentUnavailable, err))
+				return nil, translate(s.unsettled(ctx, r.ID, err))
 			}
 			return s.settle(ctx, c, r, &st, "")
 		case a.Outcome.Refused():
@@ -270,7 +289,7 @@ func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (
 		default: // indeterminate
 			found, err := s.reconcile(ctx, r)
 			if err != nil {
-				return nil, translate(problem.Wrap(ErrPaymentUnavailable, err))
+				return nil, translate(s.unsettled(ctx, r.ID, err))
 			}
 			if found != nil {
 				s.Metrics.reconciled(ReconcileFound)
