@@ -121,9 +121,11 @@ func (c *Client) GetOrder(ctx context.Context, id string) (*OrderResult, error) 
 
 // CancelOrder cancels order id while it waits for the customer's
 // authentication (POST /v1/orders/{id}/cancel under key, "" makes one):
-// its PaymentIntent is canceled at Stripe and its stock released; the
-// result is the canceled order, or paid if Stripe had already taken the
-// money. Any other status is an *Error with code order_not_cancelable.
+// its PaymentIntent is canceled at Stripe and its stock released, and the
+// result is the canceled order. Any other status is an *Error with code
+// order_not_cancelable (409), and so is an order whose payment Stripe had
+// already taken when the cancel reached it: the order is then paid, as
+// GetOrder shows.
 func (c *Client) CancelOrder(ctx context.Context, id, key string) (*OrderResult, error) {
 	var r OrderResult
 	call, err := c.do(ctx, http.MethodPost, "/v1/orders/"+url.PathEscape(id)+"/cancel", key, struct{}{}, &r.Order)
