@@ -32,6 +32,7 @@
 //	GET  /v1/payment_intents               list, newest first
 //	GET  /v1/payment_intents/search        search (lags by SearchLag)
 //	GET  /v1/payment_intents/{id}          retrieve
+//	POST /v1/payment_intents/{id}          update (a new payment_method: requires_confirmation)
 //	POST /v1/payment_intents/{id}/confirm  confirm
 //	POST /v1/payment_intents/{id}/cancel   cancel
 //	GET  /v1/charges/{id}                  retrieve a PaymentIntent's charge
@@ -205,6 +206,7 @@ func New(opts ...Option) *Emulator {
 	e.mux.HandleFunc("GET /v1/payment_intents", e.api(OpPIList, e.listPaymentIntents))
 	e.mux.HandleFunc("GET /v1/payment_intents/search", e.api(OpPISearch, e.searchPaymentIntents))
 	e.mux.HandleFunc("GET /v1/payment_intents/{id}", e.api(OpPIRetrieve, e.retrievePaymentIntent))
+	e.mux.HandleFunc("POST /v1/payment_intents/{id}", e.api(OpPIUpdate, e.updatePaymentIntent))
 	e.mux.HandleFunc("POST /v1/payment_intents/{id}/confirm", e.api(OpPIConfirm, e.confirmPaymentIntent))
 	e.mux.HandleFunc("POST /v1/payment_intents/{id}/cancel", e.api(OpPICancel, e.cancelPaymentIntent))
 	e.mux.HandleFunc("GET /v1/charges/{id}", e.api(OpChargeRetrieve, e.retrieveCharge))

@@ -63,6 +63,7 @@ const (
 	OpPICreate       = "pi.create"
 	OpPIConfirm      = "pi.confirm"
 	OpPICancel       = "pi.cancel"
+	OpPIUpdate       = "pi.update"
 	OpPIRetrieve     = "pi.retrieve"
 	OpPISearch       = "pi.search"
 	OpPIList         = "pi.list"
@@ -73,7 +74,7 @@ const (
 )
 
 // ops lists every valid Fault.Op.
-var ops = []string{OpPICreate, OpPIConfirm, OpPICancel, OpPIRetrieve, OpPISearch, OpPIList,
+var ops = []string{OpPICreate, OpPIConfirm, OpPICancel, OpPIUpdate, OpPIRetrieve, OpPISearch, OpPIList,
 	OpRefundCreate, OpRefundRetrieve, OpRefundList, OpChargeRetrieve}
 
 // Fault is one injected failure rule. Faults of one kind apply in the order

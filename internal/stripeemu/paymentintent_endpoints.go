@@ -214,6 +214,68 @@ func (e *Emulator) cancelPaymentIntent(c *call) (func() response, response) {
 	}, response{}
 }
 
+// updatePaymentIntent serves POST /v1/payment_intents/{id}
+// (https://docs.stripe.com/api/payment_intents/update): it changes the
+// PaymentIntent without confirming it. "Updating the payment_method always
+// requires you to confirm the PaymentIntent again": one waiting for a
+// payment method or for its next action moves to requires_confirmation.
+// Metadata and description can be changed in any status; anything else
+// only in requires_payment_method, requires_confirmation or
+// requires_action (400 payment_intent_unexpected_state). No event is sent:
+// Stripe has no payment_intent.updated.
+func (e *Emulator) updatePaymentIntent(c *call) (func() response, response) {
+	p, perr := parseUpdate(c.params)
+	if perr != nil {
+		return reject(http.StatusBadRequest, perr)
+	}
+	apiKey, id := c.apiKey, c.r.PathValue("id")
+	return func() response {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		s, missing := e.intentLocked(apiKey, id)
+		if s == nil {
+			return missing
+		}
+		switch s.pi.Status {
+		case statusRequiresPaymentMethod, statusRequiresConfirmation, statusRequiresAction:
+		default:
+			if !p.onlyMetadata() {
+				return e.unexpectedState(s, "You cannot update this PaymentIntent because it has a status of "+s.pi.Status+
+					". You may only update a PaymentIntent with one of the following statuses: requires_payment_method, "+
+					"requires_confirmation, requires_action.")
+			}
+		}
+		if p.clearMetadata {
+			s.pi.Metadata = map[string]string{}
+		}
+		for k, v := range p.metadata {
+			if v == "" {
+				delete(s.pi.Metadata, k)
+				continue
+			}
+			if s.pi.Metadata == nil {
+				s.pi.Metadata = map[string]string{}
+			}
+			s.pi.Metadata[k] = v
+		}
+		if p.description != nil {
+			s.pi.Description = p.description
+		}
+		if p.amount != nil {
+			s.pi.Amount = *p.amount
+		}
+		if p.currency != "" {
+			s.pi.Currency = p.currency
+		}
+		if p.paymentMethod != "" {
+			pm := p.paymentMethod
+			s.pi.PaymentMethod = &pm
+			s.pi.Status, s.pi.NextAction = statusRequiresConfirmation, nil
+		}
+		return e.piResponse(s, p.expand)
+	}, response{}
+}
+
 // retrievePaymentIntent serves GET /v1/payment_intents/{id}
 // (https://docs.stripe.com/api/payment_intents/retrieve); another API key's
 // PaymentIntent is a 404, as another account's is on Stripe.

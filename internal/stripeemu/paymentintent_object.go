@@ -339,6 +339,61 @@ func parseConfirm(v url.Values) (confirmParams, *apiError) {
 	return p, nil
 }
 
+// updateParams are the parsed parameters of POST /v1/payment_intents/{id}
+// (https://docs.stripe.com/api/payment_intents/update).
+type updateParams struct {
+	amount        *int64
+	currency      string
+	paymentMethod string
+	description   *string
+	// metadata holds the keys to set; an empty value unsets its key, and
+	// clearMetadata (metadata="") unsets them all first.
+	metadata      map[string]string
+	clearMetadata bool
+	expand        []string
+}
+
+// onlyMetadata reports whether p changes nothing but metadata and
+// description, which Stripe lets a caller change in any status.
+func (p updateParams) onlyMetadata() bool {
+	return p.amount == nil && p.currency == "" && p.paymentMethod == ""
+}
+
+// parseUpdate decodes the update parameters the emulator applies; the
+// create parameters it ignores are accepted and ignored here too.
+func parseUpdate(v url.Values) (updateParams, *apiError) {
+	p := updateParams{metadata: map[string]string{}}
+	for key, vals := range v {
+		val := vals[len(vals)-1]
+		switch {
+		case key == "amount":
+			n, err := strconv.ParseInt(val, 10, 64)
+			if err != nil {
+				return p, invalid("parameter_invalid_integer", "amount", "Invalid integer: "+val)
+			}
+			p.amount = &n
+		case key == "currency":
+			p.currency = strings.ToLower(val)
+		case key == "payment_method":
+			if err := checkPaymentMethod(val); err != nil {
+				return p, err
+			}
+			p.paymentMethod = val
+		case key == "description":
+			p.description = &val
+		case key == "metadata" && val == "":
+			p.clearMetadata = true
+		case strings.HasPrefix(key, "metadata[") && strings.HasSuffix(key, "]"):
+			p.metadata[key[len("metadata["):len(key)-1]] = val
+		case parseExpand(key, vals, &p.expand):
+		case nestedIgnored(key) || simpleParams[key] || strings.HasPrefix(key, "payment_method_types["):
+		default:
+			return p, invalid("parameter_unknown", key, "Received unknown parameter: "+key)
+		}
+	}
+	return p, nil
+}
+
 // cancellationReasons are the accepted cancellation_reason values
 // (https://docs.stripe.com/api/payment_intents/cancel).
 var cancellationReasons = map[string]bool{

@@ -562,3 +562,71 @@ func TestDeclineFaultBehindRolledForwardConfirm(t *testing.T) {
 
 	require.Error(t, b.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultDecline, Op: stripeemu.OpPICreate}), "only confirms decline")
 }
+
+// TestUpdatePaymentIntent: POST /v1/payment_intents/{id}
+// (https://docs.stripe.com/api/payment_intents/update) changes a
+// PaymentIntent without confirming it. A new payment_method always needs a
+// new confirmation, so a PaymentIntent waiting for one (requires_action
+// after a 3D Secure card, requires_payment_method after a decline) moves to
+// requires_confirmation, where the customer's browser may leave it
+// (CONTRACT.md v3, PAYMENT_ACTION_TIMEOUT). Metadata can be changed in any
+// status (an empty value unsets a key); anything else only before the
+// PaymentIntent succeeds or is canceled (400
+// payment_intent_unexpected_state).
+func TestUpdatePaymentIntent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	sc := stripeClient(t, b, apiKey)
+	pi, err := sc.PaymentIntents.New(&stripe.PaymentIntentParams{Amount: stripe.Int64(4200), Currency: stripe.String("usd"),
+		PaymentMethod: stripe.String("pm_card_authenticationRequired"), Confirm: stripe.Bool(true)})
+	require.NoError(t, err)
+	require.Equal(t, stripe.PaymentIntentStatusRequiresAction, pi.Status)
+
+	p := &stripe.PaymentIntentParams{PaymentMethod: stripe.String("pm_card_visa")}
+	p.AddMetadata("order_id", "ord_1")
+	p.AddMetadata("note", "x")
+	p.SetIdempotencyKey("update-1")
+	up, err := sc.PaymentIntents.Update(pi.ID, p)
+	require.NoError(t, err)
+	require.Equal(t, stripe.PaymentIntentStatusRequiresConfirmation, up.Status)
+	require.Nil(t, up.NextAction)
+	require.Equal(t, "pm_card_visa", up.PaymentMethod.ID)
+	require.Equal(t, map[string]string{"order_id": "ord_1", "note": "x"}, up.Metadata)
+	again, err := sc.PaymentIntents.Update(pi.ID, p)
+	require.NoError(t, err)
+	require.Equal(t, up.Status, again.Status, "the same key replays")
+
+	unset := &stripe.PaymentIntentParams{}
+	unset.AddMetadata("note", "")
+	up, err = sc.PaymentIntents.Update(pi.ID, unset)
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"order_id": "ord_1"}, up.Metadata)
+
+	_, err = sc.PaymentIntents.Update(pi.ID, &stripe.PaymentIntentParams{PaymentMethod: stripe.String("pm_nope")})
+	var se *stripe.Error
+	require.ErrorAs(t, err, &se)
+	require.Equal(t, stripe.ErrorCodeResourceMissing, se.Code)
+
+	paid, err := sc.PaymentIntents.Confirm(pi.ID, nil)
+	require.NoError(t, err)
+	require.Equal(t, stripe.PaymentIntentStatusSucceeded, paid.Status)
+	_, err = sc.PaymentIntents.Update(pi.ID, &stripe.PaymentIntentParams{Amount: stripe.Int64(1)})
+	require.ErrorAs(t, err, &se)
+	require.Equal(t, http.StatusBadRequest, se.HTTPStatusCode)
+	require.Equal(t, stripe.ErrorCodePaymentIntentUnexpectedState, se.Code)
+	late := &stripe.PaymentIntentParams{}
+	late.AddMetadata("note", "after")
+	up, err = sc.PaymentIntents.Update(pi.ID, late)
+	require.NoError(t, err, "metadata in any status")
+	require.Equal(t, "after", up.Metadata["note"])
+	require.Equal(t, int64(4200), up.Amount)
+
+	declined, err := sc.PaymentIntents.New(&stripe.PaymentIntentParams{Amount: stripe.Int64(900), Currency: stripe.String("usd"),
+		PaymentMethod: stripe.String("pm_card_chargeDeclined")})
+	require.NoError(t, err)
+	_, err = sc.PaymentIntents.Confirm(declined.ID, nil)
+	require.Error(t, err)
+	up, err = sc.PaymentIntents.Update(declined.ID, &stripe.PaymentIntentParams{PaymentMethod: stripe.String("pm_card_visa")})
+	require.NoError(t, err)
+	require.Equal(t, stripe.PaymentIntentStatusRequiresConfirmation, up.Status)
+}
