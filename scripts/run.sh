@@ -3,7 +3,9 @@
 # RabbitMQ: the Stripe emulator (:12111), an SMTP sink (:1025, messages at
 # http://127.0.0.1:8025/messages), the api (:8080), the dispatcher (:9091),
 # the worker (:9092) and the storefront (http://127.0.0.1:8081). Logs go to
-# tmp/<name>.log and, prefixed, here.
+# tmp/<name>.log and, prefixed, here. PORT_OFFSET=N adds N to each of those
+# ports, for a second stack beside the first on one machine (give it names
+# of its own on the shared services too: README, "Run it").
 # Ctrl-C (or SIGTERM, or SIGHUP) stops everything: each process runs in a
 # session of its own, out of the terminal's reach, and this script alone stops
 # them. A process that dies (kill -9 it to see a crash recovered) leaves the
@@ -60,7 +62,8 @@ start() { # name, binary
   # The log pipe ignores the terminal's signals too: were it killed by the
   # Ctrl-C, the process would die of SIGPIPE at its next log line instead of
   # draining. tee goes on writing the file if the terminal goes (SIGHUP).
-  setsid "$root/bin/$2" > >(trap '' INT HUP PIPE; tee --output-error=warn-nopipe -a "tmp/$1.log" | sed -u "s/^/[$1] /") 2>&1 &
+  # shellcheck disable=SC2086 # own_env is assignments, one word each
+  setsid env ${own_env[$1]} "$root/bin/$2" > >(trap '' INT HUP PIPE; tee --output-error=warn-nopipe -a "tmp/$1.log" | sed -u "s/^/[$1] /") 2>&1 &
   pids+=($!)
   names[$!]=$1
 }
@@ -72,10 +75,34 @@ wait_http() { # name, url
   echo "[run] $1 did not become ready at $2" >&2; exit 1
 }
 
+# The stack's ports: each process's default, plus PORT_OFFSET.
+offset=${PORT_OFFSET:-0}
+if ! [[ $offset =~ ^[0-9]{1,5}$ ]] || (( offset > 50000 )); then
+  echo "[run] PORT_OFFSET=$offset: want a whole number from 0 to 50000" >&2
+  exit 2
+fi
+emu_port=$((12111 + offset)) smtp_port=$((1025 + offset)) sink_port=$((8025 + offset))
+api_port=$((8080 + offset)) dispatcher_port=$((9091 + offset)) worker_port=$((9092 + offset))
+shop_port=$((8081 + offset))
+# What each process alone is given (the dispatcher and the worker both read
+# METRICS_ADDR); everything else is the environment they share. A user's
+# STRIPE_API_BASE (Stripe's test mode) or SMTP_ADDR (a mail catcher of their
+# own) is kept.
+declare -A own_env=(
+  [stripe-emulator]="STRIPE_EMULATOR_ADDR=:$emu_port"
+  [smtp-sink]="SMTP_SINK_ADDR=127.0.0.1:$smtp_port SMTP_SINK_HTTP_ADDR=127.0.0.1:$sink_port"
+  [api]="HTTP_ADDR=:$api_port"
+  [dispatcher]="METRICS_ADDR=:$dispatcher_port"
+  [worker]="METRICS_ADDR=:$worker_port"
+  [storefront]="STOREFRONT_ADDR=:$shop_port API_URL=http://127.0.0.1:$api_port"
+)
+export STRIPE_API_BASE=${STRIPE_API_BASE:-http://127.0.0.1:$emu_port}
+export SMTP_ADDR=${SMTP_ADDR:-127.0.0.1:$smtp_port}
+
 # The emulator delivers its signed webhooks to the api (POST
 # /v1/webhooks/stripe); both use the same signing secret.
 export STRIPE_WEBHOOK_SECRET=${STRIPE_WEBHOOK_SECRET:-whsec_test_checkout}
-export STRIPE_EMULATOR_WEBHOOK_URL=${STRIPE_EMULATOR_WEBHOOK_URL:-http://127.0.0.1:8080/v1/webhooks/stripe}
+export STRIPE_EMULATOR_WEBHOOK_URL=${STRIPE_EMULATOR_WEBHOOK_URL:-http://127.0.0.1:$api_port/v1/webhooks/stripe}
 
 # The command that restarts a process by hand runs in another terminal, which
 # has none of this environment: it carries every configuration variable set
@@ -101,21 +128,25 @@ while read -r var; do
 done < <(compgen -e | sort)
 start stripe-emulator stripe-emulator
 start smtp-sink smtp-sink
-wait_http stripe-emulator http://127.0.0.1:12111/healthz
+wait_http stripe-emulator "http://127.0.0.1:$emu_port/healthz"
 start api api
-wait_http api http://127.0.0.1:8080/readyz   # the api applies the migrations (MIGRATE_ON_START)
+wait_http api "http://127.0.0.1:$api_port/readyz"   # the api applies the migrations (MIGRATE_ON_START)
 start dispatcher dispatcher
 start worker worker
-wait_http dispatcher http://127.0.0.1:9091/readyz
-wait_http worker http://127.0.0.1:9092/readyz
+wait_http dispatcher "http://127.0.0.1:$dispatcher_port/readyz"
+wait_http worker "http://127.0.0.1:$worker_port/readyz"
 start storefront storefront
-wait_http storefront http://127.0.0.1:8081/healthz
-cat <<'MSG'
-[run] stack is up. Shop at http://127.0.0.1:8081 (the emails it sends: http://127.0.0.1:8025/messages).
+wait_http storefront "http://127.0.0.1:$shop_port/healthz"
+demo="make demo"
+if (( offset > 0 )); then
+  demo="API=http://127.0.0.1:$api_port SINK=http://127.0.0.1:$sink_port EMU=http://127.0.0.1:$emu_port make demo"
+fi
+cat <<MSG
+[run] stack is up. Shop at http://127.0.0.1:$shop_port (the emails it sends: http://127.0.0.1:$sink_port/messages).
 Or try, in another terminal:
-  make demo
-  curl -si -X POST localhost:8080/v1/checkouts -H 'Authorization: Bearer sk_test_acme' \
-    -H 'Idempotency-Key: my-first-key' -H 'Content-Type: application/json' \
+  $demo
+  curl -si -X POST localhost:$api_port/v1/checkouts -H 'Authorization: Bearer sk_test_acme' \\
+    -H 'Idempotency-Key: my-first-key' -H 'Content-Type: application/json' \\
     -d '{"email":"buyer@example.com","items":[{"sku":"sku_tee","quantity":2}],"payment_method":"pm_card_visa"}'
 MSG
 while true; do
@@ -129,7 +160,7 @@ while true; do
   echo "[run] $name exited (status $code); the rest keeps running. Restart it, in another terminal, with:" >&2
   # setsid -f: detached at once, so the process is no job of that shell
   # (a later `wait` there would block on it) and outlives the terminal.
-  echo "[run]   env ${restart_env}setsid -f $(shq "$root/bin/$name") >> $(shq "$root/tmp/$name.log") 2>&1 < /dev/null" >&2
+  echo "[run]   env ${restart_env}${own_env[$name]} setsid -f $(shq "$root/bin/$name") >> $(shq "$root/tmp/$name.log") 2>&1 < /dev/null" >&2
   echo "[run] (its log then goes to tmp/$name.log only; Ctrl-C here still stops it)" >&2
   left=()
   for pid in "${pids[@]}"; do [ "$pid" != "$gone" ] && left+=("$pid"); done
