@@ -78,18 +78,11 @@ func (e *Emulator) confirmPaymentIntent(c *call) (func() response, response) {
 	if perr != nil {
 		return reject(http.StatusBadRequest, perr)
 	}
-	apiKey, id := c.apiKey, c.r.PathValue("id")
-	return func() response {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		s, missing := e.intentLocked(apiKey, id)
-		if s == nil {
-			return missing
-		}
+	return e.onIntent(c, func(s *storedIntent) response {
 		q := p
 		q.declined = c.declined // read at execution: a roll-forward runs without it
 		return e.confirmLocked(s, q)
-	}, response{}
+	}), response{}
 }
 
 // confirmLocked confirms s; the caller holds mu. Stripe confirms only a
@@ -188,14 +181,7 @@ func (e *Emulator) cancelPaymentIntent(c *call) (func() response, response) {
 	if perr != nil {
 		return reject(http.StatusBadRequest, perr)
 	}
-	apiKey, id := c.apiKey, c.r.PathValue("id")
-	return func() response {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		s, missing := e.intentLocked(apiKey, id)
-		if s == nil {
-			return missing
-		}
+	return e.onIntent(c, func(s *storedIntent) response {
 		switch s.pi.Status {
 		case statusRequiresPaymentMethod, statusRequiresCapture, statusRequiresConfirmation, statusRequiresAction, statusProcessing:
 		default:
@@ -211,7 +197,7 @@ func (e *Emulator) cancelPaymentIntent(c *call) (func() response, response) {
 		s.pi.AmountCapturable = 0
 		e.emitPILocked("payment_intent.canceled", s)
 		return e.piResponse(s, expand)
-	}, response{}
+	}), response{}
 }
 
 // updatePaymentIntent serves POST /v1/payment_intents/{id}
@@ -228,14 +214,7 @@ func (e *Emulator) updatePaymentIntent(c *call) (func() response, response) {
 	if perr != nil {
 		return reject(http.StatusBadRequest, perr)
 	}
-	apiKey, id := c.apiKey, c.r.PathValue("id")
-	return func() response {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		s, missing := e.intentLocked(apiKey, id)
-		if s == nil {
-			return missing
-		}
+	return e.onIntent(c, func(s *storedIntent) response {
 		switch s.pi.Status {
 		case statusRequiresPaymentMethod, statusRequiresConfirmation, statusRequiresAction:
 		default:
@@ -273,7 +252,7 @@ func (e *Emulator) updatePaymentIntent(c *call) (func() response, response) {
 			s.pi.Status, s.pi.NextAction = statusRequiresConfirmation, nil
 		}
 		return e.piResponse(s, p.expand)
-	}, response{}
+	}), response{}
 }
 
 // retrievePaymentIntent serves GET /v1/payment_intents/{id}
@@ -284,16 +263,9 @@ func (e *Emulator) retrievePaymentIntent(c *call) (func() response, response) {
 	if perr != nil {
 		return reject(http.StatusBadRequest, perr)
 	}
-	apiKey, id := c.apiKey, c.r.PathValue("id")
-	return func() response {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		s, missing := e.intentLocked(apiKey, id)
-		if s == nil {
-			return missing
-		}
+	return e.onIntent(c, func(s *storedIntent) response {
 		return e.piResponse(s, expand)
-	}, response{}
+	}), response{}
 }
 
 // retrieveCharge serves GET /v1/charges/{id}
@@ -653,6 +625,22 @@ func (e *Emulator) intentLocked(apiKey, id string) (*storedIntent, response) {
 		return nil, e.missingIntent(id)
 	}
 	return s, response{}
+}
+
+// onIntent returns the execution of call c on the PaymentIntent its path
+// names ({id}): fn runs under mu with it. Another API key's PaymentIntent
+// is a 404, as another account's is on Stripe, and so is an unknown id.
+func (e *Emulator) onIntent(c *call, fn func(s *storedIntent) response) func() response {
+	apiKey, id := c.apiKey, c.r.PathValue("id")
+	return func() response {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		s, missing := e.intentLocked(apiKey, id)
+		if s == nil {
+			return missing
+		}
+		return fn(s)
+	}
 }
 
 // missingIntent is Stripe's 404 for an unknown PaymentIntent id.

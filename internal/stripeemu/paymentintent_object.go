@@ -237,9 +237,9 @@ func parseCreate(v url.Values) (createParams, *apiError) {
 		val := vals[len(vals)-1]
 		switch {
 		case key == "amount":
-			n, err := strconv.ParseInt(val, 10, 64)
+			n, err := parseInteger(key, val)
 			if err != nil {
-				return p, invalid("parameter_invalid_integer", "amount", "Invalid integer: "+val)
+				return p, err
 			}
 			p.amount = n
 		case key == "currency":
@@ -367,9 +367,9 @@ func parseUpdate(v url.Values) (updateParams, *apiError) {
 		val := vals[len(vals)-1]
 		switch {
 		case key == "amount":
-			n, err := strconv.ParseInt(val, 10, 64)
+			n, err := parseInteger(key, val)
 			if err != nil {
-				return p, invalid("parameter_invalid_integer", "amount", "Invalid integer: "+val)
+				return p, err
 			}
 			p.amount = &n
 		case key == "currency":
@@ -435,6 +435,16 @@ func parseGet(v url.Values) ([]string, *apiError) {
 		}
 	}
 	return expand, nil
+}
+
+// parseInteger reads an integer parameter, or answers Stripe's 400
+// parameter_invalid_integer naming it.
+func parseInteger(param, val string) (int64, *apiError) {
+	n, err := strconv.ParseInt(val, 10, 64)
+	if err != nil {
+		return 0, invalid("parameter_invalid_integer", param, "Invalid integer: "+val)
+	}
+	return n, nil
 }
 
 // invalid builds an invalid_request_error for a bad parameter.
