@@ -6,6 +6,7 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,8 +29,23 @@ func TestScreenshots(t *testing.T) {
 	}
 	shot := func(ctx context.Context, name string) {
 		t.Helper()
-		b, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
-		require.NoError(t, err)
+		// Chrome sometimes measures a page that has just loaded as 0 wide
+		// and refuses the capture ("Cannot take screenshot with 0 width",
+		// seen once in CI, on the order page). A screenshot changes
+		// nothing, so that answer alone is tried again, for up to 5 s.
+		var b []byte
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			var err error
+			b, err = chromedp.Run(ctx, chromedp.FullScreenshot(100))
+			if err == nil {
+				break
+			}
+			if !strings.Contains(err.Error(), "Cannot take screenshot with 0") || time.Now().After(deadline) {
+				require.NoError(t, err, name)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 		img, err := png.Decode(bytes.NewReader(b))
 		require.NoError(t, err, name)
 		require.Greater(t, img.Bounds().Dx(), 600, name)
