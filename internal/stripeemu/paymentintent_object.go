@@ -359,8 +359,29 @@ func (p updateParams) onlyMetadata() bool {
 	return p.amount == nil && p.currency == "" && p.paymentMethod == ""
 }
 
-// parseUpdate decodes the update parameters the emulator applies; the
-// create parameters it ignores are accepted and ignored here too.
+// updateIgnoredParams are the update parameters accepted and ignored
+// (https://docs.stripe.com/api/payment_intents/update). Create's and
+// confirm's own (confirm, return_url, off_session, confirmation_method, ...)
+// are not among them: Stripe answers parameter_unknown, and so does this.
+var updateIgnoredParams = map[string]bool{
+	"customer": true, "receipt_email": true, "setup_future_usage": true, "statement_descriptor": true,
+	"statement_descriptor_suffix": true, "application_fee_amount": true, "capture_method": true,
+	"payment_method_configuration": true, "transfer_group": true,
+}
+
+// updateIgnored reports whether key is an update parameter the emulator
+// accepts and ignores, nested ones included.
+func updateIgnored(key string) bool {
+	for _, prefix := range []string{"payment_method_types[", "payment_method_options[", "payment_method_data[", "shipping[", "transfer_data["} {
+		if strings.HasPrefix(key, prefix) {
+			return true
+		}
+	}
+	return updateIgnoredParams[key]
+}
+
+// parseUpdate decodes the update parameters the emulator applies, accepts
+// the others Stripe's update takes, and refuses the rest.
 func parseUpdate(v url.Values) (updateParams, *apiError) {
 	p := updateParams{metadata: map[string]string{}}
 	for key, vals := range v {
@@ -386,7 +407,7 @@ func parseUpdate(v url.Values) (updateParams, *apiError) {
 		case strings.HasPrefix(key, "metadata[") && strings.HasSuffix(key, "]"):
 			p.metadata[key[len("metadata["):len(key)-1]] = val
 		case parseExpand(key, vals, &p.expand):
-		case nestedIgnored(key) || simpleParams[key] || strings.HasPrefix(key, "payment_method_types["):
+		case updateIgnored(key):
 		default:
 			return p, invalid("parameter_unknown", key, "Received unknown parameter: "+key)
 		}

@@ -606,6 +606,16 @@ func TestUpdatePaymentIntent(t *testing.T) {
 	var se *stripe.Error
 	require.ErrorAs(t, err, &se)
 	require.Equal(t, stripe.ErrorCodeResourceMissing, se.Code)
+	// Confirming is confirm's: the update takes neither confirm nor the
+	// parameters only create and confirm take.
+	for _, form := range []string{"confirm=true", "off_session=true", "return_url=https%3A%2F%2Fshop.example%2F"} {
+		r := post(t, b, apiKey, "", "/v1/payment_intents/"+pi.ID, form)
+		require.Equal(t, http.StatusBadRequest, r.status, "%s: %s", form, r.body)
+		require.Equal(t, "parameter_unknown", decode(t, r.body).Error.Code, form)
+	}
+	r := post(t, b, apiKey, "", "/v1/payment_intents/"+pi.ID, "receipt_email=buyer%40example.com&shipping[name]=Jo")
+	require.Equal(t, http.StatusOK, r.status, string(r.body))
+	require.Equal(t, "requires_confirmation", decode(t, r.body).Status)
 
 	paid, err := sc.PaymentIntents.Confirm(pi.ID, nil)
 	require.NoError(t, err)
