@@ -247,8 +247,9 @@ func (r *run) settlePaid(ctx context.Context, confirm *stripestep.Attempt, got P
 	var b postgres.Batch
 	stripestep.QueueFinish(&b, confirm, answer, now)
 	// The key first: its fenced finish locks it, so no takeover commits
-	// between it and the rest, and it is locked before the order, as in
-	// every transaction that fences (Store.Fence, then the order).
+	// between it and the rest, and it is locked before the order. (The
+	// general path's settle locks the order first and does not fence:
+	// issue 36 item 1 makes one lock order.)
 	if err := r.s.Keys.QueueFinish(&b, r.claim, resp); err != nil {
 		return nil, err
 	}
