@@ -12,8 +12,22 @@ import (
 	"testing"
 )
 
-// modulePath is the module's path, as go.mod declares it.
-const modulePath = "github.com/onceonly/checkout"
+// modulePath returns the module's path, as go.mod declares it (a fork made
+// by gonew has its own).
+func modulePath(t testing.TB) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if path, ok := strings.CutPrefix(strings.TrimSpace(line), "module "); ok {
+			return strings.Trim(strings.TrimSpace(path), `"`)
+		}
+	}
+	t.Fatal("go.mod has no module line")
+	return ""
+}
 
 // stdImports are the standard packages a snippet may use without an
 // import line, by the name it uses.
@@ -95,7 +109,7 @@ func wrapSnippet(t *testing.T, m *moduleIndex, path string, b block) string {
 			continue
 		}
 		if p := m.byName[name]; p != nil && len(p.dirs) > 0 {
-			imports[name] = modulePath + "/" + p.dirs[0]
+			imports[name] = modulePath(t) + "/" + p.dirs[0]
 		}
 	}
 	var src strings.Builder
