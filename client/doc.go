@@ -15,6 +15,17 @@
 // same operation again later without paying twice. A key made per attempt
 // would turn a lost answer into a second order and a second charge.
 //
+// # How long a key replays
+//
+// The service keeps a key's final answer for IDEMPOTENCY_TTL (24h by
+// default) counted from that final answer, however long the operation took
+// to get one (CONTRACT.md v4, Idempotency): within it, the same key and
+// body replay the stored answer (Call.Replayed) and execute nothing; after
+// it, the key is forgotten and the same key starts a new operation (a new
+// order, a new charge). A key without a final answer yet (a Temporary
+// error) never expires: sending it again later resumes that operation. So
+// keep a key until a final answer, and do not resend one past the TTL.
+//
 // # What is retried
 //
 // Exactly the transient answers, which the service stores under no key:
@@ -34,6 +45,37 @@
 // stored by an earlier attempt). A failure is an *Error carrying the RFC
 // 9457 problem (code, status, detail, Retry-After), the same Call fields,
 // and the transport or context error that ended the retries, if any.
+//
+// # Errors
+//
+// Each final problem code belongs to one family with a sentinel error for
+// errors.Is: ErrPaymentDeclined (402), ErrOutOfStock, ErrKeyReused,
+// ErrInvalidRequest, ErrUnauthorized, ErrNotFound, ErrOrderState (the
+// order's status forbids a cancel or refund), ErrInternal; the transient
+// ones (retrying stopped before a final answer) are ErrKeyInUse and
+// ErrUnavailable. errors.As gives the *Error with its code, its order and
+// Call.RequestID, the X-Request-Id the service logged the request under.
+//
+// # 3D Secure and the order's outcome
+//
+// A card that asks for 3D Secure makes CreateCheckout answer 202 with the
+// order requires_action: send the customer to
+// Order.Payment.NextAction.RedirectToURL.URL. Set CheckoutRequest.ReturnURL
+// (an absolute http or https URL of yours) to have Stripe send the customer
+// back there afterwards, with payment_intent in the query; without it
+// NextAction.Type is "use_stripe_sdk", which a page completes with
+// Stripe.js's handleNextAction and Payment.ClientSecret. Either way the order settles on the service's side
+// (Stripe's webhook, or its reconciler); WaitOrder follows it until its
+// status is Settled.
+//
+// # Getting the module
+//
+// The module path github.com/onceonly/checkout is not published, so go get
+// cannot fetch it. Either fork the whole service with gonew
+// (docs/fork.md), or keep a checkout of it and point your go.mod there:
+//
+//	require github.com/onceonly/checkout v0.0.0
+//	replace github.com/onceonly/checkout => ../checkout
 //
 // # Why the types are written, not generated
 //
