@@ -647,3 +647,101 @@ func networkPolicySelects(t *testing.T, objs []object, labels map[string]string)
 	}
 	return false
 }
+
+// pgbouncerParameters are the PgBouncer parameters CloudNativePG's pooler
+// webhook accepts; any other is refused at admission ("Invalid or reserved
+// parameter"). From AllowedPgbouncerGenericConfigurationParameters in
+// cloudnative-pg v1.30.0, internal/webhook/v1/pooler_webhook.go (internal,
+// so copied rather than imported).
+var pgbouncerParameters = []string{
+	"application_name_add_host", "auth_type", "autodb_idle_timeout", "cancel_wait_timeout",
+	"client_idle_timeout", "client_login_timeout", "client_tls_ciphers", "client_tls_sslmode",
+	"client_tls13_ciphers", "default_pool_size", "disable_pqexec", "dns_max_ttl", "dns_nxdomain_ttl",
+	"idle_transaction_timeout", "ignore_startup_parameters", "listen_backlog", "log_connections",
+	"log_disconnections", "log_pooler_errors", "log_stats", "max_client_conn", "max_db_connections",
+	"max_packet_size", "max_prepared_statements", "max_user_connections", "min_pool_size", "pkt_buf",
+	"query_timeout", "query_wait_timeout", "reserve_pool_size", "reserve_pool_timeout", "sbuf_loopcnt",
+	"server_check_delay", "server_check_query", "server_connect_timeout", "server_fast_close",
+	"server_idle_timeout", "server_lifetime", "server_login_retry", "server_reset_query",
+	"server_reset_query_always", "server_round_robin", "server_tls_ciphers", "server_tls13_ciphers",
+	"server_tls_protocols", "server_tls_sslmode", "stats_period", "suspend_timeout", "tcp_defer_accept",
+	"tcp_socket_buffer", "tcp_keepalive", "tcp_keepcnt", "tcp_keepidle", "tcp_keepintvl",
+	"tcp_user_timeout", "track_extra_parameters", "verbose",
+}
+
+// cnpgAdmission returns what CloudNativePG's validating webhooks (v1.30.0,
+// internal/webhook/v1) refuse in a Cluster or a Pooler spec, for the rules
+// the overlays touch: the pooler's parameter allow-list
+// (validatePgbouncerGenericParameters), the synchronous replica count
+// (validateSynchronousReplicaConfiguration: number below the instances
+// plus the named standbys) and the failover quorum
+// (validateFailoverQuorum: synchronous replication, and a number above the
+// named standbys).
+func cnpgAdmission(kind string, spec map[string]any) []string {
+	var refused []string
+	switch kind {
+	case "postgresql.cnpg.io/v1/Pooler":
+		params, _ := spec["pgbouncer"].(map[string]any)["parameters"].(map[string]any)
+		for p := range params {
+			if !slices.Contains(pgbouncerParameters, p) {
+				refused = append(refused, "spec.pgbouncer.parameters: "+p+": Invalid or reserved parameter")
+			}
+		}
+	case "postgresql.cnpg.io/v1/Cluster":
+		pg, _ := spec["postgresql"].(map[string]any)
+		sync, _ := pg["synchronous"].(map[string]any)
+		if sync == nil {
+			break
+		}
+		named := len(asList(sync["standbyNamesPre"])) + len(asList(sync["standbyNamesPost"]))
+		number, instances := asInt(sync["number"]), asInt(spec["instances"])
+		if number >= instances+named {
+			refused = append(refused, "spec.postgresql.synchronous: the number of synchronous replicas must be less than the total number of instances and the provided standby names")
+		}
+		if sync["failoverQuorum"] == true && number <= named {
+			refused = append(refused, "spec.postgresql.synchronous: failoverQuorum needs number above the named standbys")
+		}
+	}
+	slices.Sort(refused)
+	return refused
+}
+
+func asList(v any) []any { l, _ := v.([]any); return l }
+
+func asInt(v any) int {
+	switch x := v.(type) {
+	case float64:
+		return int(x)
+	case int:
+		return x
+	}
+	return 0
+}
+
+// TestCloudNativePGAdmitsTheOverlays: CloudNativePG's webhooks, which a
+// bare API server does not run, admit each overlay's Cluster and Pooler;
+// and they refuse what the rules are about (a parameter off the
+// allow-list, as many synchronous replicas as instances, a failover quorum
+// without synchronous replication).
+func TestCloudNativePGAdmitsTheOverlays(t *testing.T) {
+	t.Parallel()
+	for _, overlay := range overlays {
+		objs := render(t, overlay)
+		cluster := crOf(t, objs, "postgresql.cnpg.io/v1/Cluster", "checkout-db")
+		pooler := crOf(t, objs, "postgresql.cnpg.io/v1/Pooler", "checkout-db-pooler-rw")
+		require.Empty(t, cnpgAdmission("postgresql.cnpg.io/v1/Cluster", cluster), overlay)
+		require.Empty(t, cnpgAdmission("postgresql.cnpg.io/v1/Pooler", pooler), overlay)
+
+		o := deepCopy(t, object{"spec": pooler})
+		set(o, []string{"spec", "pgbouncer", "parameters", "pool_mode"}, "session")
+		require.Len(t, cnpgAdmission("postgresql.cnpg.io/v1/Pooler", o["spec"].(map[string]any)), 1, "pool_mode is the operator's")
+
+		o = deepCopy(t, object{"spec": cluster})
+		set(o, []string{"spec", "postgresql", "synchronous", "number"}, o["spec"].(map[string]any)["instances"])
+		require.Len(t, cnpgAdmission("postgresql.cnpg.io/v1/Cluster", o["spec"].(map[string]any)), 1, "%s: as many synchronous replicas as instances", overlay)
+
+		o = deepCopy(t, object{"spec": cluster})
+		set(o, []string{"spec", "postgresql", "synchronous", "standbyNamesPre"}, []any{"a"})
+		require.Len(t, cnpgAdmission("postgresql.cnpg.io/v1/Cluster", o["spec"].(map[string]any)), 1, "%s: a quorum over a named standby only", overlay)
+	}
+}
