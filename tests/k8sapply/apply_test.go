@@ -25,6 +25,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -285,8 +286,10 @@ func render(t *testing.T, overlay, tag string) []*unstructured.Unstructured {
 	opts := krusty.MakeDefaultOptions()
 	if tag != "" {
 		upgrade := t.TempDir()
+		rel, err := filepath.Rel(upgrade, dir) // kustomize takes no absolute path
+		require.NoError(t, err)
 		k := kustypes.Kustomization{
-			Resources: []string{dir},
+			Resources: []string{rel},
 			Images:    []kustypes.Image{{Name: "onceonly/checkout", NewTag: tag}},
 		}
 		b, err := yaml.Marshal(k)
@@ -299,9 +302,11 @@ func render(t *testing.T, overlay, tag string) []*unstructured.Unstructured {
 	require.NoError(t, err, "kustomize build %s", overlay)
 	var out []*unstructured.Unstructured
 	for _, r := range resMap.Resources() {
-		m, err := r.Map()
+		b, err := r.MarshalJSON()
 		require.NoError(t, err)
-		out = append(out, &unstructured.Unstructured{Object: m})
+		u := &unstructured.Unstructured{}
+		require.NoError(t, u.UnmarshalJSON(b))
+		out = append(out, u)
 	}
 	// The namespace before what it holds.
 	slices.SortStableFunc(out, func(a, b *unstructured.Unstructured) int {
@@ -397,14 +402,25 @@ func TestOverlaysApplyOnARealAPIServer(t *testing.T) {
 	for _, overlay := range []string{"dev", "production"} {
 		t.Run(overlay, func(t *testing.T) {
 			install := render(t, overlay, "")
-			stored, warned := c.applyAll(t, ctx, install)
-			var ns string
+			ns := ""
 			for _, o := range install {
-				if o.GetKind() == "Namespace" {
-					ns = o.GetName()
+				if o.GetKind() == "Deployment" {
+					ns = o.GetNamespace()
 				}
 			}
 			require.NotEmpty(t, ns)
+			if !slices.ContainsFunc(install, func(o *unstructured.Unstructured) bool { return o.GetKind() == "Namespace" }) {
+				// internal/deploy's TestPlatformBasics requires the
+				// overlay's own; without it, the namespace as kubectl
+				// create namespace makes it.
+				_, err := c.apply(t, ctx, &unstructured.Unstructured{Object: map[string]any{
+					"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": ns}}})
+				require.NoError(t, err)
+			}
+			stored, warned := c.applyAll(t, ctx, install)
+			for id, w := range warned {
+				t.Logf("%s: the server warns: %s", id, strings.Join(w, "; "))
+			}
 			for _, name := range []string{"checkout-api", "checkout-dispatcher", "checkout-worker", "stripe-emulator", "mailpit"} {
 				require.Empty(t, warned["Deployment "+ns+"/"+name], "Pod Security (restricted) warns about %s", name)
 			}
@@ -445,6 +461,25 @@ func TestOverlaysApplyOnARealAPIServer(t *testing.T) {
 		})
 	}
 
+	t.Run("Pod Security warns about a pod that is not restricted", func(t *testing.T) {
+		// The check above sees warnings: a pod template without the
+		// restricted profile's settings draws one in the namespace.
+		d := render(t, "production", "")
+		var api *unstructured.Unstructured
+		for _, o := range d {
+			if o.GetKind() == "Deployment" && o.GetName() == "checkout-api" {
+				api = o.DeepCopy()
+			}
+		}
+		require.NotNil(t, api)
+		api.SetName("checkout-api-unrestricted")
+		unstructured.RemoveNestedField(api.Object, "spec", "template", "spec", "securityContext")
+		c.warn.take()
+		_, err := c.apply(t, ctx, api)
+		require.NoError(t, err, "warn and audit only: a Deployment is admitted")
+		require.NotEmpty(t, c.warn.take(), "a Pod Security warning")
+	})
+
 	t.Run("the server refuses", func(t *testing.T) {
 		objs := render(t, "production", "")
 		find := func(kind, name string) *unstructured.Unstructured {
@@ -474,7 +509,7 @@ func TestOverlaysApplyOnARealAPIServer(t *testing.T) {
 			}, "name"},
 			{"an unknown field", find("Deployment", "checkout-dispatcher"), func(o map[string]any) {
 				_ = unstructured.SetNestedField(o, int64(3), "spec", "replica")
-			}, "unknown field"},
+			}, ".spec.replica: field not declared in schema"},
 			{"CloudNativePG's CEL rule: a synchronous number of 0", find("Cluster", "checkout-db"), func(o map[string]any) {
 				_ = unstructured.SetNestedField(o, int64(0), "spec", "postgresql", "synchronous", "number")
 			}, "synchronous replicas should be greater than zero"},
