@@ -20,7 +20,6 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
 )
 
@@ -561,10 +560,10 @@ func TestPlatformBasics(t *testing.T) {
 
 				limit := c.Resources.Limits.Memory()
 				require.False(t, limit.IsZero(), name)
-				goMem, err := resource.ParseQuantity(strings.TrimSuffix(env["GOMEMLIMIT"], "B"))
+				goMem, err := goMemLimit(env["GOMEMLIMIT"])
 				require.NoError(t, err, "%s: GOMEMLIMIT %q", name, env["GOMEMLIMIT"])
-				require.Less(t, goMem.Value(), limit.Value()*95/100, "%s: GOMEMLIMIT under the limit", name)
-				require.Greater(t, goMem.Value(), limit.Value()*70/100, "%s: GOMEMLIMIT near the limit", name)
+				require.Less(t, goMem, limit.Value()*95/100, "%s: GOMEMLIMIT under the limit", name)
+				require.Greater(t, goMem, limit.Value()*70/100, "%s: GOMEMLIMIT near the limit", name)
 			}
 			for _, o := range objs {
 				switch o.kind() {
@@ -606,6 +605,19 @@ func TestPlatformBasics(t *testing.T) {
 			}
 		})
 	}
+}
+
+// goMemLimit parses GOMEMLIMIT as the Go runtime does (runtime/debug,
+// SetMemoryLimit): a number of bytes with an optional B, KiB, MiB, GiB or
+// TiB suffix.
+func goMemLimit(s string) (int64, error) {
+	for i, unit := range []string{"TiB", "GiB", "MiB", "KiB", "B"} {
+		if n, ok := strings.CutSuffix(s, unit); ok {
+			v, err := strconv.ParseInt(n, 10, 64)
+			return v << (10 * (4 - i)), err
+		}
+	}
+	return strconv.ParseInt(s, 10, 64)
 }
 
 // prometheusSelector is the release label the ServiceMonitors and the
