@@ -308,6 +308,58 @@ func goTagSatisfies(tag, goMod string) error {
 	return nil
 }
 
+// TestImagesRunAsUser10001: every image the Dockerfile makes for a process
+// runs as uid and gid 10001, numerically (Kubernetes' runAsNonRoot can only
+// verify a numeric USER, and deploy/k8s sets runAsUser and fsGroup 10001),
+// and the image has that user and group, so the process has a name and a
+// group in /etc/passwd and /etc/group.
+func TestImagesRunAsUser10001(t *testing.T) {
+	t.Parallel()
+	instructions := dockerfile(t)
+	for _, s := range stages(instructions) {
+		if _, golang := goBuilds(t, instructions)[s.name]; golang || s.name == "" || !slices.ContainsFunc(s.body, isCopyFromBuild) {
+			continue // a build stage or a base, not an image a process runs
+		}
+		require.NoError(t, runsAs10001(t, instructions, s.name), s.name)
+	}
+
+	// The check itself: the stages of issue 34, USER app.
+	old := parseDockerfile("FROM alpine:3.22 AS all\nRUN adduser -D -u 10001 app\nCOPY --from=build /out/api /usr/local/bin/\nUSER app\n")
+	require.ErrorContains(t, runsAs10001(t, old, "all"), `USER app`)
+	noGroup := parseDockerfile("FROM alpine:3.22 AS all\nRUN adduser -D -u 10001 app\nUSER 10001:10001\n")
+	require.ErrorContains(t, runsAs10001(t, noGroup, "all"), "group 10001")
+}
+
+func isCopyFromBuild(in string) bool { return strings.HasPrefix(in, "COPY --from=") }
+
+// runsAs10001 fails a stage whose effective USER is not 10001:10001 or whose
+// chain does not create group 10001 and user 10001 in it (busybox addgroup
+// -g and adduser -u ... -G on Alpine).
+func runsAs10001(t *testing.T, instructions []string, name string) error {
+	_, body := chain(t, instructions, name)
+	user := ""
+	var runs string
+	for _, in := range body {
+		if u, ok := strings.CutPrefix(in, "USER "); ok {
+			user = strings.TrimSpace(u)
+		}
+		if r, ok := strings.CutPrefix(in, "RUN "); ok {
+			runs += r + "\n"
+		}
+	}
+	if user != "10001:10001" {
+		return fmt.Errorf("USER %s, not USER 10001:10001", user)
+	}
+	group := regexp.MustCompile(`addgroup (?:-\S+ )*-g 10001 (?:-\S+ )*(\w+)`).FindStringSubmatch(runs)
+	if group == nil {
+		return fmt.Errorf("no addgroup -g 10001: the image has no group 10001")
+	}
+	if !regexp.MustCompile(`adduser (?:-\S+ )*-u 10001 (?:-\S+ )*-G ` + group[1] + `\b`).MatchString(runs) {
+		return fmt.Errorf("no adduser -u 10001 -G %s: the image has no user 10001 in group 10001", group[1])
+	}
+	return nil
+}
+
 // buildContext is the build context's matcher, read from .dockerignore as docker
 // and BuildKit read it.
 func buildContext(t *testing.T, dockerignore string) func(string) bool {
@@ -544,7 +596,13 @@ type need struct {
 // built packages depend on, embedded files included.
 func buildNeeds(t *testing.T, s goStage) []need {
 	t.Helper()
-	args := append([]string{"list", "-deps", "-json"}, builtPackages(s.build)...)
+	return packageNeeds(t, s, builtPackages(s.build))
+}
+
+// packageNeeds is buildNeeds for the given packages of the stage's build.
+func packageNeeds(t *testing.T, s goStage, packages []string) []need {
+	t.Helper()
+	args := append([]string{"list", "-deps", "-json"}, packages...)
 	cmd := exec.Command("go", args...)
 	cmd.Dir = root
 	cmd.Env = goEnv(s)
@@ -688,4 +746,71 @@ func TestBuildOfIssue34Fails(t *testing.T) {
 	// The go build stops while loading the packages: no compiling.
 	err = buildInFolder(t, s)
 	require.ErrorContains(t, err, "no required module provides package github.com/onceonly/checkout/client")
+}
+
+// TestEmulatorImageChangesOnlyWithTheEmulator (issue 34): compose's
+// stripe-emulator builds a target that ships the emulator alone, from a go
+// build stage that copies only the files of the emulator's packages. An edit
+// to any other file then leaves its layers cached and the image as it was, so
+// `docker compose up --build` keeps its container and the PaymentIntents and
+// refunds it holds in memory. (BuildKit keys a COPY by its files' contents:
+// https://docs.docker.com/build/cache/invalidation/.) That its stage holds
+// every file the emulator's build reads is TestImageBuildsFromItsContext's.
+func TestEmulatorImageChangesOnlyWithTheEmulator(t *testing.T) {
+	t.Parallel()
+	instructions := dockerfile(t)
+	emu, err := loadProject(t).GetService("stripe-emulator")
+	require.NoError(t, err)
+	require.NotNil(t, emu.Build)
+	require.NoError(t, emulatorImageDefects(t, instructions, emu.Build.Target))
+
+	// The check itself: the emulator of issue 34, the dev target, whose
+	// binaries all come from one COPY . . of the whole context.
+	err = emulatorImageDefects(t, instructions, "dev")
+	require.ErrorContains(t, err, "target dev ships [api dispatcher migrate storefront stripe-emulator worker]")
+	require.ErrorContains(t, err, "stage build copies")
+	require.ErrorContains(t, err, "client/client.go")
+}
+
+// emulatorImageDefects reports a target that ships more than the Stripe
+// emulator, and a file its go build stages copy outside the directories of
+// the emulator's packages (go.mod and go.sum aside).
+func emulatorImageDefects(t *testing.T, instructions []string, target string) error {
+	t.Helper()
+	var errs []string
+	if bins := shipped(t, instructions, target); !slices.Equal(bins, []string{"stripe-emulator"}) {
+		errs = append(errs, fmt.Sprintf("target %s ships %v, not the emulator alone: an edit to any of them changes its image", target, bins))
+	}
+	_, body := chain(t, instructions, target)
+	builds := goBuilds(t, instructions)
+	for _, in := range body {
+		f := strings.Fields(in)
+		if len(f) < 2 || f[0] != "COPY" {
+			continue
+		}
+		from, ok := strings.CutPrefix(f[1], "--from=")
+		if _, isBuild := builds[from]; !ok || !isBuild {
+			continue
+		}
+		s := goStageOf(t, instructions, from)
+		dirs := map[string]bool{}
+		for _, n := range packageNeeds(t, s, []string{"./cmd/stripe-emulator"}) {
+			dirs[path.Dir(n.file)] = true
+		}
+		var extra []string
+		for dst := range s.files {
+			if !dirs[path.Dir(dst)] {
+				extra = append(extra, dst)
+			}
+		}
+		slices.Sort(extra)
+		if n := len(extra); n > 0 {
+			errs = append(errs, fmt.Sprintf("stage %s copies %d files the emulator does not read, an edit to any of which rebuilds its image: %s",
+				from, n, strings.Join(extra[:min(n, 5)], ", ")))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%s", strings.Join(errs, "; "))
+	}
+	return nil
 }

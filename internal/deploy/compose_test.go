@@ -71,7 +71,7 @@ func TestComposeMatchesTheContract(t *testing.T) {
 		{service: "rabbitmq"},
 		{service: "mailpit", ports: []uint32{8025}},
 		{
-			service: "stripe-emulator", ports: []uint32{12111}, command: []string{"stripe-emulator"}, target: "dev",
+			service: "stripe-emulator", ports: []uint32{12111}, command: []string{"stripe-emulator"}, target: "emulator",
 			env: map[string]string{
 				"STRIPE_EMULATOR_ADDR": ":12111", "STRIPE_WEBHOOK_SECRET": "whsec_test_checkout",
 				"STRIPE_EMULATOR_WEBHOOK_URL": "http://api:8080/v1/webhooks/stripe",
