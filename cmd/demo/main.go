@@ -17,6 +17,9 @@
 //	              the sink says it is: make run's
 //	              postgres://postgres@127.0.0.1:5432/checkout, compose's
 //	              postgres://postgres@127.0.0.1:${CHECKOUT_POSTGRES_PORT:-15432}/checkout
+//
+// CHECKOUT_POSTGRES_PORT, when the environment does not set it, comes from the
+// .env beside docker-compose.yml, as compose takes it.
 package main
 
 import (
@@ -32,7 +35,14 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Getenv, os.Stdout); err != nil {
+	getenv := os.Getenv
+	if wd, err := os.Getwd(); err == nil {
+		if getenv, err = withComposeEnv(os.Getenv, wd); err != nil {
+			fmt.Fprintln(os.Stderr, "demo:", err)
+			os.Exit(1)
+		}
+	}
+	if err := run(ctx, getenv, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
