@@ -119,3 +119,36 @@ func TestComposeEnvGivesThePorts(t *testing.T) {
 	_, err := withComposeEnv(func(string) string { return "" }, bad)
 	require.ErrorContains(t, err, ".env")
 }
+
+// TestNoEscapeCodesOffTerminal (issue 36): `make demo > demo.log`, or into a
+// pipe, writes the step titles without the terminal's bold codes.
+func TestNoEscapeCodesOffTerminal(t *testing.T) {
+	t.Parallel()
+	mailpitSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, `{"Version":"v1.27.11"}`)
+	}))
+	t.Cleanup(mailpitSrv.Close)
+	file, err := os.Create(filepath.Join(t.TempDir(), "demo.log"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = file.Close() })
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close(); _ = w.Close() })
+
+	for name, out := range map[string]io.Writer{"a file": file, "a pipe": w} {
+		require.False(t, isTerminal(out), name)
+		cfg := loadConfig(func(k string) string { return map[string]string{"SINK": mailpitSrv.URL}[k] })
+		d, err := newDemo(context.Background(), cfg, out)
+		require.NoError(t, err)
+		d.step("a checkout")
+	}
+	require.NoError(t, w.Close())
+	piped, err := io.ReadAll(r)
+	require.NoError(t, err)
+	written, err := os.ReadFile(file.Name())
+	require.NoError(t, err)
+	for name, b := range map[string][]byte{"a file": written, "a pipe": piped} {
+		require.Contains(t, string(b), "== 1. a checkout\n", name)
+		require.NotContains(t, string(b), "\033", name)
+	}
+}

@@ -13,6 +13,7 @@
 //	              make run's cmd/smtp-sink (GET /messages) or compose's
 //	              Mailpit (its /api/v1), told apart by asking
 //	EMU           the Stripe emulator, default http://127.0.0.1:12111
+//	NO_COLOR      set: no bold step titles (they are bold only on a terminal)
 //	DATABASE_URL  the stack's database, for the outbox; default by the stack
 //	              the sink says it is: make run's
 //	              postgres://postgres@127.0.0.1:5432/checkout, compose's
