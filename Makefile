@@ -7,7 +7,7 @@ STRIPE_MOCK_VERSION := v0.203.0
 # staticcheck v0.8.2 (2026.2.2): a release built for the go1.26 this module uses.
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: all build test test-failover test-pgbouncer test-k8s test-race fuzz lint tools run demo chaos bench services createdb clean
+.PHONY: all build test test-failover test-pgbouncer test-k8s test-race fuzz lint tools run demo chaos bench services createdb dropdb clean
 
 all: build
 
@@ -74,6 +74,10 @@ services:
 ## createdb: create the database DATABASE_URL names (default: checkout on 127.0.0.1) when it is missing
 createdb:
 	@$(GO) run ./scripts/createdb
+
+## dropdb: drop the database DATABASE_URL names (make run's; stop make run first)
+dropdb:
+	@$(GO) run ./scripts/createdb -drop
 
 ## run: the whole stack on this machine (Stripe emulator, SMTP sink, api, dispatcher, worker); Ctrl-C stops it
 run: build createdb
