@@ -25,16 +25,19 @@ import (
 
 // imageStages maps each image the overlays pin (the name the containers
 // use) to the Dockerfile stage it is built from: the default target, and
-// the dev target the Dockerfile's header builds as checkout-emulator.
+// the emulator target the Dockerfile's header builds as checkout-emulator.
 var imageStages = map[string]func(instructions []string) string{
 	"checkout":          lastStage,
-	"checkout-emulator": func([]string) string { return "dev" },
+	"checkout-emulator": func([]string) string { return "emulator" },
 }
 
-// stageUser returns the argument of the last USER instruction of stage, as
-// the image's config records it ("" when the stage sets none).
+// stageUser returns the argument of the last USER instruction in effect for
+// stage, as the image's config records it ("" when none is): a stage built
+// FROM another stage inherits that stage's USER until it sets its own.
 func stageUser(instructions []string, stage string) string {
-	user, in := "", false
+	parent := map[string]string{} // stage -> the stage it is built FROM
+	user := map[string]string{}   // stage -> its own last USER
+	current := ""
 	for _, ins := range instructions {
 		f := strings.Fields(ins)
 		if len(f) == 0 {
@@ -42,14 +45,23 @@ func stageUser(instructions []string, stage string) string {
 		}
 		switch strings.ToUpper(f[0]) {
 		case "FROM":
-			in = len(f) == 4 && f[3] == stage
+			current = ""
+			if len(f) == 4 && strings.EqualFold(f[2], "AS") {
+				current = f[3]
+				parent[current] = f[1]
+			}
 		case "USER":
-			if in && len(f) == 2 {
-				user = f[1]
+			if current != "" && len(f) == 2 {
+				user[current] = f[1]
 			}
 		}
 	}
-	return user
+	for s, seen := stage, 0; s != "" && seen < len(parent)+1; s, seen = parent[s], seen+1 {
+		if u, ok := user[s]; ok {
+			return u
+		}
+	}
+	return ""
 }
 
 // imageUser splits an image's configured user as the container runtime does
