@@ -143,8 +143,14 @@ func (r *Recorder) Handle(ctx context.Context, d amqp.Delivery) error {
 // else the broker's x-death history
 // (https://www.rabbitmq.com/docs/dlx#effects).
 func letterOf(d amqp.Delivery, dlq string) Letter {
-	l := Letter{MessageID: d.MessageId, RoutingKey: rabbitmq.OriginalRoutingKey(d), ContentType: d.ContentType,
-		Failures: rabbitmq.Failures(d), Body: d.Body, Reason: ReasonUnknown}
+	l := Letter{MessageID: d.MessageId, ContentType: d.ContentType, Failures: rabbitmq.Failures(d), Body: d.Body,
+		Reason: ReasonUnknown}
+	// The routing key it was first published with: the consumer's header,
+	// else x-death's, else its type (the contract's type is the routing
+	// key); never the DLQ's name it came in by.
+	if rk, ok := d.Headers[rabbitmq.HeaderRoutingKey].(string); ok {
+		l.RoutingKey = rk
+	}
 	if l.Body == nil {
 		l.Body = []byte{}
 	}
@@ -157,7 +163,7 @@ func letterOf(d amqp.Delivery, dlq string) Letter {
 			l.Queue, _ = death["queue"].(string)
 			reason, _ := death["reason"].(string)
 			l.Reason = reasonOf(reason)
-			if keys, ok := death["routing-keys"].([]any); ok && len(keys) > 0 && d.Headers[rabbitmq.HeaderRoutingKey] == nil {
+			if keys, ok := death["routing-keys"].([]any); ok && len(keys) > 0 && l.RoutingKey == "" {
 				if k, ok := keys[0].(string); ok {
 					l.RoutingKey = k
 				}
@@ -172,6 +178,9 @@ func letterOf(d amqp.Delivery, dlq string) Letter {
 	}
 	if l.RoutingKey == "" {
 		l.RoutingKey = d.Type
+	}
+	if l.RoutingKey == "" {
+		l.RoutingKey = d.RoutingKey
 	}
 	headers, err := json.Marshal(d.Headers)
 	if err != nil || d.Headers == nil {
