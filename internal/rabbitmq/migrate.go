@@ -44,8 +44,20 @@ func (t *Topology) Prepare(conn *amqp.Connection) error {
 // Declare is Config.Setup: DeclareTopology, with NotifyQueue's arguments
 // as an older version declared them while Prepare found it could not
 // replace that queue yet.
+//
+// The queue can change under a live connection: another process replaces
+// the older queue once it is empty and unused (MigrateNotifyQueue). A
+// declaration refused for its arguments therefore switches to the other
+// ones before it returns its error, so the caller's retry (the Consumer's
+// next session, the Publisher's next send) declares what the queue is.
 func (t *Topology) Declare(ch *amqp.Channel) error {
-	return declareTopology(ch, t.names, t.legacy.Load())
+	legacy := t.legacy.Load()
+	err := declareTopology(ch, t.names, legacy)
+	if errors.Is(err, errNotifyQueueArgs) && t.legacy.CompareAndSwap(legacy, !legacy) {
+		t.logger.Warn("rabbitmq: the notification queue's arguments changed under this process; declaring the other ones next",
+			"queue", t.names.NotifyQueue, "older_version_queue", !legacy)
+	}
+	return err
 }
 
 // Legacy reports whether NotifyQueue is still the queue of an older

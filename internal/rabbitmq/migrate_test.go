@@ -112,3 +112,31 @@ func TestMigrateNotifyQueueKeepsAnOlderQueueWithMessages(t *testing.T) {
 	require.False(t, topo.Legacy())
 	require.True(t, declaresWithV4Arguments(t, f), "replaced once empty and unused")
 }
+
+// TestTopologyFollowsAQueueReplacedUnderIt: a process that kept an older
+// queue (Legacy) declares the v4 one after another process replaced it:
+// its first declaration is refused, the next one succeeds, so its
+// consumer's next session and its publisher's next send go on.
+func TestTopologyFollowsAQueueReplacedUnderIt(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	olderNotifyQueue(t, f, 1)
+	conn, topo := dialTopology(t, f.names)
+	require.True(t, topo.Legacy())
+
+	ch, err := f.conn.Channel(context.Background())
+	require.NoError(t, err)
+	_, err = ch.QueueDelete(f.names.NotifyQueue, false, false, false)
+	require.NoError(t, err)
+	require.NoError(t, rabbitmq.DeclareTopology(ch, f.names))
+	ch.Close()
+
+	ch, err = conn.Channel(context.Background())
+	require.NoError(t, err)
+	require.Error(t, topo.Declare(ch), "declared as the older queue")
+	ch, err = conn.Channel(context.Background())
+	require.NoError(t, err)
+	defer ch.Close()
+	require.NoError(t, topo.Declare(ch))
+	require.False(t, topo.Legacy())
+}

@@ -145,13 +145,22 @@ func notifyQueueArgs(n Names) amqp.Table {
 	}
 }
 
-// declareNotifyQueue declares NotifyQueue with args.
+// declareNotifyQueue declares NotifyQueue with args. A refusal because the
+// queue exists with other arguments wraps errNotifyQueueArgs.
 func declareNotifyQueue(ch *amqp.Channel, n Names, args amqp.Table) error {
 	if _, err := ch.QueueDeclare(n.NotifyQueue, true, false, false, false, args); err != nil {
+		var ae *amqp.Error
+		if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
+			return fmt.Errorf("declare queue %s: %w: %w", n.NotifyQueue, errNotifyQueueArgs, err)
+		}
 		return fmt.Errorf("declare queue %s: %w", n.NotifyQueue, err)
 	}
 	return nil
 }
+
+// errNotifyQueueArgs: NotifyQueue exists with other arguments than those
+// declared (PRECONDITION_FAILED).
+var errNotifyQueueArgs = errors.New("the notification queue exists with other arguments")
 
 // declareDLQ declares NotifyDLQ, a durable quorum queue. It is the target
 // of NotifyQueue's dead-lettering, at most once: a quorum queue keeps the
