@@ -69,9 +69,13 @@ func (t *Topology) Legacy() bool { return t.legacy.Load() }
 // CONTRACT.md v4 declared them: the broker counted every return toward
 // DeliveryLimit deliveries.
 func legacyNotifyQueueArgs(n Names) amqp.Table {
-	args := notifyQueueArgs(n)
-	args["x-delivery-limit"] = int32(n.DeliveryLimit - 1)
-	return args
+	return amqp.Table{
+		amqp.QueueTypeArg:           amqp.QueueTypeQuorum,
+		"x-delivery-limit":          int32(n.DeliveryLimit - 1),
+		"x-dead-letter-exchange":    "",
+		"x-dead-letter-routing-key": n.NotifyDLQ,
+		"x-dead-letter-strategy":    "at-most-once",
+	}
 }
 
 // MigrateNotifyQueue gives NotifyQueue the arguments of this version

@@ -141,7 +141,12 @@ func notifyQueueArgs(n Names) amqp.Table {
 		"x-delivery-limit":          int32(n.BackstopLimit),
 		"x-dead-letter-exchange":    "",
 		"x-dead-letter-routing-key": n.NotifyDLQ,
-		"x-dead-letter-strategy":    "at-most-once",
+		// The queue keeps a message it dead-letters until the DLQ has
+		// confirmed it, so none is lost in between; RabbitMQ requires the
+		// reject-publish overflow for that (without a length limit it
+		// refuses nothing). https://www.rabbitmq.com/docs/quorum-queues#dead-lettering
+		"x-dead-letter-strategy": "at-least-once",
+		"x-overflow":             "reject-publish",
 	}
 }
 
