@@ -73,7 +73,7 @@ func TestARefundParkedPastItsTTLReplays(t *testing.T) {
 	// Rolled forward well after the refund is parked (the parking runs on
 	// the test's clock, the roll-forward on the emulator's).
 	require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultStored500, Op: stripeemu.OpRefundCreate, Count: 1,
-		RollForward: stripeemu.RollForwardAfter(3 * time.Second)}))
+		RollForward: stripeemu.RollForwardAfter(5 * time.Second)}))
 
 	first := h.refund(orderID, "parked-past-ttl", `{"amount":2000}`)
 	require.Equal(t, http.StatusBadGateway, first.status, "%s", first.body)
