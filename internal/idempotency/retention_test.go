@@ -154,7 +154,7 @@ func TestRetentionMigrationMovesExistingKeys(t *testing.T) {
 	at := func(d time.Duration) *time.Time { v := t0.Add(d); return &v }
 	insert("unfinished", "order_created", nil)
 	insert("finished-fast", "finished", at(200*time.Millisecond)) // as most do: left as it was
-	insert("finished-late", "finished", at(150*time.Minute)) // past its old end (t0+1h), not reaped yet
+	insert("finished-late", "finished", at(150*time.Minute))      // past its old end (t0+1h), not reaped yet
 
 	require.NoError(t, postgres.Migrate(ctx, db, slog.New(slog.DiscardHandler)))
 	stored := func(key string) *time.Time {
