@@ -24,6 +24,8 @@ type page struct {
 	// anchors are the #fragments its headings and <a id> / <a name> tags
 	// define.
 	anchors map[string]bool
+	// headings are its headings' texts.
+	headings []string
 }
 
 // block is one fenced code block.
@@ -106,6 +108,7 @@ func parsePage(path, src string) *page {
 		}
 		p.lines = append(p.lines, line)
 		if m := heading.FindStringSubmatch(line); m != nil {
+			p.headings = append(p.headings, m[2])
 			a := anchor(m[2])
 			if n := counts[a]; n > 0 {
 				p.anchors[a+"-"+strconv.Itoa(n)] = true
@@ -218,4 +221,116 @@ func TestLinksResolve(t *testing.T) {
 			}
 		}
 	}
+}
+
+// pointer is a pointer to a section of a page by its title, as comments,
+// configuration files and pages write them: the page (README, DESIGN.md,
+// docs/kubernetes.md), an optional comma, and the title in double quotes.
+var pointer = regexp.MustCompile(`\b(README|[A-Z_]+\.md|docs/[\w./-]+\.md)(?:'s)?,? "([^"]+)"`)
+
+// pointerFiles are the files, besides Go and Markdown, that point at
+// sections.
+var pointerFiles = []string{".yml", ".yaml", ".sh", "Makefile", "Dockerfile"}
+
+// TestSectionPointersResolve: every pointer to a section by its title (the
+// page and the title in quotes, in a comment, a YAML file or a page) names
+// a heading of that page (one that starts with the title, after any
+// "(v3) "), or a list item or bold label that starts with it. CONTRACT.md,
+// the spec, is also quoted: there the text may be anywhere. A section that
+// moves to another page breaks its pointers here.
+func TestSectionPointersResolve(t *testing.T) {
+	byPath := map[string]*page{}
+	for _, p := range pages(t) {
+		byPath[p.path] = p
+	}
+	check := func(where, text string) {
+		for _, m := range pointer.FindAllStringSubmatch(text, -1) {
+			file := m[1]
+			switch {
+			case file == "README":
+				file = "README.md"
+			case !strings.Contains(file, "/") && file != "README.md":
+				file = "docs/" + file
+			}
+			p := byPath[file]
+			if p == nil {
+				t.Errorf("%s: %s, %q: no page %s", where, m[1], m[2], file)
+				continue
+			}
+			title := strings.Join(strings.Fields(m[2]), " ")
+			if !p.hasSection(title) && !(file == "docs/CONTRACT.md" && p.quotes(title)) {
+				t.Errorf("%s: %s, %q: %s has no section of that title", where, m[1], m[2], file)
+			}
+		}
+	}
+	for _, p := range pages(t) {
+		for i, line := range p.lines {
+			check(p.path+":"+strconv.Itoa(i+1), line)
+		}
+	}
+	m := loadIndex(t)
+	for rel, f := range m.files {
+		for _, cg := range f.Comments {
+			check(m.fset.Position(cg.Pos()).String(), strings.ReplaceAll(cg.Text(), "\n", " "))
+		}
+		_ = rel
+	}
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != root && (skipDirs[d.Name()] || strings.HasPrefix(d.Name(), ".") && d.Name() != ".github") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		for _, suffix := range pointerFiles {
+			if strings.HasSuffix(path, suffix) {
+				b, err := os.ReadFile(path)
+				if err != nil {
+					return err
+				}
+				rel, _ := filepath.Rel(root, path)
+				for i, line := range strings.Split(string(b), "\n") {
+					check(filepath.ToSlash(rel)+":"+strconv.Itoa(i+1), line)
+				}
+				break
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// versionTag is the "(v3) " a contract's heading or item may start with.
+var versionTag = regexp.MustCompile(`^\(v\d+\)\s*`)
+
+// quotes reports whether p's prose holds text, whatever the line breaks.
+func (p *page) quotes(text string) bool {
+	prose := strings.Join(strings.Fields(strings.Join(p.lines, " ")), " ")
+	return strings.Contains(strings.ToLower(prose), strings.ToLower(text))
+}
+
+// hasSection reports whether p has a section titled title: a heading that
+// starts with it, or a list item or bold label that does.
+func (p *page) hasSection(title string) bool {
+	title = strings.ToLower(versionTag.ReplaceAllString(title, ""))
+	for _, h := range p.headings {
+		h = strings.ToLower(versionTag.ReplaceAllString(strings.ReplaceAll(h, "`", ""), ""))
+		if strings.HasPrefix(h, title) {
+			return true
+		}
+	}
+	for _, line := range p.lines {
+		l := strings.TrimSpace(line)
+		l = strings.TrimPrefix(strings.TrimPrefix(l, "- "), "* ")
+		l = strings.ToLower(versionTag.ReplaceAllString(strings.TrimPrefix(l, "**"), ""))
+		if l != strings.ToLower(strings.TrimSpace(line)) && strings.HasPrefix(l, title) {
+			return true
+		}
+	}
+	return false
 }
