@@ -14,6 +14,9 @@ var (
 	spanName = regexp.MustCompile(`^\*?\(?\*?([A-Za-z_]\w*(?:\.[A-Za-z_]\w*){1,2})\)?(?:\(.*\))?$`)
 	// proseName is a dotted name inside a comment's prose.
 	proseName = regexp.MustCompile(`(?:^|[^\w./\[-])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*){1,2})(\*|\(|\.\w|/)?`)
+	// testName is a code span that names a test, a benchmark, a fuzz
+	// target or an example by itself: `TestClaimConcurrent`.
+	testName = regexp.MustCompile(`^(Test|Benchmark|Fuzz|Example)[A-Z_]\w*$`)
 	// docLink is a Go doc link: a bracketed Name, pkg.Name, Type.Method or
 	// pkg.Type.Method (go.dev/doc/comment#doclinks).
 	docLink = regexp.MustCompile(`\[\*?([A-Za-z_]\w*(?:\.[A-Za-z_]\w*){0,2})\]`)
@@ -30,7 +33,8 @@ var fileExts = []string{"go", "md", "mod", "sum", "yaml", "yml", "json", "sql", 
 // one of the module's package names (pkg.Name, pkg.Type.Member) or one of
 // its type names (Type.Member, the member its own, or promoted from an
 // embedded type); names of the standard library and of other modules are
-// not checked.
+// not checked. A test named alone (`TestClaimConcurrent`) must be declared
+// in some package.
 func TestCodeNamesExist(t *testing.T) {
 	m := loadIndex(t)
 	checked := 0
@@ -70,6 +74,9 @@ func TestCodeNamesExist(t *testing.T) {
 	for _, p := range pages(t) {
 		for i, line := range p.lines {
 			for _, s := range codeSpan.FindAllStringSubmatch(line, -1) {
+				if testName.MatchString(s[1]) && !m.declares(s[1]) {
+					t.Errorf("%s:%d: test %s is not declared in the module", p.path, i+1, s[1])
+				}
 				if n := spanName.FindStringSubmatch(s[1]); n != nil {
 					after := ""
 					if strings.HasSuffix(s[1], ")") {
@@ -145,4 +152,15 @@ func dirOf(rel string) string {
 		return rel[:i]
 	}
 	return "."
+}
+
+// declares reports whether some package of the module declares name at
+// its top level.
+func (m *moduleIndex) declares(name string) bool {
+	for _, p := range m.byName {
+		if p.top[name] {
+			return true
+		}
+	}
+	return false
 }
