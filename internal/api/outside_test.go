@@ -88,3 +88,56 @@ func TestDashboardCancelEndsTheOrder(t *testing.T) {
 		})
 	}
 }
+
+// hoodieBody buys one sku_hoodie (5500 cents).
+const hoodieBody = `{"email":"buyer@example.com","items":[{"sku":"sku_hoodie","quantity":1}],"payment_method":"pm_card_visa"}`
+
+// TestDashboardRefundReachesTheOrder (CONTRACT.md v4, issue 35 defect 7):
+// support refunds 1000 of a paid 5500 order in Stripe's Dashboard (no
+// idempotency key, none of our metadata). Stripe's refund.created and
+// charge.refunded reach the order through the refunds lifecycle: it is
+// partially_refunded with amount_refunded 1000, lists the refund, has one
+// order.refunded event (its email), and the API offers only the 4500 left;
+// refunding that makes it refunded. Before, the order stayed paid with
+// amount_refunded 0 and the API offered the whole 5500.
+func TestDashboardRefundReachesTheOrder(t *testing.T) {
+	t.Parallel()
+	h := setup(t, func(o *options) { o.webhooks = true })
+	r := h.checkout("dash-refund", hoodieBody)
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+	o := decodeOrder(t, r)
+
+	_, err := h.emu.DashboardRefund(o.Payment.PaymentIntentID, 1000, "requested_by_customer")
+	require.NoError(t, err)
+	eventually(t, "the Dashboard's refund reaches the order", func() bool {
+		return h.orderView(o.ID).Status == string(orders.PartiallyRefunded)
+	})
+	v := h.orderView(o.ID)
+	require.EqualValues(t, 1000, v.AmountRefunded)
+	require.Len(t, v.Refunds, 1)
+	require.EqualValues(t, 1000, v.Refunds[0].Amount)
+	require.Equal(t, "succeeded", v.Refunds[0].Status)
+	require.NotNil(t, v.Refunds[0].Reason)
+	require.Equal(t, "requested_by_customer", *v.Refunds[0].Reason)
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.refunded'`, o.ID))
+
+	over := h.refund(o.ID, "after-dash-over", `{"amount":5000}`)
+	require.Equal(t, http.StatusConflict, over.status, "%s", over.body)
+	require.Contains(t, string(over.body), "refund_exceeds_payment")
+	rest := decodeRefund(t, h.refund(o.ID, "after-dash", `{}`))
+	require.EqualValues(t, 4500, rest.Amount, "the API refunds only what the Dashboard left")
+	v = h.orderView(o.ID)
+	require.Equal(t, string(orders.Refunded), v.Status)
+	require.EqualValues(t, 5500, v.AmountRefunded)
+	require.Len(t, h.stripeRefunds(o.Payment.PaymentIntentID), 2, "two refunds at Stripe, 5500 in all")
+	eventually(t, "every event delivered", func() bool {
+		for _, e := range h.emu.Webhooks().Events {
+			if e.Status != "delivered" {
+				return false
+			}
+		}
+		return true
+	})
+	require.Equal(t, 2, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.refunded'`, o.ID))
+	require.Equal(t, 2, h.count(`SELECT count(*) FROM refunds WHERE order_id = ?`, o.ID), "the Dashboard's refund adopted once")
+}

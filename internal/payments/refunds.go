@@ -103,7 +103,7 @@ func (c *Client) ListRefunds(ctx context.Context, paymentIntentID string) ([]ref
 func refundStateOf(r *stripe.Refund) refunds.StripeRefund {
 	st := refunds.StripeRefund{
 		ID: r.ID, Amount: r.Amount, Currency: string(r.Currency), Status: string(r.Status),
-		FailureReason: string(r.FailureReason), Metadata: r.Metadata,
+		FailureReason: string(r.FailureReason), Metadata: r.Metadata, Reason: string(r.Reason),
 	}
 	if r.PaymentIntent != nil {
 		st.PaymentIntentID = r.PaymentIntent.ID

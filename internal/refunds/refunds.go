@@ -100,6 +100,14 @@ type StripeRefund struct {
 	FailureReason string
 	// Metadata holds refund_id, order_id and tenant_id for refunds we made.
 	Metadata map[string]string
+	// Reason is Stripe's reason (requested_by_customer, duplicate,
+	// fraudulent), "" for none.
+	Reason string
+	// OrderID and TenantID name the order of the refund's PaymentIntent,
+	// from the PaymentIntent's metadata, when the caller read it: how a
+	// refund made outside the service (the Dashboard), which carries none
+	// of our metadata, finds its order (Apply adopts it). Empty otherwise.
+	OrderID, TenantID string
 }
 
 // CreateParams is one POST /v1/refunds.
