@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"testing"
@@ -140,4 +141,32 @@ func TestDashboardRefundReachesTheOrder(t *testing.T) {
 	})
 	require.Equal(t, 2, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.refunded'`, o.ID))
 	require.Equal(t, 2, h.count(`SELECT count(*) FROM refunds WHERE order_id = ?`, o.ID), "the Dashboard's refund adopted once")
+}
+
+// TestDashboardRefundFoundByTheReconciler: with no webhook at all (the
+// endpoint down for longer than Stripe resends), the refund reconciler's
+// round finds the Dashboard's refund by listing the account's refunds and
+// brings it to the order the same way: partially_refunded, 1000 refunded,
+// one order.refunded; a second round changes nothing.
+func TestDashboardRefundFoundByTheReconciler(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	r := h.checkout("dash-refund-poll", hoodieBody)
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+	o := decodeOrder(t, r)
+	_, err := h.emu.DashboardRefund(o.Payment.PaymentIntentID, 1000, "")
+	require.NoError(t, err)
+	require.Equal(t, string(orders.Paid), h.orderView(o.ID).Status, "no webhook: nothing knows yet")
+
+	n, err := h.api.Refunds.AdoptOutside(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	v := h.orderView(o.ID)
+	require.Equal(t, string(orders.PartiallyRefunded), v.Status)
+	require.EqualValues(t, 1000, v.AmountRefunded)
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.refunded'`, o.ID))
+	n, err = h.api.Refunds.AdoptOutside(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Equal(t, 1, h.count(`SELECT count(*) FROM refunds WHERE order_id = ?`, o.ID))
 }
