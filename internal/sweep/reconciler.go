@@ -75,6 +75,11 @@ type Reconciler struct {
 	cfg    ReconcilerConfig
 	logger *slog.Logger
 
+	// actionsAfter is where the next round's page of orders in
+	// requires_action starts (actionsPage).
+	actionsMu    sync.Mutex
+	actionsAfter orders.Position
+
 	ordersTotal    *prometheus.CounterVec
 	orphans        prometheus.Counter
 	unknown        prometheus.Gauge
@@ -176,7 +181,7 @@ type ReconcileRound struct {
 // counted and logged, not returned; the error is for the round itself.
 func (r *Reconciler) RunOnce(ctx context.Context) (ReconcileRound, error) {
 	var round ReconcileRound
-	actions, err := orders.InStatus(ctx, r.db, orders.RequiresAction, r.cfg.BatchSize)
+	actions, err := r.actionsPage(ctx)
 	if err != nil {
 		return round, err
 	}
@@ -270,4 +275,26 @@ func (r *Reconciler) RunOnce(ctx context.Context) (ReconcileRound, error) {
 	r.unknown.Set(float64(n[orders.PaymentUnknown]))
 	r.requiresAction.Set(float64(n[orders.RequiresAction]))
 	return round, nil
+}
+
+// actionsPage lists up to BatchSize orders in requires_action for this
+// round, walking through them all across rounds: each round starts after
+// the last order the previous round listed, and starts over once a page
+// comes back short. An order whose reconciliation keeps failing does not
+// change, so a page of the oldest would list the same ones every round
+// and hide every order behind them (and their PAYMENT_ACTION_TIMEOUT and
+// stock) until a webhook came; walking on, every order is polled at least
+// once every ceil(n/BatchSize)+1 rounds, n being how many wait.
+func (r *Reconciler) actionsPage(ctx context.Context) ([]orders.Ref, error) {
+	r.actionsMu.Lock()
+	defer r.actionsMu.Unlock()
+	page, next, err := orders.InStatus(ctx, r.db, orders.RequiresAction, r.actionsAfter, r.cfg.BatchSize)
+	if err != nil {
+		return nil, err
+	}
+	r.actionsAfter = next
+	if len(page) < r.cfg.BatchSize {
+		r.actionsAfter = orders.Position{} // the end: the next round starts over
+	}
+	return page, nil
 }
