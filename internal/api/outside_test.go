@@ -6,10 +6,13 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/orders"
+	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/stripeemu"
 )
 
@@ -169,4 +172,112 @@ func TestDashboardRefundFoundByTheReconciler(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n)
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM refunds WHERE order_id = ?`, o.ID))
+}
+
+// strayPayment makes a declined order and, behind the service's back, a
+// PaymentIntent of 5000 for it that succeeds: a stray payment. It returns
+// the order's id and the PaymentIntent.
+func (h *harness) strayPayment(key string) (string, checkout.PaymentIntentState) {
+	h.t.Helper()
+	answers := h.untilFinal(key, declinedBody)
+	require.Equal(h.t, http.StatusPaymentRequired, answers[len(answers)-1].status)
+	id := h.orderOfKey(key)
+	c := payments.NewClient(payments.Config{APIBase: h.emuURL, SecretKey: "sk_test_123"}, nil, nil)
+	pi, err := c.CreatePaymentIntent(h.t.Context(), checkout.CreateIntentRequest{IdempotencyKey: key + "-behind-our-back",
+		Amount: 5000, Currency: "usd", PaymentMethod: "pm_card_visa", OrderID: id, TenantID: "acme"})
+	require.NoError(h.t, err)
+	pi, err = c.ConfirmPaymentIntent(h.t.Context(), checkout.ConfirmIntentRequest{IdempotencyKey: key + "-behind-our-back/confirm", PaymentIntentID: pi.ID})
+	require.NoError(h.t, err)
+	require.Equal(h.t, checkout.PISucceeded, pi.Status)
+	return id, pi
+}
+
+// strayRefunds returns the emulator's refunds of piID, oldest first, and
+// the keys the service sent for them.
+func (h *harness) strayRefunds(piID string) (rs []refundAtStripe, keys []string) {
+	h.t.Helper()
+	rs = h.stripeRefunds(piID)
+	for _, rq := range h.emu.Requests() {
+		if rq.Op == stripeemu.OpRefundCreate && rq.Status == http.StatusOK {
+			keys = append(keys, rq.IdempotencyKey)
+		}
+	}
+	return rs, keys
+}
+
+// unreturned reads checkout_payments_stray_unreturned and the usd amount.
+func (h *harness) unreturned() (int, int) {
+	n := testutil.ToFloat64(gathered{h.registry.Registry, "checkout_payments_stray_unreturned", nil})
+	amount := testutil.ToFloat64(gathered{h.registry.Registry, "checkout_payments_stray_unreturned_amount", map[string]string{"currency": "usd"}})
+	return int(n), int(amount)
+}
+
+// TestStrayRefundFailedIsSentAgain (CONTRACT.md v4, issue 35 defect 5): a
+// stray payment's refund that Stripe fails is sent again under the next
+// attempt's key, by the reconciler's round, until Stripe says a refund
+// succeeded; meanwhile it is counted as money not returned
+// (checkout_payments_stray_unreturned and _amount, which
+// CheckoutStrayPaymentNotReturned alerts on), and it counts once in
+// checkout_payments_stray_total. Before, attempt 1's key was sent again,
+// Stripe replayed the failed refund, it counted as refunded again and
+// none of the 5000 reached the customer.
+func TestStrayRefundFailedIsSentAgain(t *testing.T) {
+	t.Parallel()
+	h := setup(t) // no webhooks: the detection and the reconciler's rounds alone
+	id, pi := h.strayPayment("stray-again")
+	h.emu.SetRefundsPending(true)
+	_, err := h.api.Service.ApplyPaymentIntent(context.Background(), pi) // the detection
+	require.NoError(t, err)
+	rs, keys := h.strayRefunds(pi.ID)
+	require.Len(t, rs, 1)
+	require.Equal(t, []string{checkout.StrayRefundKey(id, pi.ID, 1)}, keys)
+	n, err := h.api.Service.ReturnStrayPayments(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "pending at Stripe: not returned yet")
+	un, amount := h.unreturned()
+	require.Equal(t, 1, un)
+	require.Equal(t, 5000, amount)
+
+	_, err = h.emu.FailRefund(rs[0].ID, "")
+	require.NoError(t, err)
+	n, err = h.api.Service.ReturnStrayPayments(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "sent again, pending at Stripe")
+	rs, keys = h.strayRefunds(pi.ID)
+	require.Len(t, rs, 2, "a second refund, not a replay of the first")
+	require.Equal(t, []string{checkout.StrayRefundKey(id, pi.ID, 1), checkout.StrayRefundKey(id, pi.ID, 2)}, keys)
+	require.EqualValues(t, 5000, rs[1].Amount)
+
+	_, err = h.emu.SucceedRefund(rs[1].ID)
+	require.NoError(t, err)
+	n, err = h.api.Service.ReturnStrayPayments(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, n, "Stripe says it succeeded: returned")
+	un, amount = h.unreturned()
+	require.Zero(t, un)
+	require.Zero(t, amount)
+	_, err = h.api.Service.ReturnStrayPayments(context.Background())
+	require.NoError(t, err)
+	rs, _ = h.strayRefunds(pi.ID)
+	require.Len(t, rs, 2, "nothing more once returned")
+	require.Equal(t, 1, h.strayTotal(checkout.StrayRefunded), "one stray payment")
+	require.Equal(t, string(orders.PaymentFailed), h.order(id).Status)
+}
+
+// TestStrayRefundFailedWebhook: with webhooks, Stripe's refund.failed for a
+// stray payment's refund sends it again at once, under the next attempt's
+// key; the second refund succeeds and returns the 5000.
+func TestStrayRefundFailedWebhook(t *testing.T) {
+	t.Parallel()
+	h := setup(t, func(o *options) { o.webhooks = true })
+	id, pi := h.strayPayment("stray-hook")
+	eventually(t, "the stray payment refunded", func() bool { rs, _ := h.strayRefunds(pi.ID); return len(rs) == 1 })
+	rs, _ := h.strayRefunds(pi.ID)
+	_, err := h.emu.FailRefund(rs[0].ID, "")
+	require.NoError(t, err)
+	eventually(t, "the refund sent again", func() bool { rs, _ := h.strayRefunds(pi.ID); return len(rs) == 2 })
+	rs, keys := h.strayRefunds(pi.ID)
+	require.Equal(t, []string{checkout.StrayRefundKey(id, pi.ID, 1), checkout.StrayRefundKey(id, pi.ID, 2)}, keys)
+	require.Equal(t, "succeeded", rs[1].Status)
+	require.EqualValues(t, 5000, rs[1].Amount)
 }

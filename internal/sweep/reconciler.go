@@ -170,11 +170,22 @@ func (r *Reconciler) Run(ctx context.Context) error {
 }
 
 // ReconcileRound counts what one round did: orders settled or resumed
-// (Changed, Unchanged, Failed), and orphan PaymentIntents canceled by the
-// sweep (Orphans; a failed sweep counts in Failed).
+// (Changed, Unchanged, Failed), orphan PaymentIntents canceled by the
+// sweep (Orphans; a failed sweep counts in Failed), and the stray payments
+// whose refund Stripe has still not said succeeded (StrayUnreturned).
 type ReconcileRound struct {
 	Changed, Unchanged, Failed int
 	Orphans                    int
+	StrayUnreturned            int
+}
+
+// StrayReturner is implemented by an OrderReconciler that also returns
+// stray payments (*checkout.Service): each round, ReturnStrayPayments
+// sends the refund of every stray payment Stripe has not refunded yet
+// again (under its next attempt's key once Stripe failed the last), sets
+// the metrics of the money not returned, and returns how many are not.
+type StrayReturner interface {
+	ReturnStrayPayments(ctx context.Context) (unreturned int, err error)
 }
 
 // RunOnce runs one round and refreshes the gauges. An order's failure is
@@ -267,6 +278,16 @@ func (r *Reconciler) RunOnce(ctx context.Context) (ReconcileRound, error) {
 		})
 	}
 	g.Wait() // the goroutines report through round
+
+	if sr, ok := r.svc.(StrayReturner); ok && ctx.Err() == nil {
+		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.OrderTimeout)
+		n, err := sr.ReturnStrayPayments(octx)
+		cancel()
+		if err != nil {
+			r.logger.Warn("return stray payments", "err", err)
+		}
+		round.StrayUnreturned = n
+	}
 
 	n, err := orders.Count(ctx, r.db, orders.PaymentUnknown, orders.RequiresAction)
 	if err != nil {

@@ -381,6 +381,14 @@ func (h *Handler) refunds(ctx context.Context, ev Event, rs []Refund) (string, e
 				return "", problem.Wrap(ErrStripeUnavailable, fmt.Errorf("retrieve %s of refund %s: %w", r.PaymentIntentID, r.ID, err))
 			}
 			r.IntentOrderID, r.IntentTenantID = pi.OrderID, pi.TenantID
+			if r.OrderID != "" && (r.Status == "failed" || r.Status == "canceled") {
+				// The refund of a stray payment (ours: order metadata, no
+				// refund of ours) that Stripe failed: sent again, under
+				// the next attempt's key, before the event is recorded.
+				if err := h.Orders.SettleStrayPayment(ctx, pi); err != nil {
+					return "", problem.Wrap(ErrStripeUnavailable, fmt.Errorf("refund stray payment %s again: %w", pi.ID, err))
+				}
+			}
 		}
 		if r.Ours() || (r.IntentOrderID != "" && r.IntentTenantID != "") {
 			ours = append(ours, r)
