@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -280,4 +281,36 @@ func TestStrayRefundFailedWebhook(t *testing.T) {
 	require.Equal(t, []string{checkout.StrayRefundKey(id, pi.ID, 1), checkout.StrayRefundKey(id, pi.ID, 2)}, keys)
 	require.Equal(t, "succeeded", rs[1].Status)
 	require.EqualValues(t, 5000, rs[1].Amount)
+}
+
+// TestDashboardCancelReachesTheReconciler: with no webhook, the
+// reconciler's round reads the canceled PaymentIntent of an order waiting
+// for 3D Secure and ends it as the webhook would (canceled for
+// requested_by_customer, payment_failed for a reason Stripe sets), stock
+// back; the next round has nothing left to poll.
+func TestDashboardCancelReachesTheReconciler(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	stock := h.stock("sku_tee")
+	want := map[string]orders.Status{"requested_by_customer": orders.Canceled, "automatic": orders.PaymentFailed}
+	ids := map[string]string{}
+	for reason := range want {
+		r := h.checkout("dash-rec-"+reason, threeDSBody)
+		require.Equal(t, http.StatusAccepted, r.status, "%s", r.body)
+		o := decodeOrder(t, r)
+		ids[reason] = o.ID
+		_, err := h.emu.DashboardCancel(o.Payment.PaymentIntentID, reason)
+		require.NoError(t, err)
+	}
+	rec := h.reconciler(time.Now)
+	round, err := rec.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 2, round.Changed)
+	for reason, id := range ids {
+		h.requirePaymentInvariants(id, string(want[reason]))
+	}
+	require.Equal(t, stock, h.stock("sku_tee"))
+	round, err = rec.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, round.Changed+round.Unchanged+round.Failed, "nothing left to poll")
 }
