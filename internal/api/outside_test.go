@@ -314,3 +314,30 @@ func TestDashboardCancelReachesTheReconciler(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, round.Changed+round.Unchanged+round.Failed, "nothing left to poll")
 }
+
+// TestStrayPaymentRefundedByHand: after Stripe failed the stray payment's
+// refund, support refunds it in the Dashboard before the reconciler's
+// round: the round sends nothing more and counts it returned.
+func TestStrayPaymentRefundedByHand(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	_, pi := h.strayPayment("stray-by-hand")
+	_, err := h.api.Service.ApplyPaymentIntent(context.Background(), pi)
+	require.NoError(t, err)
+	rs, _ := h.strayRefunds(pi.ID)
+	require.Len(t, rs, 1)
+	_, err = h.emu.FailRefund(rs[0].ID, "")
+	require.NoError(t, err)
+	_, err = h.emu.DashboardRefund(pi.ID, 0, "")
+	require.NoError(t, err)
+
+	n, err := h.api.Service.ReturnStrayPayments(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, n)
+	un, amount := h.unreturned()
+	require.Zero(t, un)
+	require.Zero(t, amount)
+	rs, keys := h.strayRefunds(pi.ID)
+	require.Len(t, rs, 2, "ours, failed, and the Dashboard's")
+	require.Len(t, keys, 1, "no second refund of ours")
+}

@@ -84,36 +84,44 @@ func (s *Service) SettleStrayPayment(ctx context.Context, pi PaymentIntentState)
 
 // settleStray is SettleStrayPayment for a loaded order.
 func (s *Service) settleStray(ctx context.Context, o *Order, pi PaymentIntentState) error {
+	_, err := s.returnStray(ctx, o, pi)
+	return err
+}
+
+// returnStray is settleStray, reporting whether the money is back with
+// the customer: pi is not stray, its authorization was canceled, or
+// refunds Stripe says succeeded cover what it charged.
+func (s *Service) returnStray(ctx context.Context, o *Order, pi PaymentIntentState) (returned bool, err error) {
 	if !isStray(o, pi) {
-		return nil
+		return true, nil
 	}
 	log := s.Logger.With("order_id", o.ID, "order_status", o.Status, "payment_intent", pi.ID,
 		"status", pi.Status, "order_payment_intent", o.Payment.PaymentIntentID)
 	switch pi.Status {
 	case PIProcessing:
 		log.ErrorContext(ctx, "a PaymentIntent is moving money for an order that is not paid; refunded once it succeeds")
-		return nil
+		return false, nil
 	case PIRequiresCapture:
 		// Authorized, not captured: canceling releases the hold.
 		got, err := s.newRun(nil, "", o).cancel(ctx, pi.ID, CancelDuplicate, "")
 		if err != nil {
 			s.Metrics.stray(StrayFailed)
-			return fmt.Errorf("cancel stray payment %s of order %s: %w", pi.ID, o.ID, err)
+			return false, fmt.Errorf("cancel stray payment %s of order %s: %w", pi.ID, o.ID, err)
 		}
 		if got.Status == PICanceled {
 			s.Metrics.stray(StrayCanceled)
 			log.ErrorContext(ctx, "money was authorized for an order that is not paid; the authorization is canceled")
-			return nil
+			return true, nil
 		}
 		pi = got // captured meanwhile: refund it
 		if pi.Status != PISucceeded {
-			return fmt.Errorf("stray payment %s of order %s is %s", pi.ID, o.ID, pi.Status)
+			return false, fmt.Errorf("stray payment %s of order %s is %s", pi.ID, o.ID, pi.Status)
 		}
 	}
 	if s.StrayRefunds == nil {
 		s.Metrics.stray(StrayFailed)
 		log.ErrorContext(ctx, "money moved for an order that is not paid, and no refund client is configured")
-		return nil
+		return false, nil
 	}
 	// Detections of one payment run at once (a webhook and its resend, the
 	// reconciler): the order's row lock makes them take turns, so the
@@ -121,7 +129,7 @@ func (s *Service) settleStray(ctx context.Context, o *Order, pi PaymentIntentSta
 	// again. The lock is held across Stripe's calls, which is acceptable
 	// on this path only: it should never run.
 	var out strayRefund
-	err := postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
+	err = postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
 		if err := orders.Lock(ctx, tx, "", o.ID); err != nil {
 			return err
 		}
@@ -136,7 +144,7 @@ func (s *Service) settleStray(ctx context.Context, o *Order, pi PaymentIntentSta
 	case err != nil:
 		s.Metrics.stray(StrayFailed)
 		log.ErrorContext(ctx, "money moved for an order that is not paid, and its refund failed; sent again until Stripe says it succeeded", "err", err)
-		return fmt.Errorf("refund stray payment %s of order %s: %w", pi.ID, o.ID, err)
+		return false, fmt.Errorf("refund stray payment %s of order %s: %w", pi.ID, o.ID, err)
 	case out.sent != nil:
 		if out.attempt == 1 {
 			// A stray payment counts once; a refund sent again after
@@ -146,16 +154,18 @@ func (s *Service) settleStray(ctx context.Context, o *Order, pi PaymentIntentSta
 		log.ErrorContext(ctx, "money moved for an order that is not paid; refunded",
 			"refund", out.sent.ID, "amount", out.sent.Amount, "refund_status", out.sent.Status, "attempt", out.attempt)
 	}
-	return nil
+	return out.returned, nil
 }
 
 // strayRefund is what refundStray did: the refund it sent (nil when
-// refunds Stripe holds cover the payment already), the attempt, and the
+// refunds Stripe holds cover the payment already), the attempt, whether
+// refunds Stripe says succeeded cover the payment (returned), and the
 // error of Stripe's call, if any.
 type strayRefund struct {
-	sent    *refunds.StripeRefund
-	attempt int
-	callErr error
+	sent     *refunds.StripeRefund
+	attempt  int
+	returned bool
+	callErr  error
 }
 
 // maxStrayAttempts bounds the refunds of one stray payment one run sends:
@@ -181,7 +191,7 @@ func (s *Service) refundStray(ctx context.Context, tx *gorm.DB, o *Order, pi Pay
 			out.callErr = fmt.Errorf("list refunds of stray payment %s: %w", pi.ID, err)
 			return out, nil
 		}
-		var covered int64
+		var covered, succeeded int64
 		failed := 0
 		status := map[string]string{}
 		for _, r := range existing {
@@ -191,10 +201,14 @@ func (s *Service) refundStray(ctx context.Context, tx *gorm.DB, o *Order, pi Pay
 				if r.Metadata["order_id"] == o.ID && r.Metadata["refund_id"] == "" {
 					failed++
 				}
+			case "succeeded":
+				succeeded += r.Amount
+				covered += r.Amount
 			default:
-				covered += r.Amount // succeeded, or on its way
+				covered += r.Amount // on its way
 			}
 		}
+		out.returned = succeeded >= pi.Amount
 		latest, err := stripestep.Latest(ctx, tx, o.ID, step)
 		if err != nil {
 			return out, err
@@ -251,6 +265,7 @@ func (s *Service) refundStray(ctx context.Context, tx *gorm.DB, o *Order, pi Pay
 			continue // a replay of a refund Stripe failed since: the next attempt
 		}
 		out.sent = &got
+		out.returned = got.Status == "succeeded" && succeeded+got.Amount >= pi.Amount
 		return out, nil
 	}
 	out.callErr = fmt.Errorf("stray payment %s: %d refunds failed at Stripe in one run", pi.ID, maxStrayAttempts)
@@ -280,53 +295,58 @@ type strayStatus struct {
 // refund Stripe has not said succeeded (stripestep.StrayRefunds): it reads
 // the PaymentIntent from Stripe and settles it as a detection would
 // (SettleStrayPayment: the refund sent again under the next attempt's key
-// once Stripe failed it), then counts the ones still not returned in
+// once Stripe failed the last), then counts the ones whose money is still
+// not back (refunds Stripe says succeeded do not cover what it charged) in
 // checkout_payments_stray_unreturned and
 // checkout_payments_stray_unreturned_amount, which an alert watches. The
-// reconciler calls it each round. An error for one payment is joined and
-// the others go on. It returns how many stray payments are still not
-// returned.
+// reconciler calls it each round. An error for one payment is joined, the
+// payment counted as not returned, and the others go on. It returns how
+// many stray payments are not returned.
+//
+// A stray payment returned by a refund that is not its latest attempt's
+// (refunded by hand in the Dashboard after ours failed) is read from
+// Stripe again each round: the log records only Stripe's answers to its
+// own attempts.
 func (s *Service) ReturnStrayPayments(ctx context.Context) (int, error) {
 	var errs []error
 	latest, err := stripestep.StrayRefunds(ctx, s.DB)
 	if err != nil {
 		return 0, err
 	}
-	for _, a := range latest {
-		if a.StripeStatus != nil && *a.StripeStatus == "succeeded" {
-			continue
-		}
-		pi, err := s.Payments.RetrievePaymentIntent(ctx, a.Target())
-		if err != nil {
-			errs = append(errs, fmt.Errorf("retrieve stray payment %s: %w", a.Target(), err))
-			continue
-		}
-		o, err := loadOrder(ctx, s.DB, a.TenantID, a.OrderID)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if err := s.settleStray(ctx, o, pi); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if latest, err = stripestep.StrayRefunds(ctx, s.DB); err != nil {
-		return 0, errors.Join(append(errs, err)...)
-	}
 	st := strayStatus{Amounts: map[string]int64{}}
 	for _, a := range latest {
 		if a.StripeStatus != nil && *a.StripeStatus == "succeeded" {
 			continue
 		}
+		returned, cur, err := s.returnStrayOf(ctx, &a)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if returned {
+			continue
+		}
 		var req struct{ Amount int64 }
 		_ = json.Unmarshal(a.RequestParams, &req) // written by refundStray
-		cur := "usd"
-		if o, err := loadOrder(ctx, s.DB, a.TenantID, a.OrderID); err == nil {
-			cur = o.Currency
-		}
 		st.Unreturned++
 		st.Amounts[cur] += req.Amount
 	}
 	s.Metrics.unreturned(st)
 	return st.Unreturned, errors.Join(errs...)
+}
+
+// returnStrayOf is returnStray for the stray payment of attempt a, with
+// its order's currency ("usd" when the order cannot be read).
+func (s *Service) returnStrayOf(ctx context.Context, a *stripestep.Attempt) (returned bool, currency string, err error) {
+	currency = "usd"
+	o, err := loadOrder(ctx, s.DB, a.TenantID, a.OrderID)
+	if err != nil {
+		return false, currency, err
+	}
+	currency = o.Currency
+	pi, err := s.Payments.RetrievePaymentIntent(ctx, a.Target())
+	if err != nil {
+		return false, currency, fmt.Errorf("retrieve stray payment %s: %w", a.Target(), err)
+	}
+	returned, err = s.returnStray(ctx, o, pi)
+	return returned, currency, err
 }
