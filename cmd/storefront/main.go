@@ -90,6 +90,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("serve: %w", err)
 	}
+	// The Pays' calls to the API outlive their requests (a browser that
+	// went away): let each end and settle its purchase.
+	shop.Wait()
 	logger.Info("storefront stopped")
 	return nil
 }

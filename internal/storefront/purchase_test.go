@@ -45,6 +45,7 @@ func TestStorefrontRestartDuringPay(t *testing.T) {
 		require.NoError(t, err)
 		srv := &http.Server{Handler: shop}
 		go func() { _ = srv.Serve(ln) }()
+		t.Cleanup(shop.Wait)
 		t.Cleanup(func() { _ = srv.Close() })
 		return srv
 	}
@@ -125,4 +126,60 @@ func TestChangedDetailsAfterLostAnswer(t *testing.T) {
 	last := rows[len(rows)-1]
 	require.True(t, strings.HasPrefix(last.Answer, "201"), "%+v", rows)
 	require.Equal(t, "yes", last.Replayed, "the first order, replayed")
+}
+
+// TestTabClosedDuringPay: the shopper presses Pay (Stripe slow, so the
+// Pay is in flight), closes the tab, opens the shop again in another tab
+// of the same browser (same cookies, a new sessionStorage) and goes to the
+// checkout, pressing Pay if the page offers it: the reopened checkout is
+// the same purchase, and the call the closed tab started still finishes.
+// One order, one charge at the emulator, one email. With the purchase's
+// key kept only in the tab, the closed tab abandoned the API call (the cart
+// was never emptied) and the reopened checkout offered the same cart under
+// a new key: a second paid order and a second email.
+func TestTabClosedDuringPay(t *testing.T) {
+	e := setup(t)
+	window := e.tab(t, 2*time.Minute) // the browser: its cookies outlive its tabs
+	first, closeFirst := chromedp.NewContext(window)
+	t.Cleanup(closeFirst)
+	require.NoError(t, chromedp.Do(first))
+	buyer := email("tab-closed")
+	e.toCheckout(t, first, buyer, "pm_card_visa")
+
+	e.st.Fault(stripeemu.Fault{Kind: stripeemu.FaultDelay, Op: stripeemu.OpPICreate, Count: 1, Before: 3 * time.Second})
+	t.Cleanup(e.st.ClearFaults)
+	click(t, first, "#pay")
+	deadline := time.Now().Add(10 * time.Second)
+	for len(e.orders(t, buyer)) == 0 {
+		require.True(t, time.Now().Before(deadline), "the Pay reached the api")
+		time.Sleep(50 * time.Millisecond)
+	}
+	closeFirst() // the tab closes while Stripe has not answered
+
+	second, closeSecond := chromedp.NewContext(window)
+	t.Cleanup(closeSecond)
+	require.NoError(t, chromedp.Do(second))
+	do(t, second, chromedp.Navigate(e.shopURL+"/checkout"))
+	until(t, second, 10*time.Second, `document.getElementById("result")`)
+	payUntilDone(t, e, buyer, func() {
+		if eval[bool](t, second, `(() => { const b = document.getElementById("pay"); return !!b && b.offsetParent !== null; })()`) {
+			// A form the page left open is filled in again, as the
+			// shopper did in the first tab.
+			if eval[bool](t, second, `!document.getElementById("email").disabled`) {
+				do(t, second, chromedp.SetValue(chromedp.CSS("#email"), buyer), chromedp.SetValue(chromedp.CSS("#payment-method"), "pm_card_visa"))
+			}
+			click(t, second, "#pay")
+		}
+	}, func() bool { return eval[bool](t, second, `!!document.querySelector("#order-link, #last-order-link")`) }, 30*time.Second)
+
+	require.NoError(t, e.st.Quiesce(30*time.Second))
+	orders := e.orders(t, buyer)
+	require.Len(t, orders, 1, "one order")
+	pis := e.intents(orders[0])
+	require.Len(t, pis, 1, "one PaymentIntent")
+	require.Equal(t, "succeeded", pis[0].Status, "one charge")
+	require.Equal(t, "paid", e.orderStatus(t, orders[0]))
+	require.Equal(t, 1, e.st.Emails(orders[0]), "one email")
+	href := eval[string](t, second, `document.querySelector("#order-link, #last-order-link").getAttribute("href")`)
+	require.Equal(t, "/orders/"+orders[0], href, "the reopened checkout leads to the order")
 }

@@ -30,6 +30,11 @@ type session struct {
 	// orders are the session's orders, newest last: a browser sees only
 	// its own, though the tenant's secret could read every order.
 	orders []orderRef
+	// open is the session's one open purchase (nil until the checkout is
+	// shown or a Pay comes); last is the one before it, once done, until
+	// the open one is sent: a checkout opened again after its tab closed
+	// shows how the purchase ended.
+	open, last *Purchase
 }
 
 // orderRef is an order of the session, with its PaymentIntent so that a
@@ -44,7 +49,7 @@ type sessions struct {
 	// session id, nor take another's without its cookie.
 	secret []byte
 	mu     sync.Mutex
-	byID   map[string]*session
+	all    map[string]*session
 }
 
 // sign returns the cookie's value for session id: id.HMAC(secret, id).
@@ -81,8 +86,6 @@ func (ss *sessions) existing(r *http.Request) (string, bool) {
 // whose cookie it sets. fn runs with the sessions locked, so it must not
 // block.
 func (ss *sessions) with(w http.ResponseWriter, r *http.Request, fn func(*session)) {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
 	var id string
 	if c, err := r.Cookie(sessionCookie); err == nil {
 		id, _ = ss.verify(c.Value)
@@ -97,10 +100,19 @@ func (ss *sessions) with(w http.ResponseWriter, r *http.Request, fn func(*sessio
 		r.Header.Del("Cookie")
 		r.AddCookie(c)
 	}
-	s := ss.byID[id]
+	ss.byID(id, fn)
+}
+
+// byID runs fn with session id, in memory again (empty) when the
+// storefront restarted since. fn runs with the sessions locked, so it must
+// not block.
+func (ss *sessions) byID(id string, fn func(*session)) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	s := ss.all[id]
 	if s == nil {
 		s = &session{id: id}
-		ss.byID[id] = s
+		ss.all[id] = s
 	}
 	fn(s)
 }
