@@ -157,7 +157,8 @@ func (s *session) settle(p *Purchase, pay int, out PayResult, attempts []Attempt
 		p.Attempts = append(p.Attempts, a)
 	}
 	if out.OrderID != "" {
-		s.remember(orderRef{ID: out.OrderID, PaymentIntentID: out.paymentIntentID})
+		s.remember(orderRef{ID: out.OrderID, PaymentIntentID: out.paymentIntentID,
+			ThreeDS: out.Outcome == OutcomeRequiresAction, Reason: out.reason})
 	}
 	switch {
 	case p.Status == PurchaseDone:

@@ -1,6 +1,7 @@
 package storefront
 
 import (
+	"cmp"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -20,9 +21,10 @@ const sessionCookie = "storefront_session"
 // session is one browser's state. Its id lives in the browser's cookie,
 // signed with the storefront's secret, so it survives a restart of the
 // storefront: the API keys derived from it (apiKey) are the same after
-// one. The cart and the list of orders are in memory, and a restart
-// forgets them; a purchase needs neither: the browser keeps its request
-// (web/checkout.js) and the API its order.
+// one. The cart, the orders and the open purchase are in memory, and a
+// restart forgets them; a purchase sent before the restart survives it:
+// the page keeps a copy of its request (web/checkout.js), which the next
+// Pay gives back, and the API keeps its order.
 type session struct {
 	id string
 	// cart is the SKUs and quantities in the order they were added.
@@ -38,9 +40,15 @@ type session struct {
 }
 
 // orderRef is an order of the session, with its PaymentIntent so that a
-// customer back from 3D Secure (?payment_intent=pi_…) finds it.
+// customer back from 3D Secure (?payment_intent=pi_…) finds it, and what
+// the storefront learned of its payment that the API's order does not say.
 type orderRef struct {
 	ID, PaymentIntentID string
+	// ThreeDS: the order asked for 3D Secure.
+	ThreeDS bool
+	// Reason says why its payment failed, in the shopper's words, when
+	// the storefront saw it fail (a decline, a failed 3D Secure, a cancel).
+	Reason string
 }
 
 // sessions holds every session; it is safe for concurrent use.
@@ -143,11 +151,14 @@ func (s *session) order(id string) (orderRef, bool) {
 	return orderRef{}, false
 }
 
-// remember records an order of the session (once).
+// remember records an order of the session (once), or what more is
+// known of it.
 func (s *session) remember(o orderRef) {
 	for i := range s.orders {
-		if s.orders[i].ID == o.ID {
-			s.orders[i] = o
+		if p := &s.orders[i]; p.ID == o.ID {
+			p.PaymentIntentID = cmp.Or(o.PaymentIntentID, p.PaymentIntentID)
+			p.ThreeDS = p.ThreeDS || o.ThreeDS
+			p.Reason = cmp.Or(o.Reason, p.Reason)
 			return
 		}
 	}

@@ -2,21 +2,27 @@
 // API, server-rendered with html/template and a little JavaScript, made to
 // show an Idempotency-Key's whole life:
 //
-//   - the browser makes the key when the checkout form is shown; at the
-//     first Pay it stores the key with the purchase's whole request (items,
-//     email, card) in sessionStorage and locks the form, and every Pay of
-//     the purchase sends that same request, until a final answer: a double
-//     click, a reload, a retry after a lost answer, or after a restart of
-//     the storefront, all send the same key and the same body
-//     (web/checkout.js);
+//   - the storefront keeps each session's one open purchase (Purchase):
+//     its key, made when the checkout is first shown, and from its first
+//     Pay its whole request (cart snapshot, email, card), until a final
+//     answer; every checkout page of the session starts from it, so a
+//     double click, a reload, a second tab, the Back button, or a tab
+//     closed during Pay and opened again all send the same key and the
+//     same body (web/checkout.js keeps a copy for a restart of the
+//     storefront);
+//   - Pay's call to the API runs detached from the browser's request
+//     (Server.Wait drains them): a browser that goes away does not
+//     abandon it, and its answer ends the purchase;
 //   - the storefront server calls the API with the tenant's secret, which
 //     never reaches the browser, through the public client package, with
-//     the browser's key scoped to the session (apiKey);
+//     the purchase's key scoped to the session (apiKey);
 //   - a panel shows the key, each attempt sent to the API and each answer:
 //     201, 202, 409 idempotency_key_in_use, replayed or not (Attempt);
 //   - a card that needs 3D Secure goes through Stripe's redirect flow
 //     (the checkout's return_url), and the order page follows the order
-//     until it settles, with a cancel button while it waits.
+//     until it settles, with a cancel button while it waits, in the
+//     shopper's words: product names, statuses, why a payment failed
+//     (orderView).
 //
 // Routes:
 //
@@ -35,6 +41,7 @@
 package storefront
 
 import (
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -343,15 +350,15 @@ type payRequest struct {
 	PaymentMethod string        `json:"payment_method"`
 }
 
-// catalogFor returns the catalog to check items against: the one last
-// read (by any page), read again when it is missing one of items' SKUs.
-func (s *Server) catalogFor(r *http.Request, items []client.Item) ([]client.Product, error) {
+// catalogFor returns the catalog that has skus: the one last read
+// (by any page), read again (bounded by readWait) when it is missing one.
+func (s *Server) catalogFor(ctx context.Context, skus []string) ([]client.Product, error) {
 	s.mu.Lock()
 	catalog := s.catalog
 	s.mu.Unlock()
-	for _, it := range items {
-		if !slices.ContainsFunc(catalog, func(p client.Product) bool { return p.SKU == it.SKU }) {
-			ctx, cancel := reading(r)
+	for _, sku := range skus {
+		if !slices.ContainsFunc(catalog, func(p client.Product) bool { return p.SKU == sku }) {
+			ctx, cancel := context.WithTimeout(ctx, readWait)
 			defer cancel()
 			ps, err := s.listProducts(ctx)
 			if err != nil {
@@ -421,8 +428,8 @@ type PayResult struct {
 	Attempts []Attempt `json:"attempts"`
 
 	// paymentIntentID is the order's PaymentIntent, for the return from
-	// 3D Secure.
-	paymentIntentID string
+	// 3D Secure; reason why its payment failed, for its page.
+	paymentIntentID, reason string
 }
 
 // pay serves POST /checkout: one Pay of the session's open purchase. The
@@ -451,7 +458,11 @@ func (s *Server) pay(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, PayResult{Outcome: OutcomeInvalid, Message: "The page sent no valid key; reload it."})
 		return
 	}
-	catalog, err := s.catalogFor(r, in.Items)
+	skus := make([]string, len(in.Items))
+	for i, it := range in.Items {
+		skus[i] = it.SKU
+	}
+	catalog, err := s.catalogFor(r.Context(), skus)
 	if err != nil {
 		writeJSON(w, http.StatusOK, PayResult{Outcome: OutcomeUnknown, Key: in.Key,
 			Message: "The shop cannot reach the checkout service. Press Pay again in a moment: it is safe."})
@@ -566,9 +577,14 @@ func (s *Server) payResult(err error, res *client.OrderResult) PayResult {
 			fields = append(fields, f.Field+" "+f.Message)
 		}
 		return PayResult{Outcome: OutcomeInvalid, Message: "Please fix: " + strings.Join(fields, "; ") + "."}
-	case e.Code == client.CodeCardDeclined || e.Code == client.CodePaymentRejected:
-		return PayResult{Outcome: OutcomeFailed, Final: true, OrderID: e.OrderID,
-			Message: "The payment failed (" + string(e.Code) + "). Nothing was charged; try another card."}
+	case e.Code == client.CodeCardDeclined:
+		why := declineText(e.DeclineCode)
+		return PayResult{Outcome: OutcomeFailed, Final: true, OrderID: e.OrderID, reason: why,
+			Message: why + " Choose another card and press Pay: that is a new purchase."}
+	case e.Code == client.CodePaymentRejected:
+		why := "The payment was refused (" + cmp.Or(e.Detail, e.Title) + "). Nothing was charged."
+		return PayResult{Outcome: OutcomeFailed, Final: true, OrderID: e.OrderID, reason: why,
+			Message: why + " Choose another card and press Pay: that is a new purchase."}
 	case e.Code == client.CodeIdempotencyKeyReused:
 		// Not an outcome of the purchase: its first request, with its
 		// original details, may be paid in a moment. Keep the key; a new
@@ -592,6 +608,11 @@ func (s *Server) returned(w http.ResponseWriter, r *http.Request) {
 				id = o.ID
 			}
 		}
+		if id != "" && r.URL.Query().Get("redirect_status") == "failed" {
+			// Stripe's word that the challenge failed: the order page
+			// says why its payment failed.
+			ss.remember(orderRef{ID: id, Reason: reasonThreeDSFailed})
+		}
 	})
 	if id == "" {
 		s.message(w, http.StatusNotFound, "Unknown payment", "This browser has no order with that payment.")
@@ -600,82 +621,55 @@ func (s *Server) returned(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "/orders/"+id, http.StatusSeeOther)
 }
 
-// sessionOrder loads the session's order {id}, or answers 404.
-func (s *Server) sessionOrder(w http.ResponseWriter, r *http.Request) (*client.Order, bool) {
+// sessionOrder loads the session's order {id} as its page shows it, or
+// answers 404 (the page's, or JSON when asJSON).
+func (s *Server) sessionOrder(w http.ResponseWriter, r *http.Request, asJSON bool) (orderView, bool) {
 	id := r.PathValue("id")
+	var ref orderRef
 	var mine bool
-	s.sessions.with(w, r, func(ss *session) { _, mine = ss.order(id) })
+	s.sessions.with(w, r, func(ss *session) { ref, mine = ss.order(id) })
 	if !mine {
-		s.message(w, http.StatusNotFound, "Not found", "This browser has no such order.")
-		return nil, false
+		if asJSON {
+			writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such order"})
+		} else {
+			s.message(w, http.StatusNotFound, "Not found", "This browser has no such order.")
+		}
+		return orderView{}, false
 	}
 	ctx, cancel := reading(r)
 	defer cancel()
 	res, err := s.api.GetOrder(ctx, id)
-	if err != nil {
-		s.apiFailed(w, r, err)
-		return nil, false
-	}
-	return &res.Order, true
-}
-
-// orderView is the order as the page and its polling show it.
-type orderView struct {
-	Order *client.Order `json:"order"`
-	// Waiting: the customer must authenticate; Settled: the status will
-	// not change but through a refund.
-	Waiting bool `json:"waiting"`
-	Settled bool `json:"settled"`
-	// RedirectURL is the 3D Secure challenge while Waiting.
-	RedirectURL string `json:"redirect_url,omitempty"`
-	// EmailSent is when the paid email was sent, "" until then.
-	EmailSent string `json:"email_sent,omitempty"`
-}
-
-func viewOf(o *client.Order) orderView {
-	v := orderView{Order: o, Waiting: o.Status == client.OrderRequiresAction}
-	switch o.Status {
-	case client.OrderPendingPayment, client.OrderRequiresAction, client.OrderPaymentUnknown:
-	default:
-		v.Settled = true
-	}
-	if na := o.Payment.NextAction; na != nil && na.RedirectToURL != nil {
-		v.RedirectURL = na.RedirectToURL.URL
-	}
-	for _, n := range o.Notifications {
-		if n.Kind == "order_paid" && n.SentAt != nil {
-			v.EmailSent = n.SentAt.Format(time.RFC3339)
+	var catalog []client.Product
+	if err == nil {
+		skus := make([]string, len(res.Order.Items))
+		for i, it := range res.Order.Items {
+			skus[i] = it.SKU
 		}
+		catalog, err = s.catalogFor(ctx, skus)
 	}
-	return v
+	if err != nil {
+		if asJSON {
+			writeJSON(w, http.StatusBadGateway, map[string]string{"error": err.Error()})
+		} else {
+			s.apiFailed(w, r, err)
+		}
+		return orderView{}, false
+	}
+	return viewOf(&res.Order, ref, catalog), true
 }
 
 // orderPage serves GET /orders/{id}.
 func (s *Server) orderPage(w http.ResponseWriter, r *http.Request) {
-	o, ok := s.sessionOrder(w, r)
-	if !ok {
-		return
+	if v, ok := s.sessionOrder(w, r, false); ok {
+		s.render(w, http.StatusOK, "order", v)
 	}
-	s.render(w, http.StatusOK, "order", viewOf(o))
 }
 
 // orderStatus serves GET /orders/{id}/status: the orderView as JSON.
 func (s *Server) orderStatus(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	var mine bool
-	s.sessions.with(w, r, func(ss *session) { _, mine = ss.order(id) })
-	if !mine {
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such order"})
-		return
+	if v, ok := s.sessionOrder(w, r, true); ok {
+		writeJSON(w, http.StatusOK, v)
 	}
-	ctx, cancel := reading(r)
-	defer cancel()
-	res, err := s.api.GetOrder(ctx, id)
-	if err != nil {
-		writeJSON(w, http.StatusBadGateway, map[string]string{"error": err.Error()})
-		return
-	}
-	writeJSON(w, http.StatusOK, viewOf(&res.Order))
 }
 
 // cancel serves POST /orders/{id}/cancel. Its key is the order's (scoped
@@ -696,6 +690,9 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 	if err != nil && !client.IsCode(err, client.CodeOrderNotCancelable) {
 		s.apiFailed(w, r, err)
 		return
+	}
+	if err == nil {
+		s.sessions.byID(sessionID, func(ss *session) { ss.remember(orderRef{ID: id, Reason: reasonCanceled}) })
 	}
 	// Canceled, or not cancelable any more (paid or failed meanwhile):
 	// the order page shows which.
