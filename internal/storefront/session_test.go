@@ -26,6 +26,15 @@ type fakeAPI struct {
 	bodies []string
 	// reused makes every checkout answer 422 idempotency_key_reused.
 	reused bool
+	// hold, when set, holds every checkout's answer until it is closed.
+	hold chan struct{}
+}
+
+// checkouts returns how many checkouts the API got.
+func (f *fakeAPI) checkouts() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.keys)
 }
 
 func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -39,8 +48,11 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.auths = append(f.auths, r.Header.Get("Authorization"))
 		body, _ := io.ReadAll(r.Body)
 		f.bodies = append(f.bodies, string(body))
-		reused := f.reused
+		reused, hold := f.reused, f.hold
 		f.mu.Unlock()
+		if hold != nil {
+			<-hold
+		}
 		if reused {
 			w.Header().Set("Content-Type", "application/problem+json")
 			w.WriteHeader(http.StatusUnprocessableEntity)
