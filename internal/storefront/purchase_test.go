@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -215,6 +216,8 @@ func TestPayOutlivesTheBrowser(t *testing.T) {
 	}
 	srv.Start()
 	t.Cleanup(srv.Close)
+	release := sync.OnceFunc(func() { close(api.hold) })
+	t.Cleanup(release) // first: the API's server closes once its handlers return
 	alice := browserSession(t)
 	res, err := alice.PostForm(srv.URL+"/cart", url.Values{"sku": {"sku_tee"}, "quantity": {"1"}})
 	require.NoError(t, err)
@@ -242,8 +245,8 @@ func TestPayOutlivesTheBrowser(t *testing.T) {
 	}
 	cancel() // the browser goes away
 	require.Error(t, <-paid)
-	<-closed        // and the shop's handler for it has returned
-	close(api.hold) // only then the API answers: paid
+	<-closed  // and the shop's handler for it has returned
+	release() // only then the API answers: paid
 
 	for {
 		state = purchaseState(t, alice, srv.URL)
@@ -321,4 +324,43 @@ func TestSecondTabIsTheSamePurchase(t *testing.T) {
 	for _, tab := range []context.Context{first, second} {
 		require.Equal(t, "/orders/"+orders[0], eval[string](t, tab, `document.getElementById("order-link").getAttribute("href")`))
 	}
+}
+
+// TestOneOpenPurchaseAtATime: while a purchase of the session is sent and
+// unanswered, a Pay under another key (a page loaded before it was sent,
+// or a made-up key) sends nothing: the answer names the open purchase,
+// which the page then shows. Before, each tab's key was a purchase.
+func TestOneOpenPurchaseAtATime(t *testing.T) {
+	t.Parallel()
+	api := &fakeAPI{hold: make(chan struct{})}
+	srv := shopFor(t, api, storefront.Config{TenantKey: "sk_test_acme"})
+	release := sync.OnceFunc(func() { close(api.hold) })
+	t.Cleanup(release) // first: the API's server closes once its handlers return
+	alice := browserSession(t)
+	const first, other = "0d6f1c2e-3b4a-4c5d-8e9f-a0b1c2d3e4f5", "9a8b7c6d-5e4f-4a3b-9c2d-1e0f9a8b7c6d"
+	paid := make(chan storefront.PayResult, 1)
+	res, err := alice.Get(srv.URL + "/")
+	require.NoError(t, err)
+	res.Body.Close()
+	go func() {
+		res, err := alice.Post(srv.URL+"/checkout", "application/json", strings.NewReader(purchaseBody(first, "a@example.com")))
+		var out storefront.PayResult
+		if err == nil {
+			_ = json.NewDecoder(res.Body).Decode(&out)
+			res.Body.Close()
+		}
+		paid <- out
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for api.checkouts() == 0 {
+		require.True(t, time.Now().Before(deadline), "the first Pay reached the API")
+		time.Sleep(10 * time.Millisecond)
+	}
+	out := payAs(t, alice, srv.URL, purchaseBody(other, "b@example.com"))
+	require.Equal(t, storefront.OutcomeUnknown, out.Outcome)
+	require.False(t, out.Final)
+	require.Equal(t, first, out.Key, "the answer names the open purchase")
+	release()
+	require.Equal(t, storefront.OutcomePaid, (<-paid).Outcome)
+	require.Equal(t, 1, api.checkouts(), "nothing sent for the other key")
 }
