@@ -37,11 +37,17 @@ var domains = map[string][]string{
 	"internal/refunds": nil,
 }
 
+// rendering are package problem's names that turn a coded error into a
+// response; the edge (internal/api, and the idempotency layer for the
+// responses it stores) uses them, a domain package never.
+var rendering = []string{"Write", "From", "Internal", "Problem", "ContentType"}
+
 // TestHTTPAtTheEdge holds the domain packages (domains) to commands,
 // queries and coded errors: no non-test file imports a package of the HTTP
 // edge (edgeImports) or a listed domain package, and of net/http it names
 // only status constants (http.StatusCreated for a stored outcome), never a
-// handler, a request or a response writer.
+// handler, a request or a response writer; nor does it render a coded
+// error (rendering).
 func TestHTTPAtTheEdge(t *testing.T) {
 	root := filepath.Join("..", "..")
 	for dir, banned := range domains {
@@ -70,17 +76,20 @@ func TestHTTPAtTheEdge(t *testing.T) {
 					}
 				}
 			}
-			httpName := importName(f, "net/http")
-			if httpName == "" {
-				continue
-			}
+			httpName, problemName := importName(f, "net/http"), importName(f, problemImport)
 			ast.Inspect(f, func(n ast.Node) bool {
 				sel, ok := n.(*ast.SelectorExpr)
 				if !ok {
 					return true
 				}
-				if id, ok := sel.X.(*ast.Ident); ok && id.Name == httpName && !strings.HasPrefix(sel.Sel.Name, "Status") {
+				id, ok := sel.X.(*ast.Ident)
+				switch {
+				case !ok:
+				case httpName != "" && id.Name == httpName && !strings.HasPrefix(sel.Sel.Name, "Status"):
 					t.Errorf("%s:%d: http.%s: a domain package names no handler, request or writer; internal/api serves it",
+						rel, fset.Position(sel.Pos()).Line, sel.Sel.Name)
+				case problemName != "" && id.Name == problemName && slices.Contains(rendering, sel.Sel.Name):
+					t.Errorf("%s:%d: problem.%s: a domain package returns coded errors; the edge renders them",
 						rel, fset.Position(sel.Pos()).Line, sel.Sel.Name)
 				}
 				return true
