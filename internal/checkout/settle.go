@@ -316,12 +316,12 @@ func (r *run) stop(ctx context.Context, err error) (*idempotency.Response, error
 	case errors.As(err, &w), errors.Is(err, ErrProviderUnanswered), errors.Is(err, ErrProviderIndeterminate),
 		errors.As(err, &refusal):
 		r.markUnknown(ctx)
-		e := paymentUnavailable(r.o.ID, err)
+		retryAfter := 0
 		if w != nil && !w.until.IsZero() {
 			// Whole seconds, rounded up: a retry sooner only gets this 502.
-			e.RetryAfter = max(1, int(math.Ceil(w.until.Sub(r.s.Now()).Seconds())))
+			retryAfter = max(1, int(math.Ceil(w.until.Sub(r.s.Now()).Seconds())))
 		}
-		return nil, e
+		return nil, paymentUnavailable(r.o.ID, err, retryAfter)
 	}
 	return nil, r.s.translate(err)
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/postgres"
-	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
@@ -162,7 +161,7 @@ func (s *Service) returnStray(ctx context.Context, o *Order, pi PaymentIntentSta
 // refunds Stripe says succeeded cover the payment (returned), and the
 // error of Stripe's call, if any.
 type strayRefund struct {
-	sent     *refunds.StripeRefund
+	sent     *RefundState
 	attempt  int
 	returned bool
 	callErr  error
@@ -249,7 +248,7 @@ func (s *Service) refundStray(ctx context.Context, tx *gorm.DB, o *Order, pi Pay
 			}
 		}
 		out.attempt = n
-		got, err := s.StrayRefunds.CreateRefund(ctx, refunds.CreateParams{
+		got, err := s.StrayRefunds.CreateRefund(ctx, RefundParams{
 			IdempotencyKey: StrayRefundKey(o.ID, pi.ID, n), PaymentIntentID: pi.ID, Amount: amount,
 			Reason: strayRefundReason, OrderID: o.ID, TenantID: o.TenantID,
 		})
