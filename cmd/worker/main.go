@@ -265,7 +265,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		Timeout: s.StripeTimeout, MaxElapsed: s.StripeMaxElapsed}, logger, reg)
 	svc := &checkout.Service{DB: db, Keys: keys, Payments: pay, Logger: logger, Now: time.Now,
 		Saga:    checkout.SagaConfig{SearchSettle: s.StripeSettle, UnknownAfter: s.UnknownAfter, ActionTimeout: s.ActionTimeout},
-		Metrics: checkout.NewMetrics(reg), StrayRefunds: pay}
+		Metrics: checkout.NewMetrics(reg), StrayRefunds: api.StrayRefunds(pay)}
 	// Refunds whose request died are finished the same way; refunds Stripe
 	// keeps pending are polled until Stripe settles them.
 	refundSvc := &refunds.Service{DB: db, Keys: keys, Stripe: pay, Logger: logger.With("loop", "refunds"),

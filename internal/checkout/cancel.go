@@ -83,8 +83,8 @@ func (x *cancellation) Start(ctx context.Context, tx *gorm.DB, c *idempotency.Cl
 		return nil, err
 	}
 	if taken {
-		final := responseForError(&Error{Code: CodeNotCancelable,
-			Detail: "The order is being canceled under another Idempotency-Key; only one cancellation cancels it."})
+		final := responseForError(notCancelableError(
+			"The order is being canceled under another Idempotency-Key; only one cancellation cancels it."))
 		return final, x.s.Keys.Finish(ctx, tx, c, final)
 	}
 	return nil, x.s.Keys.Advance(ctx, tx, c, RecoveryPointCancelRequested, o.ID)

@@ -12,12 +12,10 @@ import (
 
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/ids"
-	"github.com/onceonly/checkout/internal/notify"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/problem"
-	"github.com/onceonly/checkout/internal/refunds"
 )
 
 // Service runs checkouts and their payment sagas. DB, Keys, Payments,
@@ -35,8 +33,9 @@ type Service struct {
 	Metrics *Metrics
 	// StrayRefunds refunds a PaymentIntent that moved money for an order
 	// that is not paid (SettleStrayPayment); nil: such a payment is only
-	// counted and logged. *payments.Client implements it.
-	StrayRefunds refunds.Stripe
+	// counted and logged. internal/api.StrayRefunds adapts
+	// *payments.Client to it.
+	StrayRefunds RefundAPI
 
 	catalog catalog // prices and currencies of first executions
 }
@@ -166,10 +165,10 @@ func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.C
 		return nil, nil, err
 	}
 	if errs = append(errs, in.unknownSKUs(products)...); len(errs) > 0 {
-		return nil, nil, ValidationError(errs)
+		return nil, nil, problem.Validation(errs)
 	}
 	if errs = in.mixedCurrencies(products); len(errs) > 0 {
-		return nil, nil, ValidationError(errs)
+		return nil, nil, problem.Validation(errs)
 	}
 	o := s.newOrder(c.Scope.Tenant, in, products)
 	now := o.CreatedAt
@@ -287,15 +286,12 @@ func (s *Service) event(typ string, o *Order, at time.Time) outbox.Event {
 // into a validation_error, and anything else (the database failing, a
 // deadline) into unavailable, wrapping the cause for the log.
 func (s *Service) translate(err error) error {
-	var e *Error
 	var p *problem.Error
 	switch {
-	case errors.As(err, &e), errors.As(err, &p):
+	case errors.As(err, &p):
 		return err
 	case postgres.IsDataException(err):
-		v := ValidationError([]FieldError{{Field: "", Message: "contains characters that cannot be stored"}})
-		v.Cause = err
-		return v
+		return problem.Wrap(problem.Validation([]FieldError{{Field: "", Message: "contains characters that cannot be stored"}}), err)
 	}
 	return unavailable(err)
 }
@@ -309,19 +305,9 @@ func (s *Service) Products(ctx context.Context) ([]Product, error) {
 	return ps, nil
 }
 
-// OrderView is an order with its notifications, as GET /v1/orders/{id}
-// returns it.
-type OrderView struct {
-	*Order
-	// AmountRefunded is the sum of the order's succeeded refunds.
-	AmountRefunded int64            `json:"amount_refunded"`
-	Refunds        []refunds.Refund `json:"refunds"`
-	Notifications  []notify.View    `json:"notifications"`
-}
-
-// Order returns tenant's order id with its notifications, or
-// ErrOrderNotFound.
-func (s *Service) Order(ctx context.Context, tenantID, id string) (*OrderView, error) {
+// Order returns tenant's order id, or ErrOrderNotFound. The GET order view
+// that joins its refunds and notifications is internal/api's.
+func (s *Service) Order(ctx context.Context, tenantID, id string) (*Order, error) {
 	if !ids.Valid("ord", id) {
 		return nil, ErrOrderNotFound // not even shaped like an id: no query
 	}
@@ -329,19 +315,5 @@ func (s *Service) Order(ctx context.Context, tenantID, id string) (*OrderView, e
 	if err != nil {
 		return nil, s.translate(err)
 	}
-	ns, err := notify.ForOrder(ctx, s.DB, id)
-	if err != nil {
-		return nil, s.translate(err)
-	}
-	rs, err := refunds.ForOrder(ctx, s.DB, id)
-	if err != nil {
-		return nil, s.translate(err)
-	}
-	var refunded int64
-	for _, r := range rs {
-		if r.Status == refunds.StatusSucceeded {
-			refunded += r.Amount
-		}
-	}
-	return &OrderView{Order: o, AmountRefunded: refunded, Refunds: rs, Notifications: ns}, nil
+	return o, nil
 }

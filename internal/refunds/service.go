@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"sync"
 	"time"
 
 	"gorm.io/gorm"
@@ -64,6 +65,14 @@ type Service struct {
 	RetryAfter time.Duration
 	// Metrics counts reconciliations and duplicates (nil: nothing).
 	Metrics *Metrics
+	// OutsideLookback is how far back AdoptOutside's first round looks for
+	// refunds made outside the service (default DefaultOutsideLookback).
+	OutsideLookback time.Duration
+
+	// outsideSince is where AdoptOutside's next round starts (zero: not
+	// run yet); outsideMu serializes its rounds.
+	outsideMu    sync.Mutex
+	outsideSince time.Time
 }
 
 func (s *Service) now() time.Time {
@@ -94,9 +103,25 @@ func (s *Service) retryAfter() time.Duration {
 	return s.RetryAfter
 }
 
-// Refund executes, resumes or replays the refund of orderID that req
-// identifies. in is the decoded body and inputErrs what decoding found
-// wrong with it, reported only after the stored-key rules.
+// RefundCommand is one POST /v1/orders/{id}/refunds as the gateway admitted
+// it: the key's scope, the request's fingerprint and lease owner, the order,
+// and the decoded body with what decoding found wrong with it (reported
+// only after the stored-key rules, as the contract orders).
+type RefundCommand struct {
+	// Scope names the key (its route is Route).
+	Scope idempotency.Scope
+	// Fingerprint is the request's fingerprint (idempotency.Fingerprint).
+	Fingerprint string
+	// Owner is this execution's lease token.
+	Owner string
+	// OrderID is the order to refund (the path's id).
+	OrderID string
+	// Input is the decoded body; InputErrors what decoding found wrong.
+	Input       *Request
+	InputErrors []FieldError
+}
+
+// Refund executes, resumes or replays the refund cmd names.
 //
 // It returns the final response, stored under the key (201 with the
 // refund, 409 order_not_refundable, 409 refund_exceeds_payment), and
@@ -104,9 +129,9 @@ func (s *Service) retryAfter() time.Duration {
 // idempotency_key_reused, 409 idempotency_key_in_use, 400
 // validation_error, 404 not_found, 502 payment_provider_unavailable and
 // 503 unavailable (the key keeps its recovery point; a retry resumes it).
-func (s *Service) Refund(ctx context.Context, req *idempotency.Request, orderID string, in *Request, inputErrs []FieldError) (*idempotency.Response, bool, error) {
-	resp, replayed, err := s.executor().Execute(ctx, req.Scope, req.Fingerprint, req.Owner,
-		&refundCommand{s: s, orderID: orderID, in: in, inputErrs: inputErrs})
+func (s *Service) Refund(ctx context.Context, cmd RefundCommand) (*idempotency.Response, bool, error) {
+	resp, replayed, err := s.executor().Execute(ctx, cmd.Scope, cmd.Fingerprint, cmd.Owner,
+		&refundCommand{s: s, orderID: cmd.OrderID, in: cmd.Input, inputErrs: cmd.InputErrors})
 	if err != nil {
 		return nil, false, translate(err)
 	}
@@ -162,7 +187,7 @@ func (s *Service) Commands() idempotency.Commands {
 // stored 409 instead.
 func (s *Service) create(ctx context.Context, tx *gorm.DB, c *idempotency.Claim, orderID string, in *Request, inputErrs []FieldError) (*refundRow, *idempotency.Response, error) {
 	if errs := in.validate(inputErrs); len(errs) > 0 {
-		return nil, nil, ValidationError(errs) // rolls the claim back: not stored
+		return nil, nil, problem.Validation(errs) // rolls the claim back: not stored
 	}
 	if !ids.Valid("ord", orderID) {
 		return nil, nil, ErrOrderNotFound
