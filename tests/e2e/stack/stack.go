@@ -141,7 +141,7 @@ type Options struct {
 }
 
 // PgBouncerParams are the DATABASE_URL query parameters the processes need
-// behind PgBouncer in transaction pooling (README, "PgBouncer"): pgx's
+// behind PgBouncer in transaction pooling (docs/operations.md, "PgBouncer"): pgx's
 // default mode prepares named statements on one server connection and
 // executes them later on whichever the pooler hands out, where they do not
 // exist; cache_describe sends each statement unnamed, parse to execute in
