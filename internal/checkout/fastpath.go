@@ -232,30 +232,22 @@ func (r *run) recordCreated(ctx context.Context, create *stripestep.Attempt, pi 
 	return stripestep.ErrTaken // the lease is gone, or the confirm is written
 }
 
-// settlePaid is phase 3's batch: while the run holds the key and the order
-// may still move to paid, the confirm's answer got (succeeded), the key
-// finished with the 201, and the order paid with order.paid
-// (orders.QueueApply). It returns nil, nil when the batch failed at a guard (the lease is
-// gone, or the order moved): then it has recorded the answer alone, and
-// the caller settles the general way.
+// settlePaid is phase 3 on the fast path: while the run holds the key and
+// the order may still move to paid, queueOutcome's batch (the key finished
+// with the 201, the confirm's answer got, the order paid with order.paid)
+// sent pipelined. It returns nil, nil when the batch failed at a guard (the
+// lease is gone, or the order moved): then it has recorded the answer
+// alone, and the caller settles the general way.
 func (r *run) settlePaid(ctx context.Context, confirm *stripestep.Attempt, got PaymentIntentState) (*idempotency.Response, error) {
 	ch, _ := r.changeFor(got, "")
 	now := r.now()
 	answer := stripestep.Answer{Outcome: stripestep.Succeeded, ObjectID: got.ID, Status: got.Status}
-	paid := r.o.Changed(ch, now)
-	resp := responseFor(r.route, paid)
 	var b postgres.Batch
-	stripestep.QueueFinish(&b, confirm, answer, now)
-	// The key first: its fenced finish locks it, so no takeover commits
-	// between it and the rest, and it is locked before the order, as in
-	// every transaction that fences (Store.Fence, then the order).
-	if err := r.s.Keys.QueueFinish(&b, r.claim, resp); err != nil {
+	paid, resp, err := r.queueOutcome(ctx, &b, r.o, outcome{change: ch, apply: true, answered: confirm, answer: answer}, now)
+	if err != nil {
 		return nil, err
 	}
-	if _, err := orders.QueueApply(&b, r.o, ch, now); err != nil {
-		return nil, err
-	}
-	err := postgres.Send(ctx, r.s.DB, &b)
+	err = postgres.Send(ctx, r.s.DB, &b)
 	if postgres.IsGuard(err, "") {
 		return nil, stripestep.Finish(ctx, r.s.DB, confirm, answer, now)
 	}
@@ -263,6 +255,5 @@ func (r *run) settlePaid(ctx context.Context, confirm *stripestep.Attempt, got P
 		return nil, fmt.Errorf("settle order %s: %w", confirm.OrderID, err)
 	}
 	r.o = paid
-	r.s.Logger.InfoContext(ctx, "order status changed", "order_id", paid.ID, "to", paid.Status, "payment_intent", got.ID)
 	return resp, nil
 }

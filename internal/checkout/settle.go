@@ -221,10 +221,12 @@ func cancelCause(ctx context.Context, db *gorm.DB, orderID, piID string) (string
 	return cause, nil
 }
 
-// settle applies v (if any) to the order in one transaction, monotonically:
-// the status orders.Change, the stock given back, the event, and, when the run
-// holds a key, the key finished with the response the order's state calls
-// for. It returns that response (nil without a key).
+// settle is phase 3 on the general path: it applies v (if any) to the
+// order and, when the run holds a key, finishes the key with the response
+// the order's state calls for, in one transaction: the key locked first
+// (Store.Fence; the lock order of idempotency.Fence), then the order locked
+// and read, then the phase's batch (queueOutcome) sent on the transaction.
+// It returns that response (nil without a key).
 func (r *run) settle(ctx context.Context, v *verdict) (*idempotency.Response, error) {
 	var ch orders.Change
 	apply := false
@@ -240,37 +242,112 @@ func (r *run) settle(ctx context.Context, v *verdict) (*idempotency.Response, er
 		}
 	}
 	var resp *idempotency.Response
+	var next *Order
 	now := r.now()
 	err := postgres.WithTx(ctx, r.s.DB, func(tx *gorm.DB) error {
-		resp = nil
-		if apply {
-			if _, err := r.s.applyTx(ctx, tx, r.o, ch, now); err != nil {
+		if r.claim != nil {
+			if err := r.s.Keys.Fence(ctx, tx, r.claim); err != nil {
 				return err
 			}
+		}
+		if err := orders.Lock(ctx, tx, r.o.TenantID, r.o.ID); err != nil {
+			if errors.Is(err, orders.ErrNotFound) {
+				return ErrOrderNotFound
+			}
+			return err
 		}
 		cur, err := loadOrder(ctx, tx, r.o.TenantID, r.o.ID)
 		if err != nil {
 			return err
 		}
-		r.o = cur
-		if r.claim == nil {
-			return nil
+		var b postgres.Batch
+		if next, resp, err = r.queueOutcome(ctx, &b, cur, outcome{change: ch, apply: apply}, now); err != nil {
+			return err
 		}
-		if resp = responseFor(r.route, cur); resp == nil {
-			return nil // nothing final yet; the caller waits
-		}
-		return r.s.Keys.Finish(ctx, tx, r.claim, resp)
+		return postgres.Send(ctx, tx, &b)
 	})
+	if postgres.IsGuard(err, idempotency.GuardLeaseLost) {
+		err = idempotency.ErrLeaseLost
+	}
 	if err != nil {
 		if errors.Is(err, idempotency.ErrLeaseLost) {
 			return nil, err
 		}
 		return r.stop(ctx, err)
 	}
+	r.o = next
 	if r.claim != nil && resp == nil {
 		return r.stop(ctx, &waitError{reason: fmt.Sprintf("order %s is %s", r.o.ID, r.o.Status)})
 	}
 	return resp, nil
+}
+
+// outcome is what phase 3 settles: the order's change (apply false: none;
+// the key is finished with what the order's state calls for), and, when
+// answered is not nil, the answer of the attempt whose call brought it,
+// recorded with it (the fast path's confirm).
+type outcome struct {
+	change   orders.Change
+	apply    bool
+	answered *stripestep.Attempt
+	answer   stripestep.Answer
+}
+
+// queueOutcome is phase 3, "outcome settled", the one function that
+// writes it for both paths: it queues in b, for cur (the run's order as it
+// is now: as the fast path wrote it, or locked and read after the key in
+// the general path's transaction), in the lock order of idempotency.Fence:
+//
+//  1. out.answered's answer (stripestep.QueueFinish), when given: the
+//     attempt's row, which neither the key's nor the order's holders lock;
+//  2. the key: finished with the response the order's state after the
+//     change calls for (Store.QueueFinish, which locks it), or only its
+//     lease checked when that state is not final yet (Fence.Queue); no
+//     key, nothing;
+//  3. the order's change with its event (orders.QueueApply), when
+//     out.apply and cur may still move to it, and the stock given back
+//     when it leaves the way to paid.
+//
+// It returns the order as it is once b commits, and the key's response
+// (nil when not final, or without a key). Pipelined (postgres.Send on the
+// pool) a moved order or a lost lease fail b at a guard and write nothing;
+// on the general path's transaction they cannot, as it holds both locks.
+func (r *run) queueOutcome(ctx context.Context, b *postgres.Batch, cur *Order, out outcome, now time.Time) (*Order, *idempotency.Response, error) {
+	next := cur
+	moves := out.apply && cur.Status.CanMoveTo(out.change.To)
+	if moves {
+		next = cur.Changed(out.change, now)
+	}
+	if out.answered != nil {
+		stripestep.QueueFinish(b, out.answered, out.answer, now)
+	}
+	var resp *idempotency.Response
+	if r.claim != nil {
+		if resp = responseFor(r.route, next); resp != nil {
+			if err := r.s.Keys.QueueFinish(b, r.claim, resp); err != nil {
+				return nil, nil, err
+			}
+		} else {
+			r.claim.Fence().Queue(b)
+		}
+	}
+	if !moves {
+		return next, resp, nil
+	}
+	ch := out.change
+	if _, err := orders.QueueApply(b, cur, ch, now); err != nil {
+		return nil, nil, err
+	}
+	if ch.To.LeavesTheWayToPaid() {
+		queueRelease(b, cur)
+	}
+	b.AfterCommit(func() {
+		if ch.To == orders.PaymentUnknown {
+			r.s.Metrics.unknown()
+		}
+		r.s.Logger.InfoContext(ctx, "order status changed", "order_id", cur.ID, "to", ch.To, "payment_intent", next.Payment.PaymentIntentID)
+	})
+	return next, resp, nil
 }
 
 // applyTx applies ch to o inside tx through orders.Apply (the transition,

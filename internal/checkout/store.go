@@ -70,17 +70,6 @@ func sortedSKUs(want map[string]int64) ([]string, []int64) {
 	return skus, qtys
 }
 
-// adjustStock gives delta[sku] units of each product back (a declined
-// payment's reservation).
-func adjustStock(ctx context.Context, tx *gorm.DB, delta map[string]int64) error {
-	skus, qtys := sortedSKUs(delta)
-	if err := tx.WithContext(ctx).Exec(`SELECT release_stock(?::text[], ?::bigint[])`,
-		postgres.TextArray(skus), postgres.IntArray(qtys)).Error; err != nil {
-		return fmt.Errorf("release stock: %w", err)
-	}
-	return nil
-}
-
 // reserveStock takes want's units from the stock inside tx and reports
 // whether there were enough (when not, it took nothing).
 func reserveStock(ctx context.Context, tx *gorm.DB, want map[string]int64) (bool, error) {
@@ -103,11 +92,28 @@ func loadOrder(ctx context.Context, db *gorm.DB, tenantID, id string) (*Order, e
 	return o, err
 }
 
-// releaseStock gives an order's reserved units back.
-func releaseStock(ctx context.Context, tx *gorm.DB, o *Order) error {
+// releaseStatement is the statement, with its arguments, that gives an
+// order's reserved units back (a payment that failed, an order canceled).
+func releaseStatement(o *Order) (string, []any) {
 	release := map[string]int64{}
 	for _, it := range o.Items {
 		release[it.SKU] += int64(it.Quantity)
 	}
-	return adjustStock(ctx, tx, release)
+	skus, qtys := sortedSKUs(release)
+	return `SELECT release_stock(?::text[], ?::bigint[])`, []any{postgres.TextArray(skus), postgres.IntArray(qtys)}
+}
+
+// releaseStock gives an order's reserved units back inside tx.
+func releaseStock(ctx context.Context, tx *gorm.DB, o *Order) error {
+	query, args := releaseStatement(o)
+	if err := tx.WithContext(ctx).Exec(query, args...).Error; err != nil {
+		return fmt.Errorf("release stock of order %s: %w", o.ID, err)
+	}
+	return nil
+}
+
+// queueRelease queues in b the return of an order's reserved units.
+func queueRelease(b *postgres.Batch, o *Order) {
+	query, args := releaseStatement(o)
+	b.Queue(query, args, nil)
 }
