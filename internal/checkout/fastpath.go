@@ -138,13 +138,10 @@ func (r *run) payFirst(ctx context.Context, create *stripestep.Attempt) (*idempo
 	// Phase 2.
 	confirm := r.newAttempt(StepConfirm, 1, pi.ID, ConfirmIntentRequest{PaymentIntentID: pi.ID, ReturnURL: r.o.ReturnURL})
 	if err := r.recordCreated(ctx, create, pi, confirm); err != nil {
-		var orphan *intentTaken
-		if errors.As(err, &orphan) {
+		if errors.Is(err, errOtherIntent) {
 			// Another run recorded another PaymentIntent first (it cannot
 			// have without the lease; the general path copes): this one is
-			// an orphan.
-			r.o.Payment.PaymentIntentID = orphan.recorded
-			r.cancelOrphans(ctx, []PaymentIntentState{pi}, orphan.recorded)
+			// an orphan, canceled by record.
 			return r.pay(ctx)
 		}
 		return r.stop(ctx, err)
@@ -178,18 +175,18 @@ func (r *run) payFirst(ctx context.Context, create *stripestep.Attempt) (*idempo
 	return r.settle(ctx, v)
 }
 
-// intentTaken is recordCreated's error when the order records another
+// errOtherIntent is recordCreated's error when the order records another
 // PaymentIntent than the create's.
-type intentTaken struct{ recorded string }
+var errOtherIntent = errors.New("the order records another payment intent")
 
-func (e *intentTaken) Error() string { return "the order records payment intent " + e.recorded }
-
-// recordCreated is phase 2's batch: the create attempt's answer pi, pi
-// recorded on the order, and confirm written before its call (confirm.ID
-// set), all while the run holds the key. When the batch fails at a guard
-// it writes the answer and the PaymentIntent as the general path does,
-// and returns *intentTaken when the order records another PaymentIntent,
-// stripestep.ErrTaken when the key or the confirm is another run's.
+// recordCreated is phase 2 on the fast path: queueIntentRecorded's batch
+// with the confirm (the create attempt's answer pi, pi recorded on the
+// order, confirm written before its call, all while the run holds the
+// key), sent pipelined. When the batch fails at a guard it writes the
+// phase's facts alone (record: the answer and the PaymentIntent, first
+// wins), and returns errOtherIntent when the order records another
+// PaymentIntent, stripestep.ErrTaken when the key or the confirm is
+// another run's.
 //
 // It commits without waiting for the WAL flush (CommitWithoutFlush),
 // which halves its cost: losing it can only mean losing phase 2 and
@@ -202,14 +199,9 @@ func (e *intentTaken) Error() string { return "the order records payment intent 
 // twice. Phase 1 and phase 3 wait for the flush: the first holds the order
 // whose id names the Stripe keys, the last the response.
 func (r *run) recordCreated(ctx context.Context, create *stripestep.Attempt, pi PaymentIntentState, confirm *stripestep.Attempt) error {
-	now := r.now()
-	answer := stripestep.Answer{Outcome: stripestep.Succeeded, ObjectID: pi.ID, Status: pi.Status}
 	var b postgres.Batch
 	b.CommitWithoutFlush()
-	r.claim.Fence().Queue(&b)
-	stripestep.QueueFinish(&b, create, answer, now)
-	orders.QueueRecordIntent(&b, create.OrderID, pi.ID, pi.Status, now)
-	stripestep.QueueInsert(&b, confirm)
+	r.queueIntentRecorded(&b, create, pi, confirm, r.now())
 	err := postgres.Send(ctx, r.s.DB, &b)
 	if !postgres.IsGuard(err, "") {
 		if err != nil {
@@ -217,17 +209,12 @@ func (r *run) recordCreated(ctx context.Context, create *stripestep.Attempt, pi 
 		}
 		return nil
 	}
-	// The answer and the PaymentIntent are facts whoever holds the key:
-	// written as the general path writes them, unfenced.
-	if err := stripestep.Finish(ctx, r.s.DB, create, answer, now); err != nil {
+	got, _, err := r.record(ctx, create, pi)
+	switch {
+	case err != nil:
 		return err
-	}
-	recorded, err := orders.RecordIntent(ctx, r.s.DB, create.OrderID, pi.ID, pi.Status, now)
-	if err != nil {
-		return err
-	}
-	if recorded != pi.ID {
-		return &intentTaken{recorded: recorded}
+	case got.ID != pi.ID:
+		return errOtherIntent
 	}
 	return stripestep.ErrTaken // the lease is gone, or the confirm is written
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
 )
@@ -56,6 +58,18 @@ func QueueRecordIntent(b *postgres.Batch, id, piID, piStatus string, now time.Ti
 	b.QueueGuarded(GuardIntentTaken,
 		recordIntentSQL+` AND (payment_intent_id IS NULL OR payment_intent_id = ?) RETURNING id`,
 		append(recordIntentArgs(id, piID, piStatus, now), piID), nil)
+}
+
+// QueueRecordFirstIntent queues in b what RecordIntent does: piID (in
+// Stripe status piStatus) recorded as order id's unless one is recorded
+// already; *recorded reads the one recorded once b is sent (the first
+// wins, so concurrent runs agree). For a batch of facts written whoever
+// holds the key.
+func QueueRecordFirstIntent(b *postgres.Batch, id, piID, piStatus string, now time.Time, recorded *string) {
+	var got string
+	b.Queue(recordIntentSQL+` RETURNING payment_intent_id`, recordIntentArgs(id, piID, piStatus, now),
+		func(r pgx.Row) error { return r.Scan(&got) })
+	b.AfterCommit(func() { *recorded = got })
 }
 
 // QueueApply queues in b what Apply does for o, which the caller has read
