@@ -6,8 +6,6 @@ import (
 	"fmt"
 
 	"github.com/onceonly/checkout/internal/idempotency"
-	"github.com/onceonly/checkout/internal/orders"
-	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
@@ -15,25 +13,27 @@ import (
 // A first execution is what almost every checkout is: a key never seen, a
 // valid body, products in stock, a card Stripe charges. It needs no
 // transaction of several round trips, and no reading back of what it
-// wrote, because nothing but it can have touched its rows: it writes each
-// phase as one batch (postgres.Batch: the statements of each table's owner,
-// sent in one round trip, committed together or not at all), and writes
-// each Stripe call's answer together with the next call's attempt:
+// wrote, because nothing but it can have touched its rows: it sends each
+// phase's batch (phases.go: the same functions the general path sends;
+// postgres.Batch: the statements of each table's owner, in one round trip,
+// committed together or not at all) pipelined, and writes each Stripe
+// call's answer together with the next call's attempt:
 //
-//  1. the claim, the stock, the order, its items, order.created and the
-//     create attempt (recovery point order_created);
-//  2. the create's answer, the PaymentIntent on the order, the confirm
-//     attempt;
-//  3. the confirm's answer, the key finished with the response, the order
-//     paid, order.paid.
+//  1. the claim, then queueOrderCreated (the stock, the order, its items,
+//     order.created), then the create attempt (recovery point
+//     order_created);
+//  2. queueIntentRecorded with the confirm: the create's answer, the
+//     PaymentIntent on the order, the confirm attempt;
+//  3. queueOutcome with the confirm's answer: the key finished with the
+//     response, the order paid, order.paid.
 //
 // That is three commits and four round trips (the catalog is read first),
 // where the general path takes a transaction of several round trips for
 // the first phase alone. The guarantees are the general path's: each batch
 // is one phase, every attempt is written before its call, every write
 // after the claim is fenced by the key's lease (idempotency.Fence, first in
-// the batch, or the key's own fenced finish). Anything else (the key exists, the body or the catalog says
-// no, the stock is short, Stripe declines, is indeterminate or unanswered,
+// the batch, or the key's own fenced finish). Anything else (the key
+// exists, the body or the catalog says no, the stock is short, Stripe declines, is indeterminate or unanswered,
 // another run got there first) fails the batch at a guard, which writes
 // nothing of it, and leaves the first execution for the general path at
 // that point, which reads the persisted state and carries on from it.
@@ -80,9 +80,7 @@ func (s *Service) beginFirst(ctx context.Context, cmd CheckoutCommand) (*firstOr
 
 	var b postgres.Batch
 	claim := s.Keys.QueueClaimNew(&b, scope, cmd.Fingerprint, cmd.Owner, RecoveryPointOrderCreated, o.ID)
-	queueReserve(&b, want, products)
-	orders.QueueInsert(&b, o)
-	if err := outbox.Queue(&b, s.event(outbox.TypeOrderCreated, o, o.CreatedAt)); err != nil {
+	if err := s.queueOrderCreated(&b, o, want, products); err != nil {
 		return nil, err
 	}
 	stripestep.QueueInsert(&b, create)
@@ -97,25 +95,6 @@ func (s *Service) beginFirst(ctx context.Context, cmd CheckoutCommand) (*firstOr
 		return nil, fmt.Errorf("claim key and insert order: %w", err)
 	}
 	return &firstOrder{claim: claim, order: o, create: create}, nil
-}
-
-// queueReserve queues in b the check that products are still the
-// catalog's (guardCatalogChanged) and the reservation of want's units
-// (guardOutOfStock; reserve_stock takes nothing when one is short).
-func queueReserve(b *postgres.Batch, want map[string]int64, products map[string]Product) {
-	skus, qtys := sortedSKUs(want)
-	prices, currencies := make([]int64, len(skus)), make([]string, len(skus))
-	for i, sku := range skus {
-		prices[i], currencies[i] = products[sku].UnitAmount, products[sku].Currency
-	}
-	b.QueueGuarded(guardCatalogChanged, `
-		SELECT 1 FROM product_catalog c
-		JOIN unnest(?::text[], ?::bigint[], ?::text[]) AS w (sku, unit_amount, currency)
-		  ON c.sku = w.sku AND c.unit_amount = w.unit_amount AND c.currency = w.currency
-		HAVING count(*) = ?`,
-		[]any{postgres.TextArray(skus), postgres.IntArray(prices), postgres.TextArray(currencies), len(skus)}, nil)
-	b.QueueGuarded(guardOutOfStock, `SELECT 1 WHERE reserve_stock(?::text[], ?::bigint[])`,
-		[]any{postgres.TextArray(skus), postgres.IntArray(qtys)}, nil)
 }
 
 // payFirst is pay for the run of a first execution, whose create attempt

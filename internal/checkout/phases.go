@@ -6,6 +6,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/orders"
+	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
@@ -24,6 +25,38 @@ import (
 // In every phase the key comes before the order (idempotency.Fence, "Lock
 // order"). The shape is river's insertManyShared, which serves its four
 // insert APIs with one set of statements and leaves only the send to each.
+
+// queueOrderCreated is phase 1, "order created": it queues in b the
+// check that products are still the catalog's (guardCatalogChanged), the
+// reservation of want's units (guardOutOfStock: nothing is taken when one
+// is short), the order o with its items, and its order.created event. The
+// key comes before it: claimed in the same batch on the fast path
+// (Store.QueueClaimNew), or by the claim's transaction on the general path
+// (Store.Claim), which then advances it.
+func (s *Service) queueOrderCreated(b *postgres.Batch, o *Order, want map[string]int64, products map[string]Product) error {
+	queueReserve(b, want, products)
+	orders.QueueInsert(b, o)
+	return outbox.Queue(b, s.event(outbox.TypeOrderCreated, o, o.CreatedAt))
+}
+
+// queueReserve queues in b the check that products are still the
+// catalog's (guardCatalogChanged) and the reservation of want's units
+// (guardOutOfStock; reserve_stock takes nothing when one is short).
+func queueReserve(b *postgres.Batch, want map[string]int64, products map[string]Product) {
+	skus, qtys := sortedSKUs(want)
+	prices, currencies := make([]int64, len(skus)), make([]string, len(skus))
+	for i, sku := range skus {
+		prices[i], currencies[i] = products[sku].UnitAmount, products[sku].Currency
+	}
+	b.QueueGuarded(guardCatalogChanged, `
+		SELECT 1 FROM product_catalog c
+		JOIN unnest(?::text[], ?::bigint[], ?::text[]) AS w (sku, unit_amount, currency)
+		  ON c.sku = w.sku AND c.unit_amount = w.unit_amount AND c.currency = w.currency
+		HAVING count(*) = ?`,
+		[]any{postgres.TextArray(skus), postgres.IntArray(prices), postgres.TextArray(currencies), len(skus)}, nil)
+	b.QueueGuarded(guardOutOfStock, `SELECT 1 WHERE reserve_stock(?::text[], ?::bigint[])`,
+		[]any{postgres.TextArray(skus), postgres.IntArray(qtys)}, nil)
+}
 
 // queueIntentRecorded is phase 2, "PaymentIntent recorded": it queues in b
 //

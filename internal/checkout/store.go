@@ -70,18 +70,6 @@ func sortedSKUs(want map[string]int64) ([]string, []int64) {
 	return skus, qtys
 }
 
-// reserveStock takes want's units from the stock inside tx and reports
-// whether there were enough (when not, it took nothing).
-func reserveStock(ctx context.Context, tx *gorm.DB, want map[string]int64) (bool, error) {
-	skus, qtys := sortedSKUs(want)
-	var ok bool
-	if err := tx.WithContext(ctx).Raw(`SELECT reserve_stock(?::text[], ?::bigint[])`,
-		postgres.TextArray(skus), postgres.IntArray(qtys)).Row().Scan(&ok); err != nil {
-		return false, fmt.Errorf("reserve stock: %w", err)
-	}
-	return ok, nil
-}
-
 // loadOrder returns the order id of tenant, or ErrOrderNotFound (also for
 // another tenant's order, so ids cannot be probed across tenants).
 func loadOrder(ctx context.Context, db *gorm.DB, tenantID, id string) (*Order, error) {
