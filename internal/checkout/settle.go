@@ -250,13 +250,7 @@ func (r *run) settle(ctx context.Context, v *verdict) (*idempotency.Response, er
 				return err
 			}
 		}
-		if err := orders.Lock(ctx, tx, r.o.TenantID, r.o.ID); err != nil {
-			if errors.Is(err, orders.ErrNotFound) {
-				return ErrOrderNotFound
-			}
-			return err
-		}
-		cur, err := loadOrder(ctx, tx, r.o.TenantID, r.o.ID)
+		cur, err := lockOrder(ctx, tx, r.o.TenantID, r.o.ID)
 		if err != nil {
 			return err
 		}
@@ -282,25 +276,24 @@ func (r *run) settle(ctx context.Context, v *verdict) (*idempotency.Response, er
 	return resp, nil
 }
 
-// applyTx applies ch to o inside tx through orders.Apply (the transition,
-// the lifecycle's exit rule, the event), with what goes with it here: the
-// stock given back (payment_failed, canceled). It reports whether the order
-// changed.
+// applyTx is phase 3 without a key (the reconciler, the webhook handler
+// inside its inbox transaction, markUnknown): ch applied to o inside tx
+// through queueOutcome, the order locked and read first. It reports
+// whether the order changed.
 func (s *Service) applyTx(ctx context.Context, tx *gorm.DB, o *Order, ch orders.Change, now time.Time) (bool, error) {
-	cur, err := orders.Apply(ctx, tx, o.ID, ch, now)
-	if err != nil || cur == nil {
+	cur, err := lockOrder(ctx, tx, o.TenantID, o.ID)
+	if err != nil {
 		return false, err
 	}
-	if ch.To == orders.PaymentUnknown {
-		s.Metrics.unknown()
+	var b postgres.Batch
+	next, _, err := s.newRun(nil, "", cur).queueOutcome(ctx, &b, cur, outcome{change: ch, apply: true}, now)
+	if err != nil {
+		return false, err
 	}
-	if ch.To.LeavesTheWayToPaid() {
-		if err := releaseStock(ctx, tx, cur); err != nil {
-			return false, err
-		}
+	if err := postgres.Send(ctx, tx, &b); err != nil {
+		return false, err
 	}
-	s.Logger.InfoContext(ctx, "order status changed", "order_id", o.ID, "to", ch.To, "payment_intent", cur.Payment.PaymentIntentID)
-	return true, nil
+	return next != cur, nil
 }
 
 // stop ends a run that cannot settle now. A wait (Stripe unanswered or

@@ -80,28 +80,26 @@ func loadOrder(ctx context.Context, db *gorm.DB, tenantID, id string) (*Order, e
 	return o, err
 }
 
-// releaseStatement is the statement, with its arguments, that gives an
-// order's reserved units back (a payment that failed, an order canceled).
-func releaseStatement(o *Order) (string, []any) {
+// lockOrder locks the row of tenant's order id until tx ends and returns
+// the order, or ErrOrderNotFound: in a keyed transaction, only after the
+// key (idempotency.Fence, "Lock order").
+func lockOrder(ctx context.Context, tx *gorm.DB, tenantID, id string) (*Order, error) {
+	if err := orders.Lock(ctx, tx, tenantID, id); err != nil {
+		if errors.Is(err, orders.ErrNotFound) {
+			return nil, ErrOrderNotFound
+		}
+		return nil, err
+	}
+	return loadOrder(ctx, tx, tenantID, id)
+}
+
+// queueRelease queues in b the return of an order's reserved units (a
+// payment that failed, an order canceled).
+func queueRelease(b *postgres.Batch, o *Order) {
 	release := map[string]int64{}
 	for _, it := range o.Items {
 		release[it.SKU] += int64(it.Quantity)
 	}
 	skus, qtys := sortedSKUs(release)
-	return `SELECT release_stock(?::text[], ?::bigint[])`, []any{postgres.TextArray(skus), postgres.IntArray(qtys)}
-}
-
-// releaseStock gives an order's reserved units back inside tx.
-func releaseStock(ctx context.Context, tx *gorm.DB, o *Order) error {
-	query, args := releaseStatement(o)
-	if err := tx.WithContext(ctx).Exec(query, args...).Error; err != nil {
-		return fmt.Errorf("release stock of order %s: %w", o.ID, err)
-	}
-	return nil
-}
-
-// queueRelease queues in b the return of an order's reserved units.
-func queueRelease(b *postgres.Batch, o *Order) {
-	query, args := releaseStatement(o)
-	b.Queue(query, args, nil)
+	b.Queue(`SELECT release_stock(?::text[], ?::bigint[])`, []any{postgres.TextArray(skus), postgres.IntArray(qtys)}, nil)
 }
