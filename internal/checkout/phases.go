@@ -20,7 +20,8 @@ import (
 //
 //  1. Order created: queueOrderCreated.
 //  2. PaymentIntent recorded: queueIntentRecorded.
-//  3. Outcome settled: queueOutcome.
+//  3. Outcome settled: queueOutcome (also applyTx's, for the reconciler
+//     and the webhook handler, which hold no key).
 //
 // In every phase the key comes before the order (idempotency.Fence, "Lock
 // order"). The shape is river's insertManyShared, which serves its four
