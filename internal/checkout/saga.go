@@ -145,7 +145,7 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 			if last.StripeStatus != nil {
 				pi.Status = *last.StripeStatus
 			}
-			return r.record(ctx, pi)
+			return r.record(ctx, nil, pi)
 		case last.Outcome.Refused():
 			return PaymentIntentState{}, &verdict{refusal: refusalOf(last)}, nil
 		case last.Resendable(r.s.Now()):
@@ -173,7 +173,7 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 			if pi, ok := adoptable(found); ok {
 				r.s.Logger.InfoContext(ctx, "adopting the PaymentIntent an indeterminate create made",
 					"order_id", r.o.ID, "payment_intent", pi.ID, "found", len(found))
-				got, v, err := r.record(ctx, pi)
+				got, v, err := r.record(ctx, nil, pi)
 				if err == nil {
 					r.cancelOrphans(ctx, found, got.ID)
 				}
@@ -266,24 +266,29 @@ func (r *run) create(ctx context.Context, a *stripestep.Attempt, isNew bool) (*P
 		}
 	}
 	pi, err := r.s.Payments.CreatePaymentIntent(ctx, r.createRequest(a.Attempt))
+	if err == nil {
+		got, v, err := r.record(ctx, a, pi)
+		return &got, v, err
+	}
 	switch res := r.answer(ctx, a, pi, err); {
 	case res.err != nil:
 		return nil, nil, res.err
 	case res.refusal != nil:
 		return nil, &verdict{refusal: res.refusal}, nil
-	case res.indeterminate:
-		return nil, nil, nil
 	}
-	got, v, err := r.record(ctx, pi)
-	return &got, v, err
+	return nil, nil, nil // indeterminate
 }
 
-// record makes pi the order's PaymentIntent unless it has one already.
-func (r *run) record(ctx context.Context, pi PaymentIntentState) (PaymentIntentState, *verdict, error) {
-	id, err := orders.RecordIntent(ctx, r.s.DB, r.o.ID, pi.ID, pi.Status, r.now())
-	if err != nil {
-		return PaymentIntentState{}, nil, err
+// record makes pi the order's PaymentIntent unless it has one already,
+// with created's answer pi when created is not nil (phase 2 without the
+// confirm: queueIntentRecorded, sent pipelined).
+func (r *run) record(ctx context.Context, created *stripestep.Attempt, pi PaymentIntentState) (PaymentIntentState, *verdict, error) {
+	var b postgres.Batch
+	recorded := r.queueIntentRecorded(&b, created, pi, nil, r.now())
+	if err := postgres.Send(ctx, r.s.DB, &b); err != nil {
+		return PaymentIntentState{}, nil, fmt.Errorf("record payment intent of %s: %w", r.o.ID, err)
 	}
+	id := *recorded
 	r.o.Payment.PaymentIntentID = id
 	if id != pi.ID {
 		// Another run recorded another one first: this one is an orphan.

@@ -151,9 +151,9 @@ func (s *Service) Complete(ctx context.Context, keyID int64) (bool, error) {
 	return s.executor().Complete(ctx, keyID, s.Commands())
 }
 
-// createOrder is transaction 1 after a new claim: validate, reserve stock,
-// insert the order and its order.created event, advance the recovery
-// point. When stock is short it finishes the key with a stored 409 instead
+// createOrder is transaction 1 after a new claim: validate, then phase 1
+// (queueOrderCreated: the stock, the order, its order.created event) sent
+// on the claim's transaction, and the recovery point advanced. When stock is short it finishes the key with a stored 409 instead
 // and returns that as final.
 func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.Claim, in *Request, inputErrs []FieldError) (*Order, *idempotency.Response, error) {
 	// Any error returned from here rolls the claim back: nothing is stored,
@@ -171,32 +171,42 @@ func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.C
 		return nil, nil, problem.Validation(errs)
 	}
 	o := s.newOrder(c.Scope.Tenant, in, products)
-	now := o.CreatedAt
-	// The stock first: out of stock leaves nothing to write but the key's
-	// stored 409. This path is rare (the fast path makes almost every
+	// Phase 1's batch on the claim's transaction, behind a savepoint: out
+	// of stock fails it at a guard, and leaves nothing to write but the
+	// key's stored 409. This path is rare (the fast path makes almost every
 	// order), so it takes a round trip a statement.
-	reserved, err := reserveStock(ctx, tx, want)
-	if err != nil {
+	if err := tx.SavePoint(savepointOrderCreated).Error; err != nil {
+		return nil, nil, fmt.Errorf("savepoint: %w", err)
+	}
+	var b postgres.Batch
+	if err := s.queueOrderCreated(&b, o, want, products); err != nil {
 		return nil, nil, err
 	}
-	if !reserved {
+	err = postgres.Send(ctx, tx, &b)
+	if postgres.IsGuard(err, guardOutOfStock) {
+		if err := tx.RollbackTo(savepointOrderCreated).Error; err != nil {
+			return nil, nil, fmt.Errorf("rollback to savepoint: %w", err)
+		}
 		resp := responseForError(ErrOutOfStock)
 		if err := s.Keys.Finish(ctx, tx, c, resp); err != nil {
 			return nil, nil, err
 		}
 		return nil, resp, nil
 	}
-	if err := orders.Insert(ctx, tx, o); err != nil {
-		return nil, nil, err
-	}
-	if err := outbox.Add(ctx, tx, s.event(outbox.TypeOrderCreated, o, now)); err != nil {
-		return nil, nil, err
+	if err != nil {
+		// guardCatalogChanged too: a price changed since loadProducts read
+		// it, in this transaction; the retry reads it again.
+		return nil, nil, fmt.Errorf("insert order: %w", err)
 	}
 	if err := s.Keys.Advance(ctx, tx, c, RecoveryPointOrderCreated, o.ID); err != nil {
 		return nil, nil, err
 	}
 	return o, nil, nil
 }
+
+// savepointOrderCreated is the savepoint createOrder rolls back to when
+// the stock is short.
+const savepointOrderCreated = "order_created"
 
 // wanted returns the units wanted of each well-formed sku (the same sku
 // may be on several lines), and those skus in order: only they reach the

@@ -221,10 +221,12 @@ func cancelCause(ctx context.Context, db *gorm.DB, orderID, piID string) (string
 	return cause, nil
 }
 
-// settle applies v (if any) to the order in one transaction, monotonically:
-// the status orders.Change, the stock given back, the event, and, when the run
-// holds a key, the key finished with the response the order's state calls
-// for. It returns that response (nil without a key).
+// settle is phase 3 on the general path: it applies v (if any) to the
+// order and, when the run holds a key, finishes the key with the response
+// the order's state calls for, in one transaction: the key locked first
+// (Store.Fence; the lock order of idempotency.Fence), then the order locked
+// and read, then the phase's batch (queueOutcome) sent on the transaction.
+// It returns that response (nil without a key).
 func (r *run) settle(ctx context.Context, v *verdict) (*idempotency.Response, error) {
 	var ch orders.Change
 	apply := false
@@ -240,58 +242,58 @@ func (r *run) settle(ctx context.Context, v *verdict) (*idempotency.Response, er
 		}
 	}
 	var resp *idempotency.Response
+	var next *Order
 	now := r.now()
 	err := postgres.WithTx(ctx, r.s.DB, func(tx *gorm.DB) error {
-		resp = nil
-		if apply {
-			if _, err := r.s.applyTx(ctx, tx, r.o, ch, now); err != nil {
+		if r.claim != nil {
+			if err := r.s.Keys.Fence(ctx, tx, r.claim); err != nil {
 				return err
 			}
 		}
-		cur, err := loadOrder(ctx, tx, r.o.TenantID, r.o.ID)
+		cur, err := lockOrder(ctx, tx, r.o.TenantID, r.o.ID)
 		if err != nil {
 			return err
 		}
-		r.o = cur
-		if r.claim == nil {
-			return nil
+		var b postgres.Batch
+		if next, resp, err = r.queueOutcome(ctx, &b, cur, outcome{change: ch, apply: apply}, now); err != nil {
+			return err
 		}
-		if resp = responseFor(r.route, cur); resp == nil {
-			return nil // nothing final yet; the caller waits
-		}
-		return r.s.Keys.Finish(ctx, tx, r.claim, resp)
+		return postgres.Send(ctx, tx, &b)
 	})
+	if postgres.IsGuard(err, idempotency.GuardLeaseLost) {
+		err = idempotency.ErrLeaseLost
+	}
 	if err != nil {
 		if errors.Is(err, idempotency.ErrLeaseLost) {
 			return nil, err
 		}
 		return r.stop(ctx, err)
 	}
+	r.o = next
 	if r.claim != nil && resp == nil {
 		return r.stop(ctx, &waitError{reason: fmt.Sprintf("order %s is %s", r.o.ID, r.o.Status)})
 	}
 	return resp, nil
 }
 
-// applyTx applies ch to o inside tx through orders.Apply (the transition,
-// the lifecycle's exit rule, the event), with what goes with it here: the
-// stock given back (payment_failed, canceled). It reports whether the order
-// changed.
+// applyTx is phase 3 without a key (the reconciler, the webhook handler
+// inside its inbox transaction, markUnknown): ch applied to o inside tx
+// through queueOutcome, the order locked and read first. It reports
+// whether the order changed.
 func (s *Service) applyTx(ctx context.Context, tx *gorm.DB, o *Order, ch orders.Change, now time.Time) (bool, error) {
-	cur, err := orders.Apply(ctx, tx, o.ID, ch, now)
-	if err != nil || cur == nil {
+	cur, err := lockOrder(ctx, tx, o.TenantID, o.ID)
+	if err != nil {
 		return false, err
 	}
-	if ch.To == orders.PaymentUnknown {
-		s.Metrics.unknown()
+	var b postgres.Batch
+	next, _, err := s.newRun(nil, "", cur).queueOutcome(ctx, &b, cur, outcome{change: ch, apply: true}, now)
+	if err != nil {
+		return false, err
 	}
-	if ch.To.LeavesTheWayToPaid() {
-		if err := releaseStock(ctx, tx, cur); err != nil {
-			return false, err
-		}
+	if err := postgres.Send(ctx, tx, &b); err != nil {
+		return false, err
 	}
-	s.Logger.InfoContext(ctx, "order status changed", "order_id", o.ID, "to", ch.To, "payment_intent", cur.Payment.PaymentIntentID)
-	return true, nil
+	return next != cur, nil
 }
 
 // stop ends a run that cannot settle now. A wait (Stripe unanswered or

@@ -72,8 +72,7 @@ var ErrNoTransition = errors.New("no transition to that status")
 // and applying the same change again later is safe.
 func Apply(ctx context.Context, tx *gorm.DB, id string, ch Change, now time.Time) (*Order, error) {
 	tx = tx.WithContext(ctx)
-	// "canceled" is Stripe's PaymentIntent status (checkout.PICanceled).
-	if ch.To.LeavesTheWayToPaid() && !ch.Closed && ch.PaymentStatus != "canceled" {
+	if ch.To.LeavesTheWayToPaid() && !ch.closes() {
 		// The lifecycle's rule, checked where every change is written: no
 		// exit while the PaymentIntent is open.
 		var cur []orderRow

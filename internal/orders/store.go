@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
@@ -31,7 +32,12 @@ func Insert(ctx context.Context, tx *gorm.DB, o *Order) error {
 // so concurrent runs agree. The status changes nothing.
 func RecordIntent(ctx context.Context, db *gorm.DB, id, piID, piStatus string, now time.Time) (string, error) {
 	var recorded string
-	err := db.WithContext(ctx).Raw(recordIntentSQL+` RETURNING payment_intent_id`, recordIntentArgs(id, piID, piStatus, now)...).Scan(&recorded).Error
+	var b postgres.Batch
+	QueueRecordFirstIntent(&b, id, piID, piStatus, now, &recorded)
+	err := postgres.Send(ctx, db, &b)
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = ErrNotFound
+	}
 	if err != nil {
 		return "", fmt.Errorf("record payment intent of %s: %w", id, err)
 	}
