@@ -18,6 +18,7 @@ import (
 	"github.com/onceonly/checkout/internal/notify"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/testenv"
 )
 
@@ -73,7 +74,7 @@ func TestOutcomes(t *testing.T) {
 		require.Equal(t, []checkout.OrderItem{{SKU: "sku_tee", Quantity: 2, UnitAmount: 2500, Amount: 5000}}, o.Items)
 		require.Equal(t, "stripe", o.Payment.Provider)
 		require.True(t, strings.HasPrefix(o.Payment.PaymentIntentID, "pi_"))
-		require.Equal(t, "succeeded", o.Payment.Status)
+		require.Equal(t, stripeintent.Succeeded, o.Payment.Status)
 
 		again := h.checkout("paid-1", teeBody)
 		require.Equal(t, first.status, again.status)

@@ -14,7 +14,9 @@ import (
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/payments"
+	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeintent"
 )
 
 // TestDashboardCancelEndsTheOrder (CONTRACT.md v4, issue 35 defect 4):
@@ -121,7 +123,7 @@ func TestDashboardRefundReachesTheOrder(t *testing.T) {
 	require.EqualValues(t, 1000, v.AmountRefunded)
 	require.Len(t, v.Refunds, 1)
 	require.EqualValues(t, 1000, v.Refunds[0].Amount)
-	require.Equal(t, "succeeded", v.Refunds[0].Status)
+	require.Equal(t, refunds.StatusSucceeded, v.Refunds[0].Status)
 	require.NotNil(t, v.Refunds[0].Reason)
 	require.Equal(t, "requested_by_customer", *v.Refunds[0].Reason)
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.refunded'`, o.ID))
@@ -189,7 +191,7 @@ func (h *harness) strayPayment(key string) (string, checkout.PaymentIntentState)
 	require.NoError(h.t, err)
 	pi, err = c.ConfirmPaymentIntent(h.t.Context(), checkout.ConfirmIntentRequest{IdempotencyKey: key + "-behind-our-back/confirm", PaymentIntentID: pi.ID})
 	require.NoError(h.t, err)
-	require.Equal(h.t, checkout.PISucceeded, pi.Status)
+	require.Equal(h.t, stripeintent.Succeeded, pi.Status)
 	return id, pi
 }
 

@@ -18,7 +18,9 @@ import (
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/payments"
+	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/sweep"
 	"github.com/onceonly/checkout/internal/testenv"
 	"github.com/onceonly/checkout/internal/webhooks"
@@ -255,7 +257,7 @@ func threeDS(t *testing.T, h *harness, key string) checkout.Order {
 	o := decodeOrder(t, r)
 	require.Equal(t, "/v1/orders/"+o.ID, r.header.Get("Location"))
 	require.Equal(t, orders.RequiresAction, o.Status)
-	require.Equal(t, "requires_action", o.Payment.Status)
+	require.Equal(t, stripeintent.RequiresAction, o.Payment.Status)
 	require.Regexp(t, `^pi_`, o.Payment.PaymentIntentID)
 	require.Regexp(t, `^`+o.Payment.PaymentIntentID+`_secret_`, o.Payment.ClientSecret)
 	var next struct {
@@ -376,7 +378,7 @@ func TestFailedChallengeThenAnotherCard(t *testing.T) {
 	require.NoError(t, err)
 	failed, err := h.api.Service.Payments.RetrievePaymentIntent(context.Background(), pi)
 	require.NoError(t, err)
-	require.Equal(t, checkout.PIRequiresPaymentMethod, failed.Status)
+	require.Equal(t, stripeintent.RequiresPaymentMethod, failed.Status)
 	h.confirmAgain(pi, "pm_card_visa")
 
 	// What a webhook or a poll that read Stripe before the second card
@@ -611,7 +613,7 @@ func TestApplyPaymentIntentMonotonic(t *testing.T) {
 	c := payments.NewClient(payments.Config{APIBase: h.emuURL, SecretKey: "sk_test_123"}, nil, nil)
 	waiting, err := c.RetrievePaymentIntent(t.Context(), o.Payment.PaymentIntentID)
 	require.NoError(t, err)
-	require.Equal(t, checkout.PIRequiresAction, waiting.Status)
+	require.Equal(t, stripeintent.RequiresAction, waiting.Status)
 	changed, err := h.api.Service.ApplyPaymentIntent(t.Context(), waiting)
 	require.NoError(t, err)
 	require.False(t, changed, "already requires_action")
@@ -629,7 +631,7 @@ func TestApplyPaymentIntentMonotonic(t *testing.T) {
 		require.False(t, changed, "%s after succeeded", pi.Status)
 	}
 	canceled := succeeded
-	canceled.Status = checkout.PICanceled
+	canceled.Status = stripeintent.Canceled
 	changed, err = h.api.Service.ApplyPaymentIntent(t.Context(), canceled)
 	require.NoError(t, err)
 	require.False(t, changed, "paid never goes back")
@@ -639,7 +641,7 @@ func TestApplyPaymentIntentMonotonic(t *testing.T) {
 	other, err := c.CreatePaymentIntent(t.Context(), checkout.CreateIntentRequest{IdempotencyKey: "apply-other",
 		Amount: 5000, Currency: "usd", PaymentMethod: "pm_card_chargeDeclined", OrderID: o.ID, TenantID: "acme"})
 	require.NoError(t, err)
-	other.Status, other.LastErrorCode = checkout.PIRequiresPaymentMethod, "card_declined"
+	other.Status, other.LastErrorCode = stripeintent.RequiresPaymentMethod, "card_declined"
 	changed, err = h.api.Service.ApplyPaymentIntent(t.Context(), other)
 	require.NoError(t, err)
 	require.False(t, changed)
@@ -758,8 +760,8 @@ func TestPaymentStillProcessing(t *testing.T) {
 	t.Parallel()
 	s := &scripted{}
 	processing := func(pi checkout.PaymentIntentState) checkout.PaymentIntentState {
-		if pi.Status == checkout.PISucceeded {
-			pi.Status = checkout.PIProcessing
+		if pi.Status == stripeintent.Succeeded {
+			pi.Status = stripeintent.Processing
 		}
 		return pi
 	}
@@ -863,8 +865,8 @@ func TestCheckoutKeyFinishesAfterTheOrderWasRefunded(t *testing.T) {
 	t.Parallel()
 	s := &scripted{}
 	processing := func(pi checkout.PaymentIntentState) checkout.PaymentIntentState {
-		if pi.Status == checkout.PISucceeded {
-			pi.Status = checkout.PIProcessing
+		if pi.Status == stripeintent.Succeeded {
+			pi.Status = stripeintent.Processing
 		}
 		return pi
 	}
@@ -893,7 +895,7 @@ func TestCheckoutKeyFinishesAfterTheOrderWasRefunded(t *testing.T) {
 	changed, err := h.api.Service.ApplyPaymentIntent(context.Background(), pi)
 	require.NoError(t, err)
 	require.True(t, changed)
-	require.Equal(t, "succeeded", decodeRefund(t, h.refund(key.OrderID, "refund-1", `{"amount":1000}`)).Status)
+	require.Equal(t, refunds.StatusSucceeded, decodeRefund(t, h.refund(key.OrderID, "refund-1", `{"amount":1000}`)).Status)
 	require.Equal(t, string(orders.PartiallyRefunded), h.order(key.OrderID).Status)
 
 	require.NoError(t, h.db.Exec(`UPDATE idempotency_keys SET lease_expires_at = now() - interval '1 hour' WHERE id = ?`, key.ID).Error)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
@@ -67,7 +68,7 @@ func TestCancelCause(t *testing.T) {
 func TestChangeForACanceledPaymentIntent(t *testing.T) {
 	t.Parallel()
 	canceled := func(reason, lastError string) PaymentIntentState {
-		return PaymentIntentState{ID: "pi_1", Status: PICanceled, CancellationReason: reason, LastErrorCode: lastError}
+		return PaymentIntentState{ID: "pi_1", Status: stripeintent.Canceled, CancellationReason: reason, LastErrorCode: lastError}
 	}
 	waiting := &run{o: &Order{Status: orders.RequiresAction}}
 	for _, tc := range []struct {
@@ -109,7 +110,7 @@ func TestChangeForADashboardCancel(t *testing.T) {
 	for _, from := range []orders.Status{orders.PendingPayment, orders.PaymentUnknown, orders.RequiresAction} {
 		for _, reason := range reasons {
 			r := &run{o: &Order{Status: from}}
-			ch, ok := r.changeFor(PaymentIntentState{ID: "pi_1", Status: PICanceled, CancellationReason: reason}, "")
+			ch, ok := r.changeFor(PaymentIntentState{ID: "pi_1", Status: stripeintent.Canceled, CancellationReason: reason}, "")
 			require.True(t, ok, "%s, reason %q", from, reason)
 			require.True(t, from.CanMoveTo(ch.To), "%s, reason %q: %s -> %s is no transition", from, reason, from, ch.To)
 			require.True(t, ch.To.LeavesTheWayToPaid(), "%s, reason %q", from, reason)

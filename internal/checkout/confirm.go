@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
@@ -28,14 +29,14 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 			}
 		}
 		switch {
-		case last == nil && (pi.Status == PIRequiresConfirmation || pi.Status == ""):
+		case last == nil && (pi.Status == stripeintent.RequiresConfirmation || pi.Status == ""):
 		case last == nil:
 			// Adopted in another state: Stripe's state is the truth.
 			cur, err := r.s.Payments.RetrievePaymentIntent(ctx, pi.ID)
 			if err != nil {
 				return nil, err
 			}
-			if cur.Status != PIRequiresConfirmation {
+			if cur.Status != stripeintent.RequiresConfirmation {
 				return r.verdictOf(cur)
 			}
 		case last.Resendable(r.s.Now()):
@@ -52,7 +53,7 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 			if err != nil {
 				return nil, err
 			}
-			if cur.Status != PIRequiresConfirmation {
+			if cur.Status != stripeintent.RequiresConfirmation {
 				return r.verdictOf(cur)
 			}
 			if last.Outcome == stripestep.Rejected {
@@ -105,7 +106,7 @@ func (r *run) confirmAnswered(ctx context.Context, piID string, a *stripestep.At
 			}
 			return nil, gerr
 		}
-		if cur.Status == PIRequiresConfirmation {
+		if cur.Status == stripeintent.RequiresConfirmation {
 			return &verdict{refusal: res.refusal}, nil
 		}
 		return r.verdictOf(cur)

@@ -9,6 +9,7 @@ import (
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
@@ -124,7 +125,7 @@ func queueReserve(b *postgres.Batch, want map[string]int64, products map[string]
 func (r *run) payFirst(ctx context.Context, create *stripestep.Attempt) (*idempotency.Response, error) {
 	r.created = 1
 	pi, err := r.s.Payments.CreatePaymentIntent(ctx, r.createRequest(create.Attempt))
-	if err != nil || pi.Status != PIRequiresConfirmation {
+	if err != nil || pi.Status != stripeintent.RequiresConfirmation {
 		res := r.answer(ctx, create, pi, err)
 		switch {
 		case res.err != nil:
@@ -154,7 +155,7 @@ func (r *run) payFirst(ctx context.Context, create *stripestep.Attempt) (*idempo
 
 	got, err := r.s.Payments.ConfirmPaymentIntent(ctx, ConfirmIntentRequest{
 		IdempotencyKey: confirm.IdempotencyKey, PaymentIntentID: pi.ID, ReturnURL: r.o.ReturnURL})
-	if err == nil && got.Status == PISucceeded {
+	if err == nil && got.Status == stripeintent.Succeeded {
 		// Phase 3.
 		if resp, err := r.settlePaid(ctx, confirm, got); resp != nil || err != nil {
 			if err != nil {
@@ -203,7 +204,7 @@ func (e *intentTaken) Error() string { return "the order records payment intent 
 // whose id names the Stripe keys, the last the response.
 func (r *run) recordCreated(ctx context.Context, create *stripestep.Attempt, pi PaymentIntentState, confirm *stripestep.Attempt) error {
 	now := r.now()
-	answer := stripestep.Answer{Outcome: stripestep.Succeeded, ObjectID: pi.ID, Status: pi.Status}
+	answer := stripestep.Answer{Outcome: stripestep.Succeeded, ObjectID: pi.ID, Status: string(pi.Status)}
 	var b postgres.Batch
 	b.CommitWithoutFlush()
 	r.claim.Fence().Queue(&b)
@@ -241,7 +242,7 @@ func (r *run) recordCreated(ctx context.Context, create *stripestep.Attempt, pi 
 func (r *run) settlePaid(ctx context.Context, confirm *stripestep.Attempt, got PaymentIntentState) (*idempotency.Response, error) {
 	ch, _ := r.changeFor(got, "")
 	now := r.now()
-	answer := stripestep.Answer{Outcome: stripestep.Succeeded, ObjectID: got.ID, Status: got.Status}
+	answer := stripestep.Answer{Outcome: stripestep.Succeeded, ObjectID: got.ID, Status: string(got.Status)}
 	paid := r.o.Changed(ch, now)
 	resp := responseFor(r.route, paid)
 	var b postgres.Batch

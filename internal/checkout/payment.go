@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
@@ -111,9 +112,8 @@ const (
 type PaymentIntentState struct {
 	// ID is "pi_…".
 	ID string
-	// Status is one of requires_payment_method, requires_confirmation,
-	// requires_action, processing, requires_capture, canceled, succeeded.
-	Status string
+	// Status is Stripe's status of it.
+	Status stripeintent.Status
 	// Amount is in the currency's minor unit; Currency lowercase ISO 4217.
 	Amount   int64
 	Currency string
@@ -133,28 +133,6 @@ type PaymentIntentState struct {
 	CancellationReason string
 	// Created is the creation time in Unix seconds.
 	Created int64
-}
-
-// PaymentIntent statuses (https://docs.stripe.com/payments/paymentintents/lifecycle).
-const (
-	PIRequiresPaymentMethod = "requires_payment_method"
-	PIRequiresConfirmation  = "requires_confirmation"
-	PIRequiresAction        = "requires_action"
-	PIProcessing            = "processing"
-	PIRequiresCapture       = "requires_capture"
-	PICanceled              = "canceled"
-	PISucceeded             = "succeeded"
-)
-
-// MovesMoney reports whether a PaymentIntent in status has moved, or is
-// moving, money: succeeded, processing or requires_capture. At most one
-// PaymentIntent per order may ever be in one of them (CONTRACT.md).
-func MovesMoney(status string) bool {
-	switch status {
-	case PISucceeded, PIProcessing, PIRequiresCapture:
-		return true
-	}
-	return false
 }
 
 // ErrProviderIndeterminate is wrapped by a PaymentProvider's error when

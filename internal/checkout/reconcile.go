@@ -10,6 +10,7 @@ import (
 	"github.com/onceonly/checkout/internal/ids"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/stripeintent"
 )
 
 // ReconcileOrder asks Stripe for the state of the PaymentIntent of tenant's
@@ -38,7 +39,7 @@ func (s *Service) ReconcileOrder(ctx context.Context, tenantID, id string) (bool
 	// move money with it (requires_action, requires_payment_method,
 	// requires_confirmation: the customer's browser may have attached
 	// another payment method and stopped): only a cancel ends the wait.
-	if cancelable(pi.Status) && !MovesMoney(pi.Status) && o.RequiresActionAt != nil &&
+	if pi.Status.Cancelable() && !pi.Status.MovesMoney() && o.RequiresActionAt != nil &&
 		!s.Now().Before(o.RequiresActionAt.Add(r.cfg.ActionTimeout)) {
 		s.Logger.InfoContext(ctx, "the customer did not complete the payment's next action in time; canceling",
 			"order_id", id, "payment_intent", pi.ID, "since", o.RequiresActionAt)
@@ -129,7 +130,7 @@ func (s *Service) apply(ctx context.Context, r *run, pi PaymentIntentState) (boo
 // An error means Stripe or the database did not answer, and nothing was
 // applied. See closeBeforeExit for why.
 func (s *Service) CloseBeforeExit(ctx context.Context, pi PaymentIntentState) (PaymentIntentState, error) {
-	if pi.Status == PICanceled || MovesMoney(pi.Status) {
+	if pi.Status == stripeintent.Canceled || pi.Status.MovesMoney() {
 		return pi, nil
 	}
 	o, err := orderOfIntent(ctx, s.DB, pi)
@@ -150,7 +151,7 @@ func (s *Service) CloseBeforeExit(ctx context.Context, pi PaymentIntentState) (P
 	if err != nil {
 		return pi, fmt.Errorf("close the payment of order %s: %w", o.ID, err)
 	}
-	if got.Status == PICanceled && !failedAttempt(got) {
+	if got.Status == stripeintent.Canceled && !failedAttempt(got) {
 		got.LastErrorCode, got.LastDeclineCode = pi.LastErrorCode, pi.LastDeclineCode
 	}
 	return got, nil
@@ -191,14 +192,14 @@ func (s *Service) SweepOrphans(ctx context.Context, tenantID, id string) (int, e
 			}
 			continue
 		}
-		if pi.ID == o.Payment.PaymentIntentID || !cancelable(pi.Status) {
+		if pi.ID == o.Payment.PaymentIntentID || !pi.Status.Cancelable() {
 			continue
 		}
 		got, err := r.cancel(ctx, pi.ID, CancelDuplicate, "")
 		if err != nil {
 			return n, fmt.Errorf("cancel orphan %s of order %s: %w", pi.ID, id, err)
 		}
-		if got.Status == PICanceled {
+		if got.Status == stripeintent.Canceled {
 			n++
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
@@ -141,9 +142,9 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 		case last == nil:
 		case last.Outcome == stripestep.Succeeded && last.StripeObjectID != nil:
 			// Answered, but the run stopped before recording it on the order.
-			pi := PaymentIntentState{ID: *last.StripeObjectID, Status: PIRequiresConfirmation}
+			pi := PaymentIntentState{ID: *last.StripeObjectID, Status: stripeintent.RequiresConfirmation}
 			if last.StripeStatus != nil {
-				pi.Status = *last.StripeStatus
+				pi.Status = stripeintent.Status(*last.StripeStatus)
 			}
 			return r.record(ctx, pi)
 		case last.Outcome.Refused():
@@ -206,8 +207,9 @@ func deref(pi *PaymentIntentState) PaymentIntentState {
 // recorded PaymentIntent is ever confirmed), else one waiting for the
 // customer, else the oldest that is not canceled.
 func adoptable(found []PaymentIntentState) (PaymentIntentState, bool) {
-	for _, rank := range []func(string) bool{MovesMoney, func(s string) bool { return s == PIRequiresAction },
-		func(s string) bool { return s != PICanceled }} {
+	for _, rank := range []func(stripeintent.Status) bool{stripeintent.Status.MovesMoney,
+		func(s stripeintent.Status) bool { return s == stripeintent.RequiresAction },
+		func(s stripeintent.Status) bool { return s != stripeintent.Canceled }} {
 		for _, pi := range found {
 			if rank(pi.Status) {
 				return pi, true
@@ -322,7 +324,7 @@ func (r *run) recordAnswer(ctx context.Context, a *stripestep.Attempt, pi Paymen
 	}
 	switch answer.Outcome {
 	case stripestep.Succeeded:
-		answer.ObjectID, answer.Status = pi.ID, pi.Status
+		answer.ObjectID, answer.Status = pi.ID, string(pi.Status)
 	case stripestep.Failed, stripestep.Rejected:
 		var refusal *PaymentRefusal
 		if !errors.As(callErr, &refusal) { // stripestep.ErrRejected: no details
@@ -330,7 +332,7 @@ func (r *run) recordAnswer(ctx context.Context, a *stripestep.Attempt, pi Paymen
 		}
 		answer.Error = refusalText(refusal)
 		if refusal.PaymentIntent != nil {
-			answer.ObjectID, answer.Status = refusal.PaymentIntent.ID, refusal.PaymentIntent.Status
+			answer.ObjectID, answer.Status = refusal.PaymentIntent.ID, string(refusal.PaymentIntent.Status)
 		}
 		res.refusal = refusal
 	case stripestep.Indeterminate:

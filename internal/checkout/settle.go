@@ -13,6 +13,7 @@ import (
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
@@ -41,17 +42,17 @@ func (r *run) verdictOf(pi PaymentIntentState) (*verdict, error) {
 func (r *run) changeFor(pi PaymentIntentState, cause string) (orders.Change, bool) {
 	ch := orders.Change{PaymentIntentID: pi.ID, PaymentStatus: pi.Status}
 	switch pi.Status {
-	case PISucceeded:
+	case stripeintent.Succeeded:
 		ch.To = orders.Paid
-	case PIRequiresAction:
+	case stripeintent.RequiresAction:
 		ch.To, ch.NextAction, ch.ClientSecret = orders.RequiresAction, pi.NextAction, pi.ClientSecret
-	case PIRequiresPaymentMethod:
+	case stripeintent.RequiresPaymentMethod:
 		if !failedAttempt(pi) {
 			return ch, false // never confirmed
 		}
 		// Open for another attempt: closeBeforeExit cancels it first.
 		ch.To, ch.FailureCode, ch.DeclineCode = orders.PaymentFailed, CodeCardDeclined, firstOf(pi.LastDeclineCode, pi.LastErrorCode)
-	case PICanceled:
+	case stripeintent.Canceled:
 		switch {
 		case cause == FailureCanceled:
 			// The customer's POST /v1/orders/{id}/cancel, only ever sent
@@ -125,7 +126,7 @@ func (r *run) closeBeforeExit(ctx context.Context, ch orders.Change) (orders.Cha
 	}
 	id := r.o.Payment.PaymentIntentID
 	switch {
-	case ch.PaymentStatus == PICanceled, id == "" && ch.PaymentIntentID == "":
+	case ch.PaymentStatus == stripeintent.Canceled, id == "" && ch.PaymentIntentID == "":
 		ch.Closed = true
 		return ch, nil
 	case !r.o.Status.CanMoveTo(ch.To):
@@ -139,8 +140,8 @@ func (r *run) closeBeforeExit(ctx context.Context, ch orders.Change) (orders.Cha
 	if err != nil {
 		return ch, fmt.Errorf("close the payment of order %s before it is %s: %w", r.o.ID, ch.To, err)
 	}
-	if got.Status == PICanceled {
-		ch.PaymentIntentID, ch.PaymentStatus, ch.Closed = id, PICanceled, true
+	if got.Status == stripeintent.Canceled {
+		ch.PaymentIntentID, ch.PaymentStatus, ch.Closed = id, stripeintent.Canceled, true
 		return ch, nil
 	}
 	// Stripe refused the cancel: the PaymentIntent moved on.
@@ -175,7 +176,7 @@ func (r *run) changeOf(ctx context.Context, v *verdict) (orders.Change, bool, er
 		return ch, true, nil
 	}
 	cause := ""
-	if v.pi.Status == PICanceled {
+	if v.pi.Status == stripeintent.Canceled {
 		var err error
 		if cause, err = cancelCause(ctx, r.s.DB, r.o.ID, v.pi.ID); err != nil {
 			return orders.Change{}, false, err

@@ -12,6 +12,7 @@ import (
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/refunds"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
@@ -46,7 +47,7 @@ func StrayRefundKey(orderID, piID string, n int) string {
 // pi. An order that still waits is not stray when pi is its recorded
 // PaymentIntent, or when it has none yet (the saga adopts what it finds).
 func isStray(o *Order, pi PaymentIntentState) bool {
-	if !MovesMoney(pi.Status) {
+	if !pi.Status.MovesMoney() {
 		return false
 	}
 	recorded := o.Payment.PaymentIntentID
@@ -69,7 +70,7 @@ func isStray(o *Order, pi PaymentIntentState) bool {
 // answer; the caller tries again (the webhook handler answers 5xx first,
 // so Stripe resends).
 func (s *Service) SettleStrayPayment(ctx context.Context, pi PaymentIntentState) error {
-	if !MovesMoney(pi.Status) {
+	if !pi.Status.MovesMoney() {
 		return nil
 	}
 	o, err := orderOfIntent(ctx, s.DB, pi)
@@ -98,23 +99,23 @@ func (s *Service) returnStray(ctx context.Context, o *Order, pi PaymentIntentSta
 	log := s.Logger.With("order_id", o.ID, "order_status", o.Status, "payment_intent", pi.ID,
 		"status", pi.Status, "order_payment_intent", o.Payment.PaymentIntentID)
 	switch pi.Status {
-	case PIProcessing:
+	case stripeintent.Processing:
 		log.ErrorContext(ctx, "a PaymentIntent is moving money for an order that is not paid; refunded once it succeeds")
 		return false, nil
-	case PIRequiresCapture:
+	case stripeintent.RequiresCapture:
 		// Authorized, not captured: canceling releases the hold.
 		got, err := s.newRun(nil, "", o).cancel(ctx, pi.ID, CancelDuplicate, "")
 		if err != nil {
 			s.Metrics.stray(StrayFailed)
 			return false, fmt.Errorf("cancel stray payment %s of order %s: %w", pi.ID, o.ID, err)
 		}
-		if got.Status == PICanceled {
+		if got.Status == stripeintent.Canceled {
 			s.Metrics.stray(StrayCanceled)
 			log.ErrorContext(ctx, "money was authorized for an order that is not paid; the authorization is canceled")
 			return true, nil
 		}
 		pi = got // captured meanwhile: refund it
-		if pi.Status != PISucceeded {
+		if pi.Status != stripeintent.Succeeded {
 			return false, fmt.Errorf("stray payment %s of order %s is %s", pi.ID, o.ID, pi.Status)
 		}
 	}

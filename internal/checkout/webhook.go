@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"gorm.io/gorm"
+
+	"github.com/onceonly/checkout/internal/stripeintent"
 )
 
 // ApplyPaymentIntentTx is ApplyPaymentIntent inside the caller's
@@ -22,14 +24,14 @@ func (s *Service) ApplyPaymentIntentTx(ctx context.Context, tx *gorm.DB, pi Paym
 		return false, err
 	}
 	if o.Payment.PaymentIntentID != pi.ID {
-		if MovesMoney(pi.Status) {
+		if pi.Status.MovesMoney() {
 			s.Logger.ErrorContext(ctx, "a PaymentIntent that is not the order's moves money",
 				"order_id", o.ID, "payment_intent", pi.ID, "status", pi.Status, "order_payment_intent", o.Payment.PaymentIntentID)
 		}
 		return false, nil
 	}
 	cause := ""
-	if pi.Status == PICanceled {
+	if pi.Status == stripeintent.Canceled {
 		if cause, err = cancelCause(ctx, tx, o.ID, pi.ID); err != nil {
 			return false, err
 		}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/stripeintent"
 )
 
 // The orders' statements for a batch (postgres.Batch): the checkout's fast
@@ -52,7 +53,7 @@ func QueueInsert(b *postgres.Batch, o *Order) {
 // knows no other PaymentIntent can be recorded (it holds the key): piID
 // (in Stripe status piStatus) recorded as order id's; when the order
 // records another one, the batch fails with GuardIntentTaken.
-func QueueRecordIntent(b *postgres.Batch, id, piID, piStatus string, now time.Time) {
+func QueueRecordIntent(b *postgres.Batch, id, piID string, piStatus stripeintent.Status, now time.Time) {
 	b.QueueGuarded(GuardIntentTaken,
 		recordIntentSQL+` AND (payment_intent_id IS NULL OR payment_intent_id = ?) RETURNING id`,
 		append(recordIntentArgs(id, piID, piStatus, now), piID), nil)

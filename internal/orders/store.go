@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm/clause"
 
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/stripeintent"
 )
 
 // Insert writes o, a new order (pending_payment), and its items inside
@@ -29,7 +30,7 @@ func Insert(ctx context.Context, tx *gorm.DB, o *Order) error {
 // order id's (created, or adopted after an indeterminate create) unless
 // one is recorded already, and returns the one recorded: the first wins,
 // so concurrent runs agree. The status changes nothing.
-func RecordIntent(ctx context.Context, db *gorm.DB, id, piID, piStatus string, now time.Time) (string, error) {
+func RecordIntent(ctx context.Context, db *gorm.DB, id, piID string, piStatus stripeintent.Status, now time.Time) (string, error) {
 	var recorded string
 	err := db.WithContext(ctx).Raw(recordIntentSQL+` RETURNING payment_intent_id`, recordIntentArgs(id, piID, piStatus, now)...).Scan(&recorded).Error
 	if err != nil {
@@ -46,8 +47,8 @@ const recordIntentSQL = `
 		    payment_unknown_since = NULL, updated_at = ?
 		WHERE id = ?`
 
-func recordIntentArgs(id, piID, piStatus string, now time.Time) []any {
-	return []any{piID, piID, piStatus, now, id}
+func recordIntentArgs(id, piID string, piStatus stripeintent.Status, now time.Time) []any {
+	return []any{piID, piID, string(piStatus), now, id}
 }
 
 // MarkUnknownSince records that the payment of order id became unknown at

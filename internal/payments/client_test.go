@@ -17,6 +17,7 @@ import (
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
@@ -114,13 +115,13 @@ func TestCreateAndConfirm(t *testing.T) {
 	tests := []struct {
 		name        string
 		pm          string
-		wantStatus  string
+		wantStatus  stripeintent.Status
 		wantDecline string
 		wantAction  bool
 	}{
-		{name: "succeeded", pm: "pm_card_visa", wantStatus: "succeeded"},
+		{name: "succeeded", pm: "pm_card_visa", wantStatus: stripeintent.Succeeded},
 		{name: "declined", pm: "pm_card_chargeDeclined", wantDecline: "generic_decline"},
-		{name: "3D Secure requires action", pm: "pm_card_authenticationRequired", wantStatus: "requires_action", wantAction: true},
+		{name: "3D Secure requires action", pm: "pm_card_authenticationRequired", wantStatus: stripeintent.RequiresAction, wantAction: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -130,7 +131,7 @@ func TestCreateAndConfirm(t *testing.T) {
 			pi, err := b.client.CreatePaymentIntent(t.Context(), req)
 			require.NoError(t, err)
 			require.Regexp(t, `^pi_`, pi.ID)
-			require.Equal(t, "requires_confirmation", pi.Status, "created unconfirmed: no money moves")
+			require.Equal(t, stripeintent.RequiresConfirmation, pi.Status, "created unconfirmed: no money moves")
 			require.Equal(t, map[string]string{"order_id": "ord_1", "tenant_id": "acme"}, pi.Metadata)
 
 			key := stripestep.Key("ord_1", checkout.StepConfirm, 1)

@@ -23,7 +23,7 @@ type refundRow struct {
 	Amount           int64
 	Currency         string
 	Reason           *string
-	Status           string
+	Status           Status
 	PaymentIntentID  string
 	StripeRefundID   *string
 	StripeStatus     *string

@@ -295,7 +295,7 @@ func (h *Handler) paymentIntent(ctx context.Context, ev Event, pi PaymentIntent)
 		return "", problem.Wrap(ErrUnavailable, err)
 	}
 	state := pi
-	if !pi.Final() {
+	if !pi.Status.Final() {
 		// An order still on the way to paid (orders.Status.Waiting) waits
 		// for its payment's outcome: an event that is not final for the
 		// PaymentIntent is then checked against Stripe's current state.
@@ -320,7 +320,7 @@ func (h *Handler) paymentIntent(ctx context.Context, ev Event, pi PaymentIntent)
 		}
 	}
 
-	if state.Status == "succeeded" || state.Status == "processing" || state.Status == "requires_capture" {
+	if state.Status.MovesMoney() {
 		// Money that moved for an order that is not paid is refunded
 		// before the event is recorded: a failure is a 5xx, and Stripe's
 		// resend tries again.
