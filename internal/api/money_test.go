@@ -131,7 +131,7 @@ func TestStrayPaymentRefunded(t *testing.T) {
 	eventually(t, "the stray payment counted", func() bool { return h.strayTotal(checkout.StrayRefunded) == 1 })
 	require.Equal(t, string(orders.PaymentFailed), h.order(id).Status, "a stray payment pays no order")
 
-	changed, err := h.api.Service.ApplyPaymentIntent(context.Background(), pi)
+	changed, err := h.api.Service.ApplyPaymentIntent(context.Background(), pi, nil)
 	require.NoError(t, err)
 	require.False(t, changed)
 	require.Len(t, refundsOf(), 1, "refunded once")

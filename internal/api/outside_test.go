@@ -229,7 +229,7 @@ func TestStrayRefundFailedIsSentAgain(t *testing.T) {
 	h := setup(t) // no webhooks: the detection and the reconciler's rounds alone
 	id, pi := h.strayPayment("stray-again")
 	h.emu.SetRefundsPending(true)
-	_, err := h.api.Service.ApplyPaymentIntent(context.Background(), pi) // the detection
+	_, err := h.api.Service.ApplyPaymentIntent(context.Background(), pi, nil) // the detection
 	require.NoError(t, err)
 	rs, keys := h.strayRefunds(pi.ID)
 	require.Len(t, rs, 1)
@@ -324,7 +324,7 @@ func TestStrayPaymentRefundedByHand(t *testing.T) {
 	t.Parallel()
 	h := setup(t)
 	_, pi := h.strayPayment("stray-by-hand")
-	_, err := h.api.Service.ApplyPaymentIntent(context.Background(), pi)
+	_, err := h.api.Service.ApplyPaymentIntent(context.Background(), pi, nil)
 	require.NoError(t, err)
 	rs, _ := h.strayRefunds(pi.ID)
 	require.Len(t, rs, 1)

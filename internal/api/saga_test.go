@@ -21,6 +21,7 @@ import (
 	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/stripeemu"
 	"github.com/onceonly/checkout/internal/stripeintent"
+	"github.com/onceonly/checkout/internal/stripestep"
 	"github.com/onceonly/checkout/internal/sweep"
 	"github.com/onceonly/checkout/internal/testenv"
 	"github.com/onceonly/checkout/internal/webhooks"
@@ -250,7 +251,7 @@ func TestUnknownPaymentMethod(t *testing.T) {
 }
 
 // threeDS starts a checkout that needs 3D Secure and checks its 202.
-func threeDS(t *testing.T, h *harness, key string) checkout.Order {
+func threeDS(t *testing.T, h *harness, key string) orders.Order {
 	t.Helper()
 	r := h.checkout(key, threeDSBody)
 	require.Equal(t, http.StatusAccepted, r.status, "%s", r.body)
@@ -383,7 +384,7 @@ func TestFailedChallengeThenAnotherCard(t *testing.T) {
 
 	// What a webhook or a poll that read Stripe before the second card
 	// would apply.
-	changed, err := h.api.Service.ApplyPaymentIntent(context.Background(), failed)
+	changed, err := h.api.Service.ApplyPaymentIntent(context.Background(), failed, nil)
 	require.NoError(t, err)
 	require.True(t, changed)
 	h.requirePaymentInvariants(o.ID, string(orders.Paid), stripeemu.OpPICancel)
@@ -614,7 +615,7 @@ func TestApplyPaymentIntentMonotonic(t *testing.T) {
 	waiting, err := c.RetrievePaymentIntent(t.Context(), o.Payment.PaymentIntentID)
 	require.NoError(t, err)
 	require.Equal(t, stripeintent.RequiresAction, waiting.Status)
-	changed, err := h.api.Service.ApplyPaymentIntent(t.Context(), waiting)
+	changed, err := h.api.Service.ApplyPaymentIntent(t.Context(), waiting, nil)
 	require.NoError(t, err)
 	require.False(t, changed, "already requires_action")
 
@@ -622,17 +623,17 @@ func TestApplyPaymentIntentMonotonic(t *testing.T) {
 	require.NoError(t, err)
 	succeeded, err := c.RetrievePaymentIntent(t.Context(), o.Payment.PaymentIntentID)
 	require.NoError(t, err)
-	changed, err = h.api.Service.ApplyPaymentIntent(t.Context(), succeeded)
+	changed, err = h.api.Service.ApplyPaymentIntent(t.Context(), succeeded, nil)
 	require.NoError(t, err)
 	require.True(t, changed)
 	for _, pi := range []checkout.PaymentIntentState{succeeded, waiting} {
-		changed, err = h.api.Service.ApplyPaymentIntent(t.Context(), pi)
+		changed, err = h.api.Service.ApplyPaymentIntent(t.Context(), pi, nil)
 		require.NoError(t, err)
 		require.False(t, changed, "%s after succeeded", pi.Status)
 	}
 	canceled := succeeded
 	canceled.Status = stripeintent.Canceled
-	changed, err = h.api.Service.ApplyPaymentIntent(t.Context(), canceled)
+	changed, err = h.api.Service.ApplyPaymentIntent(t.Context(), canceled, nil)
 	require.NoError(t, err)
 	require.False(t, changed, "paid never goes back")
 
@@ -642,7 +643,7 @@ func TestApplyPaymentIntentMonotonic(t *testing.T) {
 		Amount: 5000, Currency: "usd", PaymentMethod: "pm_card_chargeDeclined", OrderID: o.ID, TenantID: "acme"})
 	require.NoError(t, err)
 	other.Status, other.LastErrorCode = stripeintent.RequiresPaymentMethod, "card_declined"
-	changed, err = h.api.Service.ApplyPaymentIntent(t.Context(), other)
+	changed, err = h.api.Service.ApplyPaymentIntent(t.Context(), other, nil)
 	require.NoError(t, err)
 	require.False(t, changed)
 
@@ -733,7 +734,7 @@ func TestConfirmRefusedAfterRollForward(t *testing.T) {
 	s.confirm = func(n int, req checkout.ConfirmIntentRequest, real checkout.PaymentProvider) (checkout.PaymentIntentState, error) {
 		ctx := context.Background()
 		if n == 1 {
-			return checkout.PaymentIntentState{}, fmt.Errorf("stripe confirm: %w: stripe 500 api_error", checkout.ErrProviderIndeterminate)
+			return checkout.PaymentIntentState{}, fmt.Errorf("stripe confirm: %w: stripe 500 api_error", stripestep.ErrIndeterminate)
 		}
 		// Stripe's remediation executes the first confirm now.
 		if _, err := real.ConfirmPaymentIntent(ctx, checkout.ConfirmIntentRequest{IdempotencyKey: "rolled-forward", PaymentIntentID: req.PaymentIntentID}); err != nil {
@@ -892,7 +893,7 @@ func TestCheckoutKeyFinishesAfterTheOrderWasRefunded(t *testing.T) {
 	// What the webhook does once Stripe says succeeded, then a refund.
 	pi, err := s.RetrievePaymentIntent(context.Background(), *h.order(key.OrderID).PaymentIntentID)
 	require.NoError(t, err)
-	changed, err := h.api.Service.ApplyPaymentIntent(context.Background(), pi)
+	changed, err := h.api.Service.ApplyPaymentIntent(context.Background(), pi, nil)
 	require.NoError(t, err)
 	require.True(t, changed)
 	require.Equal(t, refunds.StatusSucceeded, decodeRefund(t, h.refund(key.OrderID, "refund-1", `{"amount":1000}`)).Status)

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -138,4 +139,29 @@ func typedStatusLiterals(t *testing.T) []string {
 		}
 	}
 	return found
+}
+
+// TestConfigIsALeaf: internal/config reads the environment into the
+// structs it is given and imports no package of the service: each
+// mechanism declares and checks its own settings (rabbitmq.Settings), so
+// reading configuration never pulls in a broker client.
+func TestConfigIsALeaf(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("..", "config", "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range files {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ImportsOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, imp := range f.Imports {
+			if p, _ := strconv.Unquote(imp.Path.Value); strings.HasPrefix(p, "github.com/onceonly/checkout/") {
+				t.Errorf("%s imports %s: internal/config imports no package of the service", filepath.ToSlash(path), p)
+			}
+		}
+	}
 }

@@ -16,7 +16,7 @@ import (
 func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, error) {
 	newAttempts := r.confirmed
 	for {
-		all, err := stripestep.Load(ctx, r.s.DB, r.o.ID, StepConfirm)
+		all, err := stripestep.Load(ctx, r.s.DB, r.o.ID, stripestep.StepConfirm)
 		if err != nil {
 			return nil, err
 		}
@@ -65,7 +65,7 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 			return nil, &waitError{reason: fmt.Sprintf("confirm of order %s: %d new attempts in one run", r.o.ID, newAttempts)}
 		}
 		newAttempts++
-		a := r.newAttempt(StepConfirm, maxN+1, pi.ID, ConfirmIntentRequest{PaymentIntentID: pi.ID, ReturnURL: r.o.ReturnURL})
+		a := r.newAttempt(stripestep.StepConfirm, maxN+1, pi.ID, ConfirmIntentRequest{PaymentIntentID: pi.ID, ReturnURL: r.o.ReturnURL})
 		if err := r.begin(ctx, a); err != nil {
 			return nil, err
 		}
@@ -81,13 +81,13 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 func (r *run) confirmAttempt(ctx context.Context, piID string, a *stripestep.Attempt) (*verdict, error) {
 	got, err := r.s.Payments.ConfirmPaymentIntent(ctx, ConfirmIntentRequest{
 		IdempotencyKey: a.IdempotencyKey, PaymentIntentID: piID, ReturnURL: r.o.ReturnURL})
-	return r.confirmAnswered(ctx, piID, a, got, err)
+	return r.confirmVerdict(ctx, piID, a, got, err)
 }
 
-// confirmAnswered records the answer (got, err) to confirm attempt a of
+// confirmVerdict records the answer (got, err) to confirm attempt a of
 // PaymentIntent piID and returns what confirmAttempt does.
-func (r *run) confirmAnswered(ctx context.Context, piID string, a *stripestep.Attempt, got PaymentIntentState, err error) (*verdict, error) {
-	res := r.answer(ctx, a, got, err)
+func (r *run) confirmVerdict(ctx context.Context, piID string, a *stripestep.Attempt, got PaymentIntentState, err error) (*verdict, error) {
+	res := r.recordAnswer(ctx, a, got, err)
 	switch {
 	case res.err != nil:
 		return nil, res.err

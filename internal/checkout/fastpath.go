@@ -42,7 +42,7 @@ import (
 // firstOrder is phase 1 of a first execution, done.
 type firstOrder struct {
 	claim  *idempotency.Claim
-	order  *Order
+	order  *orders.Order
 	create *stripestep.Attempt
 }
 
@@ -55,12 +55,12 @@ const (
 	guardOutOfStock = "checkout_out_of_stock"
 )
 
-// beginFirst runs phase 1 of cmd as a first execution. It returns nil, and
+// beginFastPath runs phase 1 of cmd as a first execution. It returns nil, and
 // has written nothing, when cmd is not one: the body has errors, a sku is
 // unknown, the currencies differ (the general path reports those after the
 // stored-key rules, as the contract orders them), the catalog changed, the
 // stock is short (the general path stores the 409), or the key exists.
-func (s *Service) beginFirst(ctx context.Context, cmd CheckoutCommand) (*firstOrder, error) {
+func (s *Service) beginFastPath(ctx context.Context, cmd CheckoutCommand) (*firstOrder, error) {
 	in := cmd.Input
 	if in == nil || len(cmd.InputErrors) > 0 || len(in.validate(nil)) > 0 {
 		return nil, nil
@@ -76,7 +76,7 @@ func (s *Service) beginFirst(ctx context.Context, cmd CheckoutCommand) (*firstOr
 	}
 	o := s.newOrder(cmd.Tenant, in, products)
 	r := s.newRun(nil, Route, o)
-	create := r.newAttempt(StepCreate, 1, "", r.createRequest(1))
+	create := r.newAttempt(stripestep.StepCreate, 1, "", r.createRequest(1))
 	scope := idempotency.Scope{Tenant: cmd.Tenant, Route: Route, Key: cmd.IdempotencyKey}
 
 	var b postgres.Batch
@@ -119,14 +119,14 @@ func queueReserve(b *postgres.Batch, want map[string]int64, products map[string]
 		[]any{postgres.TextArray(skus), postgres.IntArray(qtys)}, nil)
 }
 
-// payFirst is pay for the run of a first execution, whose create attempt
+// payFastPath is pay for the run of a first execution, whose create attempt
 // phase 1 wrote: phases 2 and 3 while Stripe answers as it does for a
 // chargeable card, the general path from the first other answer on.
-func (r *run) payFirst(ctx context.Context, create *stripestep.Attempt) (*idempotency.Response, error) {
+func (r *run) payFastPath(ctx context.Context, create *stripestep.Attempt) (*idempotency.Response, error) {
 	r.created = 1
 	pi, err := r.s.Payments.CreatePaymentIntent(ctx, r.createRequest(create.Attempt))
 	if err != nil || pi.Status != stripeintent.RequiresConfirmation {
-		res := r.answer(ctx, create, pi, err)
+		res := r.recordAnswer(ctx, create, pi, err)
 		switch {
 		case res.err != nil:
 			return r.stop(ctx, res.err)
@@ -137,7 +137,7 @@ func (r *run) payFirst(ctx context.Context, create *stripestep.Attempt) (*idempo
 	}
 
 	// Phase 2.
-	confirm := r.newAttempt(StepConfirm, 1, pi.ID, ConfirmIntentRequest{PaymentIntentID: pi.ID, ReturnURL: r.o.ReturnURL})
+	confirm := r.newAttempt(stripestep.StepConfirm, 1, pi.ID, ConfirmIntentRequest{PaymentIntentID: pi.ID, ReturnURL: r.o.ReturnURL})
 	if err := r.recordCreated(ctx, create, pi, confirm); err != nil {
 		var orphan *intentTaken
 		if errors.As(err, &orphan) {
@@ -167,7 +167,7 @@ func (r *run) payFirst(ctx context.Context, create *stripestep.Attempt) (*idempo
 		// settlement sorts out which (the answer is recorded).
 		return r.settle(ctx, &verdict{pi: &got})
 	}
-	v, err := r.confirmAnswered(ctx, pi.ID, confirm, got, err)
+	v, err := r.confirmVerdict(ctx, pi.ID, confirm, got, err)
 	if err != nil {
 		return r.stop(ctx, err)
 	}
@@ -240,7 +240,7 @@ func (r *run) recordCreated(ctx context.Context, create *stripestep.Attempt, pi 
 // gone, or the order moved): then it has recorded the answer alone, and
 // the caller settles the general way.
 func (r *run) settlePaid(ctx context.Context, confirm *stripestep.Attempt, got PaymentIntentState) (*idempotency.Response, error) {
-	ch, _ := r.changeFor(got, "")
+	ch, _ := r.changeForState(got, "")
 	now := r.now()
 	answer := stripestep.Answer{Outcome: stripestep.Succeeded, ObjectID: got.ID, Status: string(got.Status)}
 	paid := r.o.Changed(ch, now)

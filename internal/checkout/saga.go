@@ -66,7 +66,7 @@ type run struct {
 	claim *idempotency.Claim
 	// route decides the response the key is finished with.
 	route string
-	o     *Order
+	o     *orders.Order
 	// created and confirmed count the create and confirm attempts this
 	// run wrote before it took the general path (a first execution's):
 	// they count toward MaxAttempts like the general path's own.
@@ -91,7 +91,7 @@ type waitError struct {
 
 func (e *waitError) Error() string { return e.reason }
 
-func (s *Service) newRun(c *idempotency.Claim, route string, o *Order) *run {
+func (s *Service) newRun(c *idempotency.Claim, route string, o *orders.Order) *run {
 	return &run{s: s, cfg: s.Saga.withDefaults(), claim: c, route: route, o: o}
 }
 
@@ -129,7 +129,7 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 	}
 	newAttempts := r.created
 	for {
-		as, err := stripestep.Load(ctx, r.s.DB, r.o.ID, StepCreate)
+		as, err := stripestep.Load(ctx, r.s.DB, r.o.ID, stripestep.StepCreate)
 		if err != nil {
 			return PaymentIntentState{}, nil, err
 		}
@@ -154,7 +154,7 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 			// an answer it replays. The same key is safe while Stripe keeps it.
 			pi, v, err := r.create(ctx, last, false)
 			if pi != nil || v != nil || err != nil {
-				return deref(pi), v, err
+				return stateOrZero(pi), v, err
 			}
 			continue
 		default:
@@ -186,16 +186,18 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 			return PaymentIntentState{}, nil, &waitError{reason: fmt.Sprintf("create of order %s: %d new attempts in one run", r.o.ID, newAttempts)}
 		}
 		newAttempts++
-		a := r.newAttempt(StepCreate, next, "", r.createRequest(next))
+		a := r.newAttempt(stripestep.StepCreate, next, "", r.createRequest(next))
 		pi, v, err := r.create(ctx, a, true)
 		if pi != nil || v != nil || err != nil {
-			return deref(pi), v, err
+			return stateOrZero(pi), v, err
 		}
 		// Indeterminate: loop to reconcile it.
 	}
 }
 
-func deref(pi *PaymentIntentState) PaymentIntentState {
+// stateOrZero returns *pi, or the zero state when the step found no
+// PaymentIntent (pi nil).
+func stateOrZero(pi *PaymentIntentState) PaymentIntentState {
 	if pi == nil {
 		return PaymentIntentState{}
 	}
@@ -221,7 +223,7 @@ func adoptable(found []PaymentIntentState) (PaymentIntentState, bool) {
 
 func (r *run) createRequest(n int) CreateIntentRequest {
 	return CreateIntentRequest{
-		IdempotencyKey: stripestep.Key(r.o.ID, StepCreate, n),
+		IdempotencyKey: stripestep.Key(r.o.ID, stripestep.StepCreate, n),
 		Amount:         r.o.AmountTotal,
 		Currency:       r.o.Currency,
 		PaymentMethod:  r.o.PaymentMethod,
@@ -268,7 +270,7 @@ func (r *run) create(ctx context.Context, a *stripestep.Attempt, isNew bool) (*P
 		}
 	}
 	pi, err := r.s.Payments.CreatePaymentIntent(ctx, r.createRequest(a.Attempt))
-	switch res := r.answer(ctx, a, pi, err); {
+	switch res := r.recordAnswer(ctx, a, pi, err); {
 	case res.err != nil:
 		return nil, nil, res.err
 	case res.refusal != nil:
@@ -303,19 +305,14 @@ type answerResult struct {
 	err           error // unanswered (a waitError), or the database failing
 }
 
-// answer records the answer to attempt a: the PaymentIntent, a refusal, an
-// indeterminate answer (which marks the payment unknown since now), or no
-// answer (the same, unless Stripe refused our credentials: that says
-// nothing of the payment).
-func (r *run) answer(ctx context.Context, a *stripestep.Attempt, pi PaymentIntentState, callErr error) answerResult {
-	return r.recordAnswer(ctx, a, pi, callErr, true)
-}
-
 // recordAnswer records the answer (pi, callErr) to attempt a, with its
 // outcome as stripestep.OutcomeOf gives it, and returns what the saga acts
-// on. unknown says whether no final answer marks the order's payment
-// unknown (not for a cancel: it moves no money).
-func (r *run) recordAnswer(ctx context.Context, a *stripestep.Attempt, pi PaymentIntentState, callErr error, unknown bool) answerResult {
+// on: the PaymentIntent, a refusal, an indeterminate answer, or no answer.
+// An indeterminate answer or none marks the order's payment unknown since
+// now, unless a is a cancel (it moves no money) or Stripe refused our
+// credentials (that says nothing of the payment).
+func (r *run) recordAnswer(ctx context.Context, a *stripestep.Attempt, pi PaymentIntentState, callErr error) answerResult {
+	unknown := a.Step != stripestep.StepCancel
 	now := r.now()
 	var res answerResult
 	answer := stripestep.Answer{Outcome: stripestep.OutcomeOf(callErr)}
@@ -342,7 +339,7 @@ func (r *run) recordAnswer(ctx context.Context, a *stripestep.Attempt, pi Paymen
 		}
 		res.indeterminate = true
 	case stripestep.Open:
-		if errors.Is(callErr, ErrProviderCredentials) {
+		if errors.Is(callErr, stripestep.ErrCredentials) {
 			// Refused before executing: the attempt stays open, to be sent
 			// again under its key; the payment is not unknown.
 			unknown = false

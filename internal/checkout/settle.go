@@ -20,13 +20,13 @@ import (
 // verdictOf returns the verdict for a PaymentIntent's state, or a wait when
 // the state settles nothing yet (processing, requires_capture).
 func (r *run) verdictOf(pi PaymentIntentState) (*verdict, error) {
-	if _, ok := r.changeFor(pi, ""); !ok {
+	if _, ok := r.changeForState(pi, ""); !ok {
 		return nil, &waitError{reason: fmt.Sprintf("payment intent %s of order %s is %s", pi.ID, r.o.ID, pi.Status)}
 	}
 	return &verdict{pi: &pi}, nil
 }
 
-// changeFor returns the order change Stripe's state of the order's
+// changeForState returns the order change Stripe's state of the order's
 // PaymentIntent calls for, and false when it calls for none. cause is why
 // this service canceled pi (cancelCause), "" when it did not or pi is not
 // canceled.
@@ -39,7 +39,7 @@ func (r *run) verdictOf(pi PaymentIntentState) (*verdict, error) {
 // and anything else, or the same reason while the order is still
 // pending_payment or payment_unknown, makes it payment_failed
 // (FailurePaymentCanceled). Either way its key gets a final answer.
-func (r *run) changeFor(pi PaymentIntentState, cause string) (orders.Change, bool) {
+func (r *run) changeForState(pi PaymentIntentState, cause string) (orders.Change, bool) {
 	ch := orders.Change{PaymentIntentID: pi.ID, PaymentStatus: pi.Status}
 	switch pi.Status {
 	case stripeintent.Succeeded:
@@ -145,7 +145,7 @@ func (r *run) closeBeforeExit(ctx context.Context, ch orders.Change) (orders.Cha
 		return ch, nil
 	}
 	// Stripe refused the cancel: the PaymentIntent moved on.
-	moved, ok := r.changeFor(got, "")
+	moved, ok := r.changeForState(got, "")
 	if !ok || moved.To.LeavesTheWayToPaid() {
 		return ch, &waitError{reason: fmt.Sprintf("payment intent %s of order %s is %s and cannot be canceled", id, r.o.ID, got.Status)}
 	}
@@ -163,8 +163,8 @@ func firstOf(s ...string) string {
 	return ""
 }
 
-// changeOf returns the change a verdict calls for.
-func (r *run) changeOf(ctx context.Context, v *verdict) (orders.Change, bool, error) {
+// changeForVerdict returns the change a verdict calls for.
+func (r *run) changeForVerdict(ctx context.Context, v *verdict) (orders.Change, bool, error) {
 	if f := v.refusal; f != nil {
 		ch := orders.Change{To: orders.PaymentFailed, FailureCode: CodePaymentRejected}
 		if v.pi != nil {
@@ -182,7 +182,7 @@ func (r *run) changeOf(ctx context.Context, v *verdict) (orders.Change, bool, er
 			return orders.Change{}, false, err
 		}
 	}
-	ch, ok := r.changeFor(*v.pi, cause)
+	ch, ok := r.changeForState(*v.pi, cause)
 	return ch, ok, nil
 }
 
@@ -195,7 +195,7 @@ func (r *run) changeOf(ctx context.Context, v *verdict) (orders.Change, bool, er
 // and "" when no cancel of ours gives one (someone else canceled it: the
 // Dashboard, Stripe; or it was an orphan).
 func cancelCause(ctx context.Context, db *gorm.DB, orderID, piID string) (string, error) {
-	all, err := stripestep.Load(ctx, db, orderID, StepCancel)
+	all, err := stripestep.Load(ctx, db, orderID, stripestep.StepCancel)
 	if err != nil {
 		return "", err
 	}
@@ -231,7 +231,7 @@ func (r *run) settle(ctx context.Context, v *verdict) (*idempotency.Response, er
 	apply := false
 	if v != nil {
 		var err error
-		if ch, apply, err = r.changeOf(ctx, v); err != nil {
+		if ch, apply, err = r.changeForVerdict(ctx, v); err != nil {
 			return r.stop(ctx, err)
 		}
 		if apply {
@@ -245,7 +245,7 @@ func (r *run) settle(ctx context.Context, v *verdict) (*idempotency.Response, er
 	err := postgres.WithTx(ctx, r.s.DB, func(tx *gorm.DB) error {
 		resp = nil
 		if apply {
-			if _, err := r.s.applyTx(ctx, tx, r.o, ch, now); err != nil {
+			if _, err := r.s.applyChange(ctx, tx, r.o, ch, now); err != nil {
 				return err
 			}
 		}
@@ -274,11 +274,11 @@ func (r *run) settle(ctx context.Context, v *verdict) (*idempotency.Response, er
 	return resp, nil
 }
 
-// applyTx applies ch to o inside tx through orders.Apply (the transition,
+// applyChange applies ch to o inside tx through orders.Apply (the transition,
 // the lifecycle's exit rule, the event), with what goes with it here: the
 // stock given back (payment_failed, canceled). It reports whether the order
 // changed.
-func (s *Service) applyTx(ctx context.Context, tx *gorm.DB, o *Order, ch orders.Change, now time.Time) (bool, error) {
+func (s *Service) applyChange(ctx context.Context, tx *gorm.DB, o *orders.Order, ch orders.Change, now time.Time) (bool, error) {
 	cur, err := orders.Apply(ctx, tx, o.ID, ch, now)
 	if err != nil || cur == nil {
 		return false, err
@@ -308,13 +308,13 @@ func (r *run) stop(ctx context.Context, err error) (*idempotency.Response, error
 	switch {
 	case errors.Is(err, stripestep.ErrTaken), errors.Is(err, idempotency.ErrLeaseLost):
 		return nil, idempotency.ErrLeaseLost
-	case errors.Is(err, ErrProviderCredentials):
+	case errors.Is(err, stripestep.ErrCredentials):
 		// Our own key, not the customer's payment: nothing failed, nothing
 		// is stored, the stock stays reserved, and the retry resumes.
 		r.s.Logger.ErrorContext(ctx, "Stripe refused the service's credentials (401/403): check STRIPE_SECRET_KEY",
 			"order_id", r.o.ID, "err", err)
 		return nil, providerCredentials(r.o.ID, err)
-	case errors.As(err, &w), errors.Is(err, ErrProviderUnanswered), errors.Is(err, ErrProviderIndeterminate),
+	case errors.As(err, &w), errors.Is(err, stripestep.ErrUnanswered), errors.Is(err, stripestep.ErrIndeterminate),
 		errors.As(err, &refusal):
 		r.markUnknown(ctx)
 		e := paymentUnavailable(r.o.ID, err)
@@ -338,7 +338,7 @@ func (r *run) markUnknown(ctx context.Context) {
 		return
 	}
 	err = postgres.WithTx(bg, r.s.DB, func(tx *gorm.DB) error {
-		_, err := r.s.applyTx(bg, tx, cur, orders.Change{To: orders.PaymentUnknown}, r.now())
+		_, err := r.s.applyChange(bg, tx, cur, orders.Change{To: orders.PaymentUnknown}, r.now())
 		return err
 	})
 	if err != nil {

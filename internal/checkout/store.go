@@ -95,7 +95,7 @@ func reserveStock(ctx context.Context, tx *gorm.DB, want map[string]int64) (bool
 
 // loadOrder returns the order id of tenant, or ErrOrderNotFound (also for
 // another tenant's order, so ids cannot be probed across tenants).
-func loadOrder(ctx context.Context, db *gorm.DB, tenantID, id string) (*Order, error) {
+func loadOrder(ctx context.Context, db *gorm.DB, tenantID, id string) (*orders.Order, error) {
 	o, err := orders.Load(ctx, db, tenantID, id)
 	if errors.Is(err, orders.ErrNotFound) {
 		return nil, ErrOrderNotFound
@@ -104,7 +104,7 @@ func loadOrder(ctx context.Context, db *gorm.DB, tenantID, id string) (*Order, e
 }
 
 // releaseStock gives an order's reserved units back.
-func releaseStock(ctx context.Context, tx *gorm.DB, o *Order) error {
+func releaseStock(ctx context.Context, tx *gorm.DB, o *orders.Order) error {
 	release := map[string]int64{}
 	for _, it := range o.Items {
 		release[it.SKU] += int64(it.Quantity)

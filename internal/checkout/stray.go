@@ -46,7 +46,7 @@ func StrayRefundKey(orderID, piID string, n int) string {
 // while o is not paid (nor refunded from paid), and never will be through
 // pi. An order that still waits is not stray when pi is its recorded
 // PaymentIntent, or when it has none yet (the saga adopts what it finds).
-func isStray(o *Order, pi PaymentIntentState) bool {
+func isStray(o *orders.Order, pi PaymentIntentState) bool {
 	if !pi.Status.MovesMoney() {
 		return false
 	}
@@ -84,7 +84,7 @@ func (s *Service) SettleStrayPayment(ctx context.Context, pi PaymentIntentState)
 }
 
 // settleStray is SettleStrayPayment for a loaded order.
-func (s *Service) settleStray(ctx context.Context, o *Order, pi PaymentIntentState) error {
+func (s *Service) settleStray(ctx context.Context, o *orders.Order, pi PaymentIntentState) error {
 	_, err := s.returnStray(ctx, o, pi)
 	return err
 }
@@ -92,7 +92,7 @@ func (s *Service) settleStray(ctx context.Context, o *Order, pi PaymentIntentSta
 // returnStray is settleStray, reporting whether the money is back with
 // the customer: pi is not stray, its authorization was canceled, or
 // refunds Stripe says succeeded cover what it charged.
-func (s *Service) returnStray(ctx context.Context, o *Order, pi PaymentIntentState) (returned bool, err error) {
+func (s *Service) returnStray(ctx context.Context, o *orders.Order, pi PaymentIntentState) (returned bool, err error) {
 	if !isStray(o, pi) {
 		return true, nil
 	}
@@ -183,7 +183,7 @@ const maxStrayAttempts = 3
 // (ReturnStrayPayments) finds it again; the latest attempt's status
 // follows Stripe's refund. Stripe's errors are returned in callErr (the
 // attempts written commit); the error is the database's.
-func (s *Service) refundStray(ctx context.Context, tx *gorm.DB, o *Order, pi PaymentIntentState) (strayRefund, error) {
+func (s *Service) refundStray(ctx context.Context, tx *gorm.DB, o *orders.Order, pi PaymentIntentState) (strayRefund, error) {
 	var out strayRefund
 	step := stripestep.StrayRefundStep(pi.ID)
 	for range maxStrayAttempts {

@@ -55,7 +55,7 @@ func setup(t testing.TB, cfg payments.Config) bundle {
 func createReq(t testing.TB, pm string) checkout.CreateIntentRequest {
 	t.Helper()
 	return checkout.CreateIntentRequest{
-		IdempotencyKey: stripestep.Key("ord_"+t.Name(), checkout.StepCreate, 1),
+		IdempotencyKey: stripestep.Key("ord_"+t.Name(), stripestep.StepCreate, 1),
 		Amount:         2500,
 		Currency:       "usd",
 		PaymentMethod:  pm,
@@ -134,7 +134,7 @@ func TestCreateAndConfirm(t *testing.T) {
 			require.Equal(t, stripeintent.RequiresConfirmation, pi.Status, "created unconfirmed: no money moves")
 			require.Equal(t, map[string]string{"order_id": "ord_1", "tenant_id": "acme"}, pi.Metadata)
 
-			key := stripestep.Key("ord_1", checkout.StepConfirm, 1)
+			key := stripestep.Key("ord_1", stripestep.StepConfirm, 1)
 			got, err := b.client.ConfirmPaymentIntent(t.Context(), checkout.ConfirmIntentRequest{IdempotencyKey: key, PaymentIntentID: pi.ID})
 			if tt.wantDecline != "" {
 				var refusal *checkout.PaymentRefusal
@@ -265,11 +265,11 @@ func TestFinalAnswersNotRetried(t *testing.T) {
 		{name: "invalid request rejected", mutate: func(r *checkout.CreateIntentRequest) { r.Amount = 0 },
 			wantCode: "amount_too_small", wantReqs: 1},
 		// Our own key refused is not a refusal of the payment.
-		{name: "invalid api key refused", secretKey: "pk_test_wrong", wantErr: checkout.ErrProviderCredentials, wantReqs: 1},
+		{name: "invalid api key refused", secretKey: "pk_test_wrong", wantErr: stripestep.ErrCredentials, wantReqs: 1},
 		{name: "401 expired key", fault: &stripeemu.Fault{Kind: stripeemu.FaultFail, Status: 401},
-			wantErr: checkout.ErrProviderCredentials, wantReqs: 1, wantResult: "credentials_refused"},
+			wantErr: stripestep.ErrCredentials, wantReqs: 1, wantResult: "credentials_refused"},
 		{name: "403 restricted key", fault: &stripeemu.Fault{Kind: stripeemu.FaultFail, Status: 403},
-			wantErr: checkout.ErrProviderCredentials, wantReqs: 1, wantResult: "credentials_refused"},
+			wantErr: stripestep.ErrCredentials, wantReqs: 1, wantResult: "credentials_refused"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -255,7 +255,7 @@ func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (
 		case a.Outcome == stripestep.Open:
 			st, err := s.Stripe.CreateRefund(ctx, CreateParams{
 				IdempotencyKey: a.IdempotencyKey, PaymentIntentID: r.PaymentIntentID, Amount: r.Amount,
-				Reason: deref(r.Reason), RefundID: r.ID, OrderID: r.OrderID, TenantID: r.TenantID,
+				Reason: r.reason(), RefundID: r.ID, OrderID: r.OrderID, TenantID: r.TenantID,
 			})
 			switch outcome := stripestep.OutcomeOf(err); outcome {
 			case stripestep.Succeeded:
@@ -442,13 +442,6 @@ func translate(err error) error {
 		return err
 	}
 	return problem.Wrap(ErrUnavailable, err)
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
 }
 
 func boolInt(b bool) int {

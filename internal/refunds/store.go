@@ -35,6 +35,14 @@ type refundRow struct {
 
 func (refundRow) TableName() string { return "refunds" }
 
+// reason is the refund's reason, "" for none.
+func (r *refundRow) reason() string {
+	if r.Reason == nil {
+		return ""
+	}
+	return *r.Reason
+}
+
 func (r *refundRow) view() Refund {
 	return Refund{
 		ID: r.ID, OrderID: r.OrderID, Amount: r.Amount, Currency: r.Currency, Reason: r.Reason,

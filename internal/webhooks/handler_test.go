@@ -28,7 +28,9 @@ import (
 	"github.com/onceonly/checkout/internal/ids"
 	lifecycle "github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/outbox"
+	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/webhooks"
 )
 
@@ -69,32 +71,41 @@ func (o dbOrders) OrderStatus(ctx context.Context, tenantID, orderID string) (li
 	return lifecycle.Status(status[0]), nil
 }
 
-// CloseBeforeExit returns pi as it is: this fake has no Stripe to cancel
-// at (the API's tests cover the saga's closing).
-func (o dbOrders) CloseBeforeExit(_ context.Context, pi webhooks.PaymentIntent) (webhooks.PaymentIntent, error) {
-	return pi, nil
-}
-
 // SettleStrayPayment does nothing: this fake has no Stripe to refund at
 // (the API's tests cover stray payments).
 func (o dbOrders) SettleStrayPayment(context.Context, webhooks.PaymentIntent) error { return nil }
 
-func (o dbOrders) ApplyPaymentIntent(ctx context.Context, tx *gorm.DB, pi webhooks.PaymentIntent) (bool, error) {
-	var target, typ string
-	switch pi.Status {
-	case "succeeded":
-		target, typ = "paid", outbox.TypeOrderPaid
-	case "requires_payment_method", "canceled":
-		target, typ = "payment_failed", outbox.TypeOrderPaymentFailed
-	default:
-		return false, nil
-	}
+// ApplyPaymentIntent records the event (record) and applies pi in one
+// transaction, as the saga's does.
+func (o dbOrders) ApplyPaymentIntent(ctx context.Context, pi webhooks.PaymentIntent, record func(tx *gorm.DB) (bool, error)) (bool, error) {
 	var n int64
-	if err := tx.Raw(`SELECT count(*) FROM orders WHERE id = ? AND tenant_id = ?`, pi.OrderID, pi.TenantID).Scan(&n).Error; err != nil {
+	if err := o.db.WithContext(ctx).Raw(`SELECT count(*) FROM orders WHERE id = ? AND tenant_id = ?`, pi.OrderID, pi.TenantID).Scan(&n).Error; err != nil {
 		return false, err
 	}
 	if n == 0 {
 		return false, fmt.Errorf("order %s: %w", pi.OrderID, webhooks.ErrNotOurs)
+	}
+	var changed bool
+	err := postgres.WithTx(ctx, o.db, func(tx *gorm.DB) error {
+		first, err := record(tx)
+		if err != nil || !first {
+			return err
+		}
+		changed, err = o.apply(ctx, tx, pi)
+		return err
+	})
+	return changed, err
+}
+
+func (o dbOrders) apply(ctx context.Context, tx *gorm.DB, pi webhooks.PaymentIntent) (bool, error) {
+	var target, typ string
+	switch pi.Status {
+	case stripeintent.Succeeded:
+		target, typ = "paid", outbox.TypeOrderPaid
+	case stripeintent.RequiresPaymentMethod, stripeintent.Canceled:
+		target, typ = "payment_failed", outbox.TypeOrderPaymentFailed
+	default:
+		return false, nil
 	}
 	res := tx.Exec(`UPDATE orders SET status = ?, payment_intent_id = ?, payment_status = ?, updated_at = now()
 		WHERE id = ? AND status = 'pending_payment'`, target, pi.ID, pi.Status, pi.OrderID)
