@@ -45,8 +45,7 @@ func (s *Service) PollPending(ctx context.Context, olderThan time.Duration, limi
 			continue
 		}
 		// Still pending: look again after olderThan, not every round.
-		if err := s.DB.WithContext(ctx).Model(&refundRow{}).Where("id = ? AND status = ?", r.ID, StatusPending).
-			Update("updated_at", s.now()).Error; err != nil {
+		if err := touch(ctx, s.DB, r.ID, StatusPending, s.now()); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -80,8 +79,7 @@ func (s *Service) ReconcileParked(ctx context.Context, olderThan time.Duration, 
 			continue
 		}
 		if found == nil {
-			if err := s.DB.WithContext(ctx).Model(&refundRow{}).Where("id = ? AND status = ?", r.ID, StatusRequiresAttention).
-				Update("updated_at", s.now()).Error; err != nil {
+			if err := touch(ctx, s.DB, r.ID, StatusRequiresAttention, s.now()); err != nil {
 				errs = append(errs, err)
 			}
 			continue

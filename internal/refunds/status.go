@@ -108,3 +108,15 @@ func move(ctx context.Context, tx *gorm.DB, id string, to Status, set map[string
 	}
 	return res.RowsAffected == 1, nil
 }
+
+// touch records that refund id, while still in status, was looked at now
+// (updated_at): the reconciler's next look comes an interval later, not
+// at once. It moves no status; a refund that moved meanwhile is left as
+// it is.
+func touch(ctx context.Context, db *gorm.DB, id string, status Status, now time.Time) error {
+	err := db.WithContext(ctx).Model(&refundRow{}).Where("id = ? AND status = ?", id, string(status)).Update("updated_at", now).Error
+	if err != nil {
+		return fmt.Errorf("touch refund %s: %w", id, err)
+	}
+	return nil
+}
