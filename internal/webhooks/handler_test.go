@@ -384,6 +384,31 @@ func TestFailureAfterInboxInsert(t *testing.T) {
 	require.Equal(t, reply{200, received(webhooks.OutcomeDuplicate)}, b.send(body))
 }
 
+// stripeDownOrders is dbOrders whose apply finds Stripe not answering a
+// call it must make first (closing the PaymentIntent, refunding a stray
+// payment), as checkout.Service.ApplyPaymentIntent reports it.
+type stripeDownOrders struct{ dbOrders }
+
+func (o stripeDownOrders) ApplyPaymentIntent(context.Context, webhooks.PaymentIntent, func(*gorm.DB) (bool, error)) (bool, error) {
+	return false, fmt.Errorf("close the payment: %w: stripe 503", webhooks.ErrStripe)
+}
+
+// TestStripeDownWhileApplying: a call to Stripe the apply needs fails:
+// 502 payment_provider_unavailable, nothing recorded, so that Stripe's
+// resend applies it.
+func TestStripeDownWhileApplying(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.handler.Orders = stripeDownOrders{b.orders}
+	ord := b.order()
+	r := b.send(event("evt_down", webhooks.TypePaymentIntentCanceled,
+		webhooks.PaymentIntent{ID: "pi_down", Status: stripeintent.Canceled, OrderID: ord, TenantID: "acme"}, "2023-10-16"))
+	require.Equal(t, http.StatusBadGateway, r.status, r.body)
+	require.Contains(t, r.body, `"code":"payment_provider_unavailable"`)
+	require.Zero(t, b.count(`SELECT count(*) FROM inbox`))
+	require.Equal(t, "pending_payment", b.status(ord))
+}
+
 // TestDatabaseDown: the inbox cannot be written: 503 so that Stripe resends.
 func TestDatabaseDown(t *testing.T) {
 	t.Parallel()
