@@ -1,12 +1,15 @@
 package storefront_test
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"net/url"
 	"strconv"
 	"testing"
+	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/checkout/internal/storefront"
@@ -103,4 +106,88 @@ func TestStalePayKeepsTheCart(t *testing.T) {
 	require.Equal(t, k3, state.Open.Key)
 	require.Equal(t, storefront.PurchaseOpen, state.Open.Status, "K3 is still open, nothing sent under it")
 	require.Zero(t, state.Open.Pays)
+}
+
+// TestStalePageSendsNothing: the same as a shopper's browser. Tab "left"
+// opens the checkout (purchase A) and stays open; tab "first" pays A, and
+// its answer is lost, so it keeps A's request in sessionStorage; tab
+// "second" gets A's order, buys B, puts three tees in the cart and opens
+// the checkout (K3). Then "first" reloads: it shows K3, not A's stored
+// request (checkout.js gave a stored request back whenever the server's
+// last purchase was another one); and "left" presses Pay: nothing is
+// sent, the cart keeps its three tees, and the page shows K3 and says it
+// was out of date (the storefront sent A's key to the API, which replayed
+// A's order: "Paid", and the three tees' cart emptied). Two orders, each
+// charged once.
+func TestStalePageSendsNothing(t *testing.T) {
+	e := setup(t)
+	window := e.tab(t, 2*time.Minute) // the browser: its tabs share its cookies
+	newTab := func() context.Context {
+		ctx, cancel := chromedp.NewContext(window)
+		t.Cleanup(cancel)
+		require.NoError(t, chromedp.Do(ctx))
+		return ctx
+	}
+	keyIs := func(key string) string {
+		return `document.getElementById("browser-key") && document.getElementById("browser-key").textContent === "` + key + `"`
+	}
+	buyer := email("stale-page")
+	first := newTab()
+	e.toCheckout(t, first, buyer, "pm_card_visa")
+	a, _ := panel(t, first)
+	left := newTab()
+	do(t, left, chromedp.Navigate(e.shopURL+"/checkout"))
+	e.fillCheckout(t, left, buyer, "pm_card_visa")
+	require.Equal(t, a, eval[string](t, left, `document.getElementById("browser-key").textContent`))
+
+	require.NoError(t, e.apiLink.DropAnswers())
+	t.Cleanup(e.apiLink.Heal)
+	click(t, first, "#pay")
+	until(t, first, 20*time.Second, `document.getElementById("result").textContent.includes("we do not know")`)
+	e.apiLink.Heal()
+	require.Len(t, e.orders(t, buyer), 1, "the api executed A's Pay")
+
+	second := newTab()
+	do(t, second, chromedp.Navigate(e.shopURL+"/checkout"))
+	until(t, second, 10*time.Second, keyIs(a))
+	click(t, second, "#pay")
+	until(t, second, 20*time.Second, `document.getElementById("order-link")`)
+	e.toCheckout(t, second, buyer, "pm_card_visa")
+	click(t, second, "#pay")
+	until(t, second, 20*time.Second, `document.getElementById("order-link")`)
+	require.Len(t, e.orders(t, buyer), 2, "A and B")
+	do(t, second, chromedp.Navigate(e.shopURL+"/"))
+	do(t, second, chromedp.SetValue(chromedp.CSS(`#product-sku_tee input[name="quantity"]`), "3"))
+	click(t, second, "#add-sku_tee")
+	until(t, second, 10*time.Second, `document.getElementById("to-checkout")`)
+	click(t, second, "#to-checkout")
+	e.fillCheckout(t, second, buyer, "pm_card_visa")
+	k3, _ := panel(t, second)
+	require.NotEqual(t, a, k3)
+
+	do(t, first, chromedp.Reload())
+	until(t, first, 10*time.Second, keyIs(k3))
+	require.False(t, eval[bool](t, first, `document.getElementById("email").disabled`), "K3's form is open")
+
+	click(t, left, "#pay")
+	until(t, left, 10*time.Second, keyIs(k3)+` && document.getElementById("result").textContent.includes("out of date")`)
+	require.False(t, eval[bool](t, left, `!!document.getElementById("order-link")`), "no order shown for the stale page")
+
+	orders := e.orders(t, buyer)
+	require.Len(t, orders, 2, "A and B, nothing more")
+	for _, o := range orders {
+		pis := e.intents(o)
+		require.Len(t, pis, 1, "one PaymentIntent for %s", o)
+		require.Equal(t, "succeeded", pis[0].Status, "one charge for %s", o)
+	}
+	do(t, second, chromedp.Navigate(e.shopURL+"/cart"))
+	until(t, second, 10*time.Second, `document.querySelector("main")`)
+	require.Equal(t, "3", eval[string](t, second, `(() => { const c = document.querySelector(".lines tr:nth-child(2) td:nth-child(2)"); return c ? c.textContent : ""; })()`),
+		"the three tees are still in the cart: %s", eval[string](t, second, `document.querySelector("main").innerText`))
+	do(t, second, chromedp.Navigate(e.shopURL+"/checkout"))
+	until(t, second, 10*time.Second, keyIs(k3))
+	key, rows := panel(t, second)
+	require.Equal(t, k3, key)
+	require.Empty(t, rows, "nothing sent under K3")
+	require.False(t, eval[bool](t, second, `document.getElementById("email").disabled`), "K3 is open")
 }
