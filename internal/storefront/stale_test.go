@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strconv"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/checkout/internal/storefront"
+	"github.com/onceonly/checkout/tests/e2e/stack"
 )
 
 // buy adds quantity of the tee to c's cart, opens the checkout's purchase
@@ -190,4 +192,52 @@ func TestStalePageSendsNothing(t *testing.T) {
 	require.Equal(t, k3, key)
 	require.Empty(t, rows, "nothing sent under K3")
 	require.False(t, eval[bool](t, second, `document.getElementById("email").disabled`), "K3 is open")
+}
+
+// TestStalePayAfterTheKeyIsReaped: finding (a) against the real API, on a
+// stack of the test's own whose IDEMPOTENCY_TTL is 2s and whose reaper
+// runs every 200ms. Purchase A paid, purchase B paid; once the API has
+// reaped A's key, a Pay with A's key and body (a tab left open since A)
+// sends nothing and is answered with the current purchase: still two
+// orders, two charges. Before, the storefront sent A's key again, the API
+// no longer knew it, and made a third order and charged it: A bought
+// twice.
+func TestStalePayAfterTheKeyIsReaped(t *testing.T) {
+	e := setup(t)
+	st := stack.Start(t, stack.Options{BinDir: e.bin, TTL: 2 * time.Second, Lease: 500 * time.Millisecond,
+		Env: map[string]map[string]string{"worker": {"REAPER_INTERVAL": "200ms"}}})
+	shop, err := storefront.New(storefront.Config{APIURL: st.APIURL, TenantKey: "sk_test_acme", Retry: testRetry})
+	require.NoError(t, err)
+	t.Cleanup(shop.Wait)
+	srv := httptest.NewServer(shop)
+	t.Cleanup(srv.Close)
+	alice := browserSession(t)
+
+	a := openPurchase(t, alice, srv.URL, 1)
+	bodyA := purchaseBody(a, "reaped@example.com")
+	paidA := payAs(t, alice, srv.URL, bodyA)
+	require.Equal(t, storefront.OutcomePaid, paidA.Outcome, paidA.Message)
+	b := openPurchase(t, alice, srv.URL, 1)
+	paidB := payAs(t, alice, srv.URL, purchaseBody(b, "reaped@example.com"))
+	require.Equal(t, storefront.OutcomePaid, paidB.Outcome, paidB.Message)
+	require.NotEqual(t, paidA.OrderID, paidB.OrderID)
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, ok := st.Key(paidA.APIKey); !ok {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the API reaps A's key after its TTL")
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	out := payAs(t, alice, srv.URL, bodyA)
+	require.Equal(t, storefront.OutcomeStale, out.Outcome, "%s (order %s; A's was %s; %d orders, %d charges)",
+		out.Message, out.OrderID, paidA.OrderID, st.Orders(), stack.MoneyMoving(st.PaymentIntents()))
+	require.Empty(t, out.OrderID)
+	require.Equal(t, purchaseState(t, alice, srv.URL).Open.Key, out.Key, "the answer names the current purchase")
+	_, sent := st.Key(paidA.APIKey)
+	require.False(t, sent, "A's key was not sent again")
+	require.Equal(t, 2, st.Orders(), "A and B, nothing more")
+	require.Equal(t, 2, stack.MoneyMoving(st.PaymentIntents()), "two charges")
 }
