@@ -7,6 +7,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/notify"
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/problem"
 	"github.com/onceonly/checkout/internal/refunds"
 )
@@ -15,7 +16,7 @@ import (
 // /v1/orders/{id} returns it: the one place that joins the three owners'
 // queries (checkout.Service.Order, refunds.ForOrder, notify.ForOrder).
 type OrderView struct {
-	*checkout.Order
+	*orders.Order
 	// AmountRefunded is the sum of the order's succeeded refunds, in minor
 	// units of the order's currency.
 	AmountRefunded int64            `json:"amount_refunded"`

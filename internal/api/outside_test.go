@@ -14,7 +14,9 @@ import (
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/payments"
+	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeintent"
 )
 
 // TestDashboardCancelEndsTheOrder (CONTRACT.md v4, issue 35 defect 4):
@@ -121,7 +123,7 @@ func TestDashboardRefundReachesTheOrder(t *testing.T) {
 	require.EqualValues(t, 1000, v.AmountRefunded)
 	require.Len(t, v.Refunds, 1)
 	require.EqualValues(t, 1000, v.Refunds[0].Amount)
-	require.Equal(t, "succeeded", v.Refunds[0].Status)
+	require.Equal(t, refunds.StatusSucceeded, v.Refunds[0].Status)
 	require.NotNil(t, v.Refunds[0].Reason)
 	require.Equal(t, "requested_by_customer", *v.Refunds[0].Reason)
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.refunded'`, o.ID))
@@ -189,7 +191,7 @@ func (h *harness) strayPayment(key string) (string, checkout.PaymentIntentState)
 	require.NoError(h.t, err)
 	pi, err = c.ConfirmPaymentIntent(h.t.Context(), checkout.ConfirmIntentRequest{IdempotencyKey: key + "-behind-our-back/confirm", PaymentIntentID: pi.ID})
 	require.NoError(h.t, err)
-	require.Equal(h.t, checkout.PISucceeded, pi.Status)
+	require.Equal(h.t, stripeintent.Succeeded, pi.Status)
 	return id, pi
 }
 
@@ -227,7 +229,7 @@ func TestStrayRefundFailedIsSentAgain(t *testing.T) {
 	h := setup(t) // no webhooks: the detection and the reconciler's rounds alone
 	id, pi := h.strayPayment("stray-again")
 	h.emu.SetRefundsPending(true)
-	_, err := h.api.Service.ApplyPaymentIntent(context.Background(), pi) // the detection
+	_, err := h.api.Service.ApplyPaymentIntent(context.Background(), pi, nil) // the detection
 	require.NoError(t, err)
 	rs, keys := h.strayRefunds(pi.ID)
 	require.Len(t, rs, 1)
@@ -322,7 +324,7 @@ func TestStrayPaymentRefundedByHand(t *testing.T) {
 	t.Parallel()
 	h := setup(t)
 	_, pi := h.strayPayment("stray-by-hand")
-	_, err := h.api.Service.ApplyPaymentIntent(context.Background(), pi)
+	_, err := h.api.Service.ApplyPaymentIntent(context.Background(), pi, nil)
 	require.NoError(t, err)
 	rs, _ := h.strayRefunds(pi.ID)
 	require.Len(t, rs, 1)

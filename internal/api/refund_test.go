@@ -512,7 +512,7 @@ func TestRefundDefaultRetryAfterOutlastsALateRollForward(t *testing.T) {
 		final = h.refund(orderID, "late-roll", `{"amount":2000}`)
 		return final.status == http.StatusCreated
 	})
-	require.Equal(t, "succeeded", decodeRefund(t, final).Status)
+	require.Equal(t, refunds.StatusSucceeded, decodeRefund(t, final).Status)
 	require.Equal(t, 1, creates())
 	require.Len(t, h.stripeRefunds(pi), 1, "one refund at Stripe")
 	require.EqualValues(t, 2000, h.orderView(orderID).AmountRefunded)

@@ -53,7 +53,7 @@ type cancellation struct {
 	// orderID is the order a new key cancels.
 	orderID string
 	// order is the order, as Start or Resume loaded it.
-	order *Order
+	order *orders.Order
 }
 
 // Start locks the order and, when it is in requires_action and no other

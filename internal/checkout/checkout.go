@@ -44,8 +44,6 @@ import (
 	"golang.org/x/net/idna"
 
 	"github.com/onceonly/checkout/internal/problem"
-
-	"github.com/onceonly/checkout/internal/orders"
 )
 
 // Recovery points stored with a key between its transactions.
@@ -84,14 +82,6 @@ type Product struct {
 
 // TableName maps Product to the products table.
 func (Product) TableName() string { return "products" }
-
-// Order, OrderItem and Payment are the order as the API returns it and as
-// events carry it: package orders owns it, with its lifecycle.
-type (
-	Order     = orders.Order
-	OrderItem = orders.OrderItem
-	Payment   = orders.Payment
-)
 
 // Request is the body of POST /v1/checkouts.
 type Request struct {

@@ -6,7 +6,9 @@ import (
 	"fmt"
 
 	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
@@ -41,7 +43,7 @@ import (
 // firstOrder is phase 1 of a first execution, done.
 type firstOrder struct {
 	claim  *idempotency.Claim
-	order  *Order
+	order  *orders.Order
 	create *stripestep.Attempt
 }
 
@@ -54,12 +56,12 @@ const (
 	guardOutOfStock = "checkout_out_of_stock"
 )
 
-// beginFirst runs phase 1 of cmd as a first execution. It returns nil, and
+// beginFastPath runs phase 1 of cmd as a first execution. It returns nil, and
 // has written nothing, when cmd is not one: the body has errors, a sku is
 // unknown, the currencies differ (the general path reports those after the
 // stored-key rules, as the contract orders them), the catalog changed, the
 // stock is short (the general path stores the 409), or the key exists.
-func (s *Service) beginFirst(ctx context.Context, cmd CheckoutCommand) (*firstOrder, error) {
+func (s *Service) beginFastPath(ctx context.Context, cmd CheckoutCommand) (*firstOrder, error) {
 	in := cmd.Input
 	if in == nil || len(cmd.InputErrors) > 0 || len(in.validate(nil)) > 0 {
 		return nil, nil
@@ -75,7 +77,7 @@ func (s *Service) beginFirst(ctx context.Context, cmd CheckoutCommand) (*firstOr
 	}
 	o := s.newOrder(cmd.Tenant, in, products)
 	r := s.newRun(nil, Route, o)
-	create := r.newAttempt(StepCreate, 1, "", r.createRequest(1))
+	create := r.newAttempt(stripestep.StepCreate, 1, "", r.createRequest(1))
 	scope := idempotency.Scope{Tenant: cmd.Tenant, Route: Route, Key: cmd.IdempotencyKey}
 
 	var b postgres.Batch
@@ -97,14 +99,14 @@ func (s *Service) beginFirst(ctx context.Context, cmd CheckoutCommand) (*firstOr
 	return &firstOrder{claim: claim, order: o, create: create}, nil
 }
 
-// payFirst is pay for the run of a first execution, whose create attempt
+// payFastPath is pay for the run of a first execution, whose create attempt
 // phase 1 wrote: phases 2 and 3 while Stripe answers as it does for a
 // chargeable card, the general path from the first other answer on.
-func (r *run) payFirst(ctx context.Context, create *stripestep.Attempt) (*idempotency.Response, error) {
+func (r *run) payFastPath(ctx context.Context, create *stripestep.Attempt) (*idempotency.Response, error) {
 	r.created = 1
 	pi, err := r.s.Payments.CreatePaymentIntent(ctx, r.createRequest(create.Attempt))
-	if err != nil || pi.Status != PIRequiresConfirmation {
-		res := r.answer(ctx, create, pi, err)
+	if err != nil || pi.Status != stripeintent.RequiresConfirmation {
+		res := r.recordAnswer(ctx, create, pi, err)
 		switch {
 		case res.err != nil:
 			return r.stop(ctx, res.err)
@@ -115,7 +117,7 @@ func (r *run) payFirst(ctx context.Context, create *stripestep.Attempt) (*idempo
 	}
 
 	// Phase 2.
-	confirm := r.newAttempt(StepConfirm, 1, pi.ID, ConfirmIntentRequest{PaymentIntentID: pi.ID, ReturnURL: r.o.ReturnURL})
+	confirm := r.newAttempt(stripestep.StepConfirm, 1, pi.ID, ConfirmIntentRequest{PaymentIntentID: pi.ID, ReturnURL: r.o.ReturnURL})
 	if err := r.recordCreated(ctx, create, pi, confirm); err != nil {
 		if errors.Is(err, errOtherIntent) {
 			// Another run recorded another PaymentIntent first (it cannot
@@ -130,7 +132,7 @@ func (r *run) payFirst(ctx context.Context, create *stripestep.Attempt) (*idempo
 
 	got, err := r.s.Payments.ConfirmPaymentIntent(ctx, ConfirmIntentRequest{
 		IdempotencyKey: confirm.IdempotencyKey, PaymentIntentID: pi.ID, ReturnURL: r.o.ReturnURL})
-	if err == nil && got.Status == PISucceeded {
+	if err == nil && got.Status == stripeintent.Succeeded {
 		// Phase 3.
 		if resp, err := r.settlePaid(ctx, confirm, got); resp != nil || err != nil {
 			if err != nil {
@@ -142,7 +144,7 @@ func (r *run) payFirst(ctx context.Context, create *stripestep.Attempt) (*idempo
 		// settlement sorts out which (the answer is recorded).
 		return r.settle(ctx, &verdict{pi: &got})
 	}
-	v, err := r.confirmAnswered(ctx, pi.ID, confirm, got, err)
+	v, err := r.confirmVerdict(ctx, pi.ID, confirm, got, err)
 	if err != nil {
 		return r.stop(ctx, err)
 	}
@@ -205,9 +207,9 @@ func (r *run) recordCreated(ctx context.Context, create *stripestep.Attempt, pi 
 // lease is gone, or the order moved): then it has recorded the answer
 // alone, and the caller settles the general way.
 func (r *run) settlePaid(ctx context.Context, confirm *stripestep.Attempt, got PaymentIntentState) (*idempotency.Response, error) {
-	ch, _ := r.changeFor(got, "")
+	ch, _ := r.changeForState(got, "")
 	now := r.now()
-	answer := stripestep.Answer{Outcome: stripestep.Succeeded, ObjectID: got.ID, Status: got.Status}
+	answer := stripestep.Answer{Outcome: stripestep.Succeeded, ObjectID: got.ID, Status: string(got.Status)}
 	var b postgres.Batch
 	paid, resp, err := r.queueOutcome(ctx, &b, r.o, outcome{change: ch, apply: true, answered: confirm, answer: answer}, now)
 	if err != nil {

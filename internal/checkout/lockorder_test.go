@@ -14,6 +14,7 @@ import (
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
+	"github.com/onceonly/checkout/internal/stripeintent"
 )
 
 // TestSettleLocksTheKeyBeforeTheOrder: the settlement of an outcome (phase
@@ -37,9 +38,9 @@ func TestSettleLocksTheKeyBeforeTheOrder(t *testing.T) {
 		Items: []RequestItem{{SKU: "sku_tee", Quantity: 1}}},
 		map[string]Product{"sku_tee": {SKU: "sku_tee", UnitAmount: 2500, Currency: "usd"}})
 	require.NoError(t, orders.Insert(ctx, db, o))
-	_, err := orders.RecordIntent(ctx, db, o.ID, "pi_lock", PIRequiresConfirmation, o.CreatedAt)
+	_, err := orders.RecordIntent(ctx, db, o.ID, "pi_lock", stripeintent.RequiresConfirmation, o.CreatedAt)
 	require.NoError(t, err)
-	o.Payment.PaymentIntentID, o.Payment.Status = "pi_lock", PIRequiresConfirmation
+	o.Payment.PaymentIntentID, o.Payment.Status = "pi_lock", stripeintent.RequiresConfirmation
 	scope := idempotency.Scope{Tenant: "acme", Route: Route, Key: ids.New("key")}
 	claim, err := keys.Claim(ctx, db, scope, "fingerprint", "owner-1")
 	require.NoError(t, err)
@@ -58,7 +59,7 @@ func TestSettleLocksTheKeyBeforeTheOrder(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		resp, err := s.newRun(claim, Route, o).settle(ctx, &verdict{pi: &PaymentIntentState{ID: "pi_lock", Status: PISucceeded}})
+		resp, err := s.newRun(claim, Route, o).settle(ctx, &verdict{pi: &PaymentIntentState{ID: "pi_lock", Status: stripeintent.Succeeded}})
 		done <- result{resp, err}
 	}()
 	waitBlockedBy(t, db, holderPID, done)

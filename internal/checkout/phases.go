@@ -20,7 +20,7 @@ import (
 //
 //  1. Order created: queueOrderCreated.
 //  2. PaymentIntent recorded: queueIntentRecorded.
-//  3. Outcome settled: queueOutcome (also applyTx's, for the reconciler
+//  3. Outcome settled: queueOutcome (also applyChange's, for the reconciler
 //     and the webhook handler, which hold no key).
 //
 // In every phase the key comes before the order (idempotency.Fence, "Lock
@@ -34,7 +34,7 @@ import (
 // key comes before it: claimed in the same batch on the fast path
 // (Store.QueueClaimNew), or by the claim's transaction on the general path
 // (Store.Claim), which then advances it.
-func (s *Service) queueOrderCreated(b *postgres.Batch, o *Order, want map[string]int64, products map[string]Product) error {
+func (s *Service) queueOrderCreated(b *postgres.Batch, o *orders.Order, want map[string]int64, products map[string]Product) error {
 	queueReserve(b, want, products)
 	orders.QueueInsert(b, o)
 	return outbox.Queue(b, s.event(outbox.TypeOrderCreated, o, o.CreatedAt))
@@ -78,7 +78,7 @@ func (r *run) queueIntentRecorded(b *postgres.Batch, created *stripestep.Attempt
 		r.claim.Fence().Queue(b)
 	}
 	if created != nil {
-		stripestep.QueueFinish(b, created, stripestep.Answer{Outcome: stripestep.Succeeded, ObjectID: pi.ID, Status: pi.Status}, now)
+		stripestep.QueueFinish(b, created, stripestep.Answer{Outcome: stripestep.Succeeded, ObjectID: pi.ID, Status: string(pi.Status)}, now)
 	}
 	recorded := new(string)
 	if confirm == nil {
@@ -121,7 +121,7 @@ type outcome struct {
 // (nil when not final, or without a key). Pipelined (postgres.Send on the
 // pool) a moved order or a lost lease fail b at a guard and write nothing;
 // on the general path's transaction they cannot, as it holds both locks.
-func (r *run) queueOutcome(ctx context.Context, b *postgres.Batch, cur *Order, out outcome, now time.Time) (*Order, *idempotency.Response, error) {
+func (r *run) queueOutcome(ctx context.Context, b *postgres.Batch, cur *orders.Order, out outcome, now time.Time) (*orders.Order, *idempotency.Response, error) {
 	next := cur
 	moves := out.apply && cur.Status.CanMoveTo(out.change.To)
 	if moves {

@@ -19,7 +19,7 @@ func responseForError(e *problem.Error) *idempotency.Response {
 
 // notCancelable is the stored 409 of a cancellation of order o, which is not
 // in requires_action.
-func notCancelable(o *Order) *idempotency.Response {
+func notCancelable(o *orders.Order) *idempotency.Response {
 	return responseForError(notCancelableError(
 		fmt.Sprintf("The order is %s; only an order in requires_action can be canceled.", o.Status)))
 }
@@ -36,7 +36,7 @@ func notCancelable(o *Order) *idempotency.Response {
 //	payment_rejected (problem with order_id).
 //	POST /v1/orders/{id}/cancel: canceled 200 with the order; paid,
 //	payment_failed, pending 409 order_not_cancelable.
-func responseFor(route string, o *Order) *idempotency.Response {
+func responseFor(route string, o *orders.Order) *idempotency.Response {
 	body := func() []byte {
 		b, err := json.Marshal(o)
 		if err != nil {

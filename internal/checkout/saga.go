@@ -11,6 +11,7 @@ import (
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
@@ -65,7 +66,7 @@ type run struct {
 	claim *idempotency.Claim
 	// route decides the response the key is finished with.
 	route string
-	o     *Order
+	o     *orders.Order
 	// created and confirmed count the create and confirm attempts this
 	// run wrote before it took the general path (a first execution's):
 	// they count toward MaxAttempts like the general path's own.
@@ -90,7 +91,7 @@ type waitError struct {
 
 func (e *waitError) Error() string { return e.reason }
 
-func (s *Service) newRun(c *idempotency.Claim, route string, o *Order) *run {
+func (s *Service) newRun(c *idempotency.Claim, route string, o *orders.Order) *run {
 	return &run{s: s, cfg: s.Saga.withDefaults(), claim: c, route: route, o: o}
 }
 
@@ -128,7 +129,7 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 	}
 	newAttempts := r.created
 	for {
-		as, err := stripestep.Load(ctx, r.s.DB, r.o.ID, StepCreate)
+		as, err := stripestep.Load(ctx, r.s.DB, r.o.ID, stripestep.StepCreate)
 		if err != nil {
 			return PaymentIntentState{}, nil, err
 		}
@@ -141,9 +142,9 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 		case last == nil:
 		case last.Outcome == stripestep.Succeeded && last.StripeObjectID != nil:
 			// Answered, but the run stopped before recording it on the order.
-			pi := PaymentIntentState{ID: *last.StripeObjectID, Status: PIRequiresConfirmation}
+			pi := PaymentIntentState{ID: *last.StripeObjectID, Status: stripeintent.RequiresConfirmation}
 			if last.StripeStatus != nil {
-				pi.Status = *last.StripeStatus
+				pi.Status = stripeintent.Status(*last.StripeStatus)
 			}
 			return r.record(ctx, nil, pi)
 		case last.Outcome.Refused():
@@ -153,7 +154,7 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 			// an answer it replays. The same key is safe while Stripe keeps it.
 			pi, v, err := r.create(ctx, last, false)
 			if pi != nil || v != nil || err != nil {
-				return deref(pi), v, err
+				return stateOrZero(pi), v, err
 			}
 			continue
 		default:
@@ -185,16 +186,18 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 			return PaymentIntentState{}, nil, &waitError{reason: fmt.Sprintf("create of order %s: %d new attempts in one run", r.o.ID, newAttempts)}
 		}
 		newAttempts++
-		a := r.newAttempt(StepCreate, next, "", r.createRequest(next))
+		a := r.newAttempt(stripestep.StepCreate, next, "", r.createRequest(next))
 		pi, v, err := r.create(ctx, a, true)
 		if pi != nil || v != nil || err != nil {
-			return deref(pi), v, err
+			return stateOrZero(pi), v, err
 		}
 		// Indeterminate: loop to reconcile it.
 	}
 }
 
-func deref(pi *PaymentIntentState) PaymentIntentState {
+// stateOrZero returns *pi, or the zero state when the step found no
+// PaymentIntent (pi nil).
+func stateOrZero(pi *PaymentIntentState) PaymentIntentState {
 	if pi == nil {
 		return PaymentIntentState{}
 	}
@@ -206,8 +209,9 @@ func deref(pi *PaymentIntentState) PaymentIntentState {
 // recorded PaymentIntent is ever confirmed), else one waiting for the
 // customer, else the oldest that is not canceled.
 func adoptable(found []PaymentIntentState) (PaymentIntentState, bool) {
-	for _, rank := range []func(string) bool{MovesMoney, func(s string) bool { return s == PIRequiresAction },
-		func(s string) bool { return s != PICanceled }} {
+	for _, rank := range []func(stripeintent.Status) bool{stripeintent.Status.MovesMoney,
+		func(s stripeintent.Status) bool { return s == stripeintent.RequiresAction },
+		func(s stripeintent.Status) bool { return s != stripeintent.Canceled }} {
 		for _, pi := range found {
 			if rank(pi.Status) {
 				return pi, true
@@ -219,7 +223,7 @@ func adoptable(found []PaymentIntentState) (PaymentIntentState, bool) {
 
 func (r *run) createRequest(n int) CreateIntentRequest {
 	return CreateIntentRequest{
-		IdempotencyKey: stripestep.Key(r.o.ID, StepCreate, n),
+		IdempotencyKey: stripestep.Key(r.o.ID, stripestep.StepCreate, n),
 		Amount:         r.o.AmountTotal,
 		Currency:       r.o.Currency,
 		PaymentMethod:  r.o.PaymentMethod,
@@ -270,7 +274,7 @@ func (r *run) create(ctx context.Context, a *stripestep.Attempt, isNew bool) (*P
 		got, v, err := r.record(ctx, a, pi)
 		return &got, v, err
 	}
-	switch res := r.answer(ctx, a, pi, err); {
+	switch res := r.recordAnswer(ctx, a, pi, err); {
 	case res.err != nil:
 		return nil, nil, res.err
 	case res.refusal != nil:
@@ -306,19 +310,14 @@ type answerResult struct {
 	err           error // unanswered (a waitError), or the database failing
 }
 
-// answer records the answer to attempt a: the PaymentIntent, a refusal, an
-// indeterminate answer (which marks the payment unknown since now), or no
-// answer (the same, unless Stripe refused our credentials: that says
-// nothing of the payment).
-func (r *run) answer(ctx context.Context, a *stripestep.Attempt, pi PaymentIntentState, callErr error) answerResult {
-	return r.recordAnswer(ctx, a, pi, callErr, true)
-}
-
 // recordAnswer records the answer (pi, callErr) to attempt a, with its
 // outcome as stripestep.OutcomeOf gives it, and returns what the saga acts
-// on. unknown says whether no final answer marks the order's payment
-// unknown (not for a cancel: it moves no money).
-func (r *run) recordAnswer(ctx context.Context, a *stripestep.Attempt, pi PaymentIntentState, callErr error, unknown bool) answerResult {
+// on: the PaymentIntent, a refusal, an indeterminate answer, or no answer.
+// An indeterminate answer or none marks the order's payment unknown since
+// now, unless a is a cancel (it moves no money) or Stripe refused our
+// credentials (that says nothing of the payment).
+func (r *run) recordAnswer(ctx context.Context, a *stripestep.Attempt, pi PaymentIntentState, callErr error) answerResult {
+	unknown := a.Step != stripestep.StepCancel
 	now := r.now()
 	var res answerResult
 	answer := stripestep.Answer{Outcome: stripestep.OutcomeOf(callErr)}
@@ -327,7 +326,7 @@ func (r *run) recordAnswer(ctx context.Context, a *stripestep.Attempt, pi Paymen
 	}
 	switch answer.Outcome {
 	case stripestep.Succeeded:
-		answer.ObjectID, answer.Status = pi.ID, pi.Status
+		answer.ObjectID, answer.Status = pi.ID, string(pi.Status)
 	case stripestep.Failed, stripestep.Rejected:
 		var refusal *PaymentRefusal
 		if !errors.As(callErr, &refusal) { // stripestep.ErrRejected: no details
@@ -335,7 +334,7 @@ func (r *run) recordAnswer(ctx context.Context, a *stripestep.Attempt, pi Paymen
 		}
 		answer.Error = refusalText(refusal)
 		if refusal.PaymentIntent != nil {
-			answer.ObjectID, answer.Status = refusal.PaymentIntent.ID, refusal.PaymentIntent.Status
+			answer.ObjectID, answer.Status = refusal.PaymentIntent.ID, string(refusal.PaymentIntent.Status)
 		}
 		res.refusal = refusal
 	case stripestep.Indeterminate:
@@ -345,7 +344,7 @@ func (r *run) recordAnswer(ctx context.Context, a *stripestep.Attempt, pi Paymen
 		}
 		res.indeterminate = true
 	case stripestep.Open:
-		if errors.Is(callErr, ErrProviderCredentials) {
+		if errors.Is(callErr, stripestep.ErrCredentials) {
 			// Refused before executing: the attempt stays open, to be sent
 			// again under its key; the payment is not unknown.
 			unknown = false

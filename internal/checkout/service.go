@@ -66,7 +66,7 @@ type CheckoutCommand struct {
 // payment_provider_unavailable (502: the key keeps its recovery point and
 // a retry resumes it) or unavailable (503).
 func (s *Service) Checkout(ctx context.Context, cmd CheckoutCommand) (resp *idempotency.Response, replayed bool, err error) {
-	switch first, err := s.beginFirst(ctx, cmd); {
+	switch first, err := s.beginFastPath(ctx, cmd); {
 	case err != nil:
 		// The claim's statement may have committed though its answer was
 		// lost (a failover at commit): end the lease this request may hold,
@@ -77,7 +77,7 @@ func (s *Service) Checkout(ctx context.Context, cmd CheckoutCommand) (resp *idem
 		return nil, false, s.translate(err)
 	case first != nil:
 		resp, err = s.executor().Continue(ctx, first.claim, func(ctx context.Context, c *idempotency.Claim) (*idempotency.Response, error) {
-			return s.newRun(c, Route, first.order).payFirst(ctx, first.create)
+			return s.newRun(c, Route, first.order).payFastPath(ctx, first.create)
 		})
 		return resp, false, err
 	}
@@ -102,7 +102,7 @@ type checkoutCommand struct {
 	in        *Request
 	inputErrs []FieldError
 	// order is the order, as Start or Resume loaded it.
-	order *Order
+	order *orders.Order
 }
 
 // Start is createOrder.
@@ -155,7 +155,7 @@ func (s *Service) Complete(ctx context.Context, keyID int64) (bool, error) {
 // (queueOrderCreated: the stock, the order, its order.created event) sent
 // on the claim's transaction, and the recovery point advanced. When stock is short it finishes the key with a stored 409 instead
 // and returns that as final.
-func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.Claim, in *Request, inputErrs []FieldError) (*Order, *idempotency.Response, error) {
+func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.Claim, in *Request, inputErrs []FieldError) (*orders.Order, *idempotency.Response, error) {
 	// Any error returned from here rolls the claim back: nothing is stored,
 	// and the same key can be sent again with a corrected body.
 	errs := in.validate(inputErrs)
@@ -253,13 +253,13 @@ func (in *Request) mixedCurrencies(products map[string]Product) []FieldError {
 
 // newOrder returns tenant's new order for in (valid, every sku in
 // products), pending payment, created now, with a new id.
-func (s *Service) newOrder(tenant string, in *Request, products map[string]Product) *Order {
-	o := &Order{
+func (s *Service) newOrder(tenant string, in *Request, products map[string]Product) *orders.Order {
+	o := &orders.Order{
 		ID:            ids.New("ord"),
 		Status:        orders.PendingPayment,
 		Email:         in.Email,
 		Currency:      products[in.Items[0].SKU].Currency,
-		Payment:       Payment{Provider: "stripe"},
+		Payment:       orders.Payment{Provider: "stripe"},
 		CreatedAt:     s.Now().UTC().Truncate(time.Microsecond),
 		TenantID:      tenant,
 		PaymentMethod: in.PaymentMethod,
@@ -268,14 +268,14 @@ func (s *Service) newOrder(tenant string, in *Request, products map[string]Produ
 	for _, it := range in.Items {
 		p := products[it.SKU]
 		amount := p.UnitAmount * int64(it.Quantity)
-		o.Items = append(o.Items, OrderItem{SKU: it.SKU, Quantity: it.Quantity, UnitAmount: p.UnitAmount, Amount: amount})
+		o.Items = append(o.Items, orders.OrderItem{SKU: it.SKU, Quantity: it.Quantity, UnitAmount: p.UnitAmount, Amount: amount})
 		o.AmountTotal += amount
 	}
 	return o
 }
 
 // resumedOrder loads the order of a key taken over at its recovery point.
-func (s *Service) resumedOrder(ctx context.Context, tx *gorm.DB, c *idempotency.Claim) (*Order, error) {
+func (s *Service) resumedOrder(ctx context.Context, tx *gorm.DB, c *idempotency.Claim) (*orders.Order, error) {
 	want := RecoveryPointOrderCreated
 	if c.Scope.Route == CancelRoute {
 		want = RecoveryPointCancelRequested
@@ -286,7 +286,7 @@ func (s *Service) resumedOrder(ctx context.Context, tx *gorm.DB, c *idempotency.
 	return loadOrder(ctx, tx, c.Scope.Tenant, c.OrderID)
 }
 
-func (s *Service) event(typ string, o *Order, at time.Time) outbox.Event {
+func (s *Service) event(typ string, o *orders.Order, at time.Time) outbox.Event {
 	return orders.Event(typ, o, at)
 }
 
@@ -317,7 +317,7 @@ func (s *Service) Products(ctx context.Context) ([]Product, error) {
 
 // Order returns tenant's order id, or ErrOrderNotFound. The GET order view
 // that joins its refunds and notifications is internal/api's.
-func (s *Service) Order(ctx context.Context, tenantID, id string) (*Order, error) {
+func (s *Service) Order(ctx context.Context, tenantID, id string) (*orders.Order, error) {
 	if !ids.Valid("ord", id) {
 		return nil, ErrOrderNotFound // not even shaped like an id: no query
 	}

@@ -72,7 +72,7 @@ func sortedSKUs(want map[string]int64) ([]string, []int64) {
 
 // loadOrder returns the order id of tenant, or ErrOrderNotFound (also for
 // another tenant's order, so ids cannot be probed across tenants).
-func loadOrder(ctx context.Context, db *gorm.DB, tenantID, id string) (*Order, error) {
+func loadOrder(ctx context.Context, db *gorm.DB, tenantID, id string) (*orders.Order, error) {
 	o, err := orders.Load(ctx, db, tenantID, id)
 	if errors.Is(err, orders.ErrNotFound) {
 		return nil, ErrOrderNotFound
@@ -83,7 +83,7 @@ func loadOrder(ctx context.Context, db *gorm.DB, tenantID, id string) (*Order, e
 // lockOrder locks the row of tenant's order id until tx ends and returns
 // the order, or ErrOrderNotFound: in a keyed transaction, only after the
 // key (idempotency.Fence, "Lock order").
-func lockOrder(ctx context.Context, tx *gorm.DB, tenantID, id string) (*Order, error) {
+func lockOrder(ctx context.Context, tx *gorm.DB, tenantID, id string) (*orders.Order, error) {
 	if err := orders.Lock(ctx, tx, tenantID, id); err != nil {
 		if errors.Is(err, orders.ErrNotFound) {
 			return nil, ErrOrderNotFound
@@ -95,7 +95,7 @@ func lockOrder(ctx context.Context, tx *gorm.DB, tenantID, id string) (*Order, e
 
 // queueRelease queues in b the return of an order's reserved units (a
 // payment that failed, an order canceled).
-func queueRelease(b *postgres.Batch, o *Order) {
+func queueRelease(b *postgres.Batch, o *orders.Order) {
 	release := map[string]int64{}
 	for _, it := range o.Items {
 		release[it.SKU] += int64(it.Quantity)

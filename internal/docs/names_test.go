@@ -52,7 +52,7 @@ func TestCodeNamesExist(t *testing.T) {
 			return
 		}
 		// A lower-case last part is a Go name only when called or
-		// camel-cased (a method such as run.changeFor); otherwise it is a queue
+		// camel-cased (a method such as run.queueOutcome); otherwise it is a queue
 		// (notify.order_paid), an event type (refund.updated) or a column.
 		if isLower(last) && after != "(" && (strings.Contains(last, "_") || strings.ToLower(last) == last) {
 			return

@@ -8,6 +8,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/stripeintent"
 )
 
 // The orders' statements for a batch (postgres.Batch): the checkout's fast
@@ -54,7 +55,7 @@ func QueueInsert(b *postgres.Batch, o *Order) {
 // knows no other PaymentIntent can be recorded (it holds the key): piID
 // (in Stripe status piStatus) recorded as order id's; when the order
 // records another one, the batch fails with GuardIntentTaken.
-func QueueRecordIntent(b *postgres.Batch, id, piID, piStatus string, now time.Time) {
+func QueueRecordIntent(b *postgres.Batch, id, piID string, piStatus stripeintent.Status, now time.Time) {
 	b.QueueGuarded(GuardIntentTaken,
 		recordIntentSQL+` AND (payment_intent_id IS NULL OR payment_intent_id = ?) RETURNING id`,
 		append(recordIntentArgs(id, piID, piStatus, now), piID), nil)
@@ -65,7 +66,7 @@ func QueueRecordIntent(b *postgres.Batch, id, piID, piStatus string, now time.Ti
 // already; *recorded reads the one recorded once b is sent (the first
 // wins, so concurrent runs agree). For a batch of facts written whoever
 // holds the key.
-func QueueRecordFirstIntent(b *postgres.Batch, id, piID, piStatus string, now time.Time, recorded *string) {
+func QueueRecordFirstIntent(b *postgres.Batch, id, piID string, piStatus stripeintent.Status, now time.Time, recorded *string) {
 	var got string
 	b.Queue(recordIntentSQL+` RETURNING payment_intent_id`, recordIntentArgs(id, piID, piStatus, now),
 		func(r pgx.Row) error { return r.Scan(&got) })
@@ -107,9 +108,9 @@ func QueueApply(b *postgres.Batch, o *Order, ch Change, now time.Time) (*Order, 
 
 // closes reports whether ch itself says the order's PaymentIntent can no
 // longer move money: Closed, or Stripe's status canceled
-// (checkout.PICanceled). An exit (LeavesTheWayToPaid) needs it, or an order
+// (stripeintent.Canceled). An exit (LeavesTheWayToPaid) needs it, or an order
 // without a PaymentIntent (Apply reads that).
-func (ch Change) closes() bool { return ch.Closed || ch.PaymentStatus == "canceled" }
+func (ch Change) closes() bool { return ch.Closed || ch.PaymentStatus == stripeintent.Canceled }
 
 // Changed returns a copy of o with ch applied as Apply's UPDATE applies it
 // at now: what Load would read back after it.

@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm/clause"
 
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/stripeintent"
 )
 
 // Insert writes o, a new order (pending_payment), and its items inside
@@ -30,7 +31,7 @@ func Insert(ctx context.Context, tx *gorm.DB, o *Order) error {
 // order id's (created, or adopted after an indeterminate create) unless
 // one is recorded already, and returns the one recorded: the first wins,
 // so concurrent runs agree. The status changes nothing.
-func RecordIntent(ctx context.Context, db *gorm.DB, id, piID, piStatus string, now time.Time) (string, error) {
+func RecordIntent(ctx context.Context, db *gorm.DB, id, piID string, piStatus stripeintent.Status, now time.Time) (string, error) {
 	var recorded string
 	var b postgres.Batch
 	QueueRecordFirstIntent(&b, id, piID, piStatus, now, &recorded)
@@ -52,8 +53,8 @@ const recordIntentSQL = `
 		    payment_unknown_since = NULL, updated_at = ?
 		WHERE id = ?`
 
-func recordIntentArgs(id, piID, piStatus string, now time.Time) []any {
-	return []any{piID, piID, piStatus, now, id}
+func recordIntentArgs(id, piID string, piStatus stripeintent.Status, now time.Time) []any {
+	return []any{piID, piID, string(piStatus), now, id}
 }
 
 // MarkUnknownSince records that the payment of order id became unknown at

@@ -31,7 +31,7 @@ var ErrNotOurs = errors.New("not one of our refunds")
 // ourStatus maps Stripe's refund status
 // (https://docs.stripe.com/api/refunds/object#refund_object-status) to ours:
 // pending and requires_action are pending, canceled is failed.
-func ourStatus(stripeStatus string) string {
+func ourStatus(stripeStatus string) Status {
 	switch stripeStatus {
 	case "succeeded":
 		return StatusSucceeded
@@ -108,58 +108,65 @@ func Apply(ctx context.Context, tx *gorm.DB, st StripeRefund, now time.Time) (ch
 		return false, fmt.Errorf("refund %s is %s at Stripe, not %s: %w: %w", r.ID, *r.StripeRefundID, st.ID, ErrDuplicateAtStripe, ErrNotOurs)
 	}
 
-	target := ourStatus(st.Status)
 	set := map[string]any{}
 	if r.StripeRefundID == nil {
 		set["stripe_refund_id"] = st.ID
 		r.StripeRefundID = &st.ID
 	}
-	// A parked refund (requires_attention) is as unsettled as a pending
-	// one: Stripe's refund, found at last, moves it on like a pending one,
-	// and to pending if Stripe still has it pending.
-	open := r.Status == StatusPending || r.Status == StatusRequiresAttention
-	var delta struct{ reserved, refunded int64 }
-	switch {
-	case open && target == StatusSucceeded:
-		delta.refunded = r.Amount
-	case open && target == StatusFailed:
-		delta.reserved = -r.Amount
-	case r.Status == StatusRequiresAttention && target == StatusPending:
-	case r.Status == StatusSucceeded && target == StatusFailed:
-		delta.reserved, delta.refunded = -r.Amount, -r.Amount
-	default:
-		target = r.Status // the same, or older than what we know
-	}
-	if target == r.Status && (r.StripeStatus == nil || *r.StripeStatus != st.Status) && r.Status == StatusPending {
-		set["stripe_status"] = st.Status // requires_action, or pending after it
-	}
-	if r.Status == StatusRequiresAttention && target == StatusPending {
-		// Adopted, still pending at Stripe: polled from now on like any
-		// pending refund with a Stripe id; not settled, so no settled_at.
-		set["status"], set["stripe_status"] = target, st.Status
-		r.Status = target
-	}
-	if target != r.Status {
-		set["status"], set["stripe_status"], set["settled_at"] = target, st.Status, now
-		if target == StatusFailed {
-			reason := st.FailureReason
-			if reason == "" {
-				reason = st.Status // canceled
-			}
-			set["failure_reason"] = reason
-			r.FailureReason = &reason
+	target := ourStatus(st.Status)
+	if !r.Status.CanMoveTo(target) {
+		// The same status, or older than what we know: only Stripe's id
+		// and, while pending, its own status (requires_action, or pending
+		// after it) are recorded.
+		if r.Status == StatusPending && (r.StripeStatus == nil || *r.StripeStatus != st.Status) {
+			set["stripe_status"] = st.Status
 		}
-		r.Status = target
+		if len(set) == 0 {
+			return false, nil
+		}
+		set["updated_at"] = now
+		if err := tx.Model(&refundRow{}).Where("id = ?", r.ID).Updates(set).Error; err != nil {
+			return false, fmt.Errorf("update refund %s: %w", r.ID, err)
+		}
+		return true, nil
 	}
-	if len(set) == 0 {
-		return false, nil
+	// A parked refund (requires_attention) is as open as a pending one:
+	// Stripe's refund, found at last, moves it on like a pending one, and
+	// to pending if Stripe still has it pending (then it is polled like any
+	// pending refund with a Stripe id; not settled, so no settled_at).
+	from := r.Status
+	set["stripe_status"] = st.Status
+	if !target.Open() {
+		set["settled_at"] = now
 	}
-	set["updated_at"] = now
-	if err := tx.Model(&refundRow{}).Where("id = ?", r.ID).Updates(set).Error; err != nil {
-		return false, fmt.Errorf("update refund %s: %w", r.ID, err)
+	if target == StatusFailed {
+		reason := st.FailureReason
+		if reason == "" {
+			reason = st.Status // canceled
+		}
+		set["failure_reason"] = reason
+		r.FailureReason = &reason
+	}
+	moved, err := move(ctx, tx, r.ID, target, set, now)
+	if err != nil || !moved {
+		return false, err // !moved: cannot happen, the row is locked
+	}
+	r.Status = target
+	// What the move does to the order's money: a refund that succeeds adds
+	// to amount_refunded, and one that fails gives its reservation back
+	// (and, failed after it had succeeded, takes back what it added).
+	var delta struct{ reserved, refunded int64 }
+	if target == StatusSucceeded {
+		delta.refunded = r.Amount
+	}
+	if target == StatusFailed {
+		delta.reserved = -r.Amount
+	}
+	if from == StatusSucceeded {
+		delta.refunded = -r.Amount
 	}
 	if delta.reserved == 0 && delta.refunded == 0 {
-		return true, nil
+		return true, nil // requires_attention to pending
 	}
 	// Paid orders become partially_refunded, then refunded, as refunds
 	// succeed; a failure never moves the status back (the lifecycle's

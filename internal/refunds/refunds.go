@@ -42,23 +42,6 @@ const Route = "POST /v1/orders/{id}/refunds"
 // and its first attempt are committed: the Stripe step is next.
 const RecoveryPointRefundCreated = "refund_created"
 
-// Refund statuses (ours; Stripe's pending and requires_action are pending,
-// its canceled is failed).
-const (
-	StatusPending   = "pending"
-	StatusSucceeded = "succeeded"
-	StatusFailed    = "failed"
-	// StatusRequiresAttention: the create stayed indeterminate for
-	// RetryAfter and the refund is not found at Stripe. It is never sent
-	// again under a new key (a refund cannot be canceled, so a late
-	// roll-forward of the first attempt would refund twice); its amount
-	// stays reserved, it is counted (checkout_refunds_requiring_attention)
-	// and alerted on, and ReconcileParked keeps looking for it at Stripe.
-	// Like pending, it is not settled: Stripe's refund, if it appears,
-	// moves it to pending, succeeded or failed.
-	StatusRequiresAttention = "requires_attention"
-)
-
 // Reasons Stripe accepts for a refund
 // (https://docs.stripe.com/api/refunds/create#create_refund-reason).
 var Reasons = []string{"requested_by_customer", "duplicate", "fraudulent"}
@@ -70,7 +53,7 @@ type Refund struct {
 	Amount         int64     `json:"amount"`
 	Currency       string    `json:"currency"`
 	Reason         *string   `json:"reason"`
-	Status         string    `json:"status"`
+	Status         Status    `json:"status"`
 	StripeRefundID *string   `json:"stripe_refund_id"`
 	FailureReason  *string   `json:"failure_reason,omitempty"`
 	CreatedAt      time.Time `json:"created_at"`

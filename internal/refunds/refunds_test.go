@@ -41,7 +41,7 @@ func TestValidate(t *testing.T) {
 
 func TestOurStatusFollowsStripe(t *testing.T) {
 	t.Parallel()
-	for stripe, ours := range map[string]string{
+	for stripe, ours := range map[string]Status{
 		"pending": StatusPending, "requires_action": StatusPending, "succeeded": StatusSucceeded,
 		"failed": StatusFailed, "canceled": StatusFailed,
 	} {

@@ -271,7 +271,7 @@ func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (
 		case a.Outcome == stripestep.Open:
 			st, err := s.Stripe.CreateRefund(ctx, CreateParams{
 				IdempotencyKey: a.IdempotencyKey, PaymentIntentID: r.PaymentIntentID, Amount: r.Amount,
-				Reason: deref(r.Reason), RefundID: r.ID, OrderID: r.OrderID, TenantID: r.TenantID,
+				Reason: r.reason(), RefundID: r.ID, OrderID: r.OrderID, TenantID: r.TenantID,
 			})
 			switch outcome := stripestep.OutcomeOf(err); outcome {
 			case stripestep.Succeeded:
@@ -427,15 +427,15 @@ func park(ctx context.Context, tx *gorm.DB, r *refundRow, now time.Time) error {
 	if _, err := lockOrder(ctx, tx, "", r.OrderID); err != nil {
 		return err
 	}
-	if err := tx.WithContext(ctx).Model(&refundRow{}).Where("id = ? AND status = ?", r.ID, StatusPending).
-		Updates(map[string]any{"status": StatusRequiresAttention, "updated_at": now}).Error; err != nil {
+	if _, err := move(ctx, tx, r.ID, StatusRequiresAttention, nil, now); err != nil {
 		return fmt.Errorf("park refund %s: %w", r.ID, err)
 	}
 	return nil
 }
 
 // failUnsent fails a refund Stripe refused to create: no Stripe id, its
-// reservation released.
+// reservation released. Only a pending refund is failed here: one that
+// Stripe settled meanwhile is Apply's.
 func failUnsent(ctx context.Context, tx *gorm.DB, r *refundRow, reason string, now time.Time) error {
 	if _, err := lockOrder(ctx, tx, "", r.OrderID); err != nil {
 		return err
@@ -444,9 +444,7 @@ func failUnsent(ctx context.Context, tx *gorm.DB, r *refundRow, reason string, n
 	if err != nil || cur.Status != StatusPending {
 		return err
 	}
-	if err := tx.WithContext(ctx).Model(&refundRow{}).Where("id = ?", r.ID).Updates(map[string]any{
-		"status": StatusFailed, "failure_reason": reason, "settled_at": now, "updated_at": now,
-	}).Error; err != nil {
+	if _, err := move(ctx, tx, r.ID, StatusFailed, map[string]any{"failure_reason": reason, "settled_at": now}, now); err != nil {
 		return fmt.Errorf("fail refund %s: %w", r.ID, err)
 	}
 	return orders.Reserve(ctx, tx, r.OrderID, -r.Amount, now)
@@ -460,13 +458,6 @@ func translate(err error) error {
 		return err
 	}
 	return problem.Wrap(ErrUnavailable, err)
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
 }
 
 func boolInt(b bool) int {

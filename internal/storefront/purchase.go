@@ -14,7 +14,8 @@ type Outcome string
 // The outcomes of a Pay. OutcomePaid, OutcomeRequiresAction and
 // OutcomeFailed are final: the purchase is over, and a new one gets a new
 // key. OutcomeInvalid and OutcomeUnknown keep the purchase open under its
-// key.
+// key. OutcomeStale is no answer of the API: the page's purchase is not
+// the session's current one, and nothing was sent.
 const (
 	// OutcomePaid: the order is paid.
 	OutcomePaid Outcome = "paid"
@@ -29,6 +30,11 @@ const (
 	OutcomeInvalid Outcome = "invalid"
 	// OutcomeUnknown: no final answer yet; Pay again is safe, same key.
 	OutcomeUnknown Outcome = "unknown"
+	// OutcomeStale: the page is out of date: its key is not the
+	// session's current purchase (one sent or bought since the page
+	// loaded). Nothing was sent to the API and the cart is unchanged; the
+	// answer's Key is the current purchase, which the page shows instead.
+	OutcomeStale Outcome = "stale"
 )
 
 // PurchaseStatus is where a shopper's purchase is in its life, as the
@@ -101,6 +107,17 @@ func (p *Purchase) view() *Purchase {
 type checkoutView struct {
 	Open *Purchase `json:"open"`
 	Last *Purchase `json:"last,omitempty"`
+	// Forgotten: the storefront holds no purchase of the session that was
+	// ever sent (it restarted since, or the session is new), so it adopts
+	// the request of a page that kept one (session.payment); otherwise
+	// the page must not send its stored request, which is out of date.
+	Forgotten bool `json:"forgotten"`
+}
+
+// view returns the session's checkoutView, making the open purchase when
+// there is none.
+func (s *session) view() checkoutView {
+	return checkoutView{Open: s.current().view(), Last: s.last.view(), Forgotten: s.forgotten()}
 }
 
 // current returns the session's open purchase, making one when there is
@@ -113,25 +130,38 @@ func (s *session) current() *Purchase {
 	return s.open
 }
 
+// forgotten reports whether no purchase of the session was ever sent from
+// this storefront's memory: it restarted since the browser's page loaded
+// (or the session is new), so a key it does not know may be a purchase
+// sent before the restart.
+func (s *session) forgotten() bool {
+	return s.sent == 0
+}
+
 // payment is the purchase a Pay of the browser's in is about, and the
-// request to send for it; nil when another purchase of the session was
-// sent and is not done (the page is stale: it shows the other one after a
-// reload). A Pay of the session's last purchase is answered with its
-// Result (done). A key the session does not know (the storefront
-// restarted, and the page kept its purchase) becomes the open purchase
-// with the browser's request: its API key is the same as before the
-// restart, so the API replays what it did under it.
+// request to send for it. Only the session's open purchase is ever sent
+// (CONTRACT.md, (v4) Clients: one open purchase at a time):
+//   - the open purchase's key: its request, fixed at its first Pay;
+//   - the last purchase's key: done, answered with its Result, nothing
+//     sent;
+//   - any other key, while the session has sent a purchase since the
+//     storefront started: p is nil, nothing is sent and nothing changes
+//     (the page is out of date: an older purchase, bought or failed, whose
+//     key the API may have reaped, so that sending it could be a second
+//     charge, and whose answer would end the open purchase and empty a
+//     cart it never bought);
+//   - any other key of a forgotten session (the storefront restarted, and
+//     the page kept its sent purchase): it becomes the open purchase with
+//     the browser's request, in place of an unsent one; its API key is the
+//     same as before the restart, so the API replays what it did under it.
 func (s *session) payment(in payRequest) (p *Purchase, done bool) {
 	if s.last != nil && s.last.Key == in.Key {
 		return s.last, true
 	}
-	if s.open != nil && s.open.Key != in.Key {
-		if s.open.Status == PurchaseSent {
+	if s.open == nil || s.open.Key != in.Key {
+		if !s.forgotten() {
 			return nil, false
 		}
-		s.open = nil // an unsent purchase yields to the browser's sent one
-	}
-	if s.open == nil {
 		s.open = &Purchase{Key: in.Key, Status: PurchaseOpen}
 	}
 	p = s.open
@@ -140,6 +170,7 @@ func (s *session) payment(in payRequest) (p *Purchase, done bool) {
 		req.Items = slices.Clone(in.Items)
 		p.Request, p.Status = &req, PurchaseSent
 		s.last = nil // the page shows this purchase from now on
+		s.sent++
 	}
 	return p, false
 }

@@ -357,7 +357,7 @@ func TestOneOpenPurchaseAtATime(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	out := payAs(t, alice, srv.URL, purchaseBody(other, "b@example.com"))
-	require.Equal(t, storefront.OutcomeUnknown, out.Outcome)
+	require.Equal(t, storefront.OutcomeStale, out.Outcome)
 	require.False(t, out.Final)
 	require.Equal(t, first, out.Key, "the answer names the open purchase")
 	release()

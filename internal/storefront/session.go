@@ -37,6 +37,10 @@ type session struct {
 	// the open one is sent: a checkout opened again after its tab closed
 	// shows how the purchase ended.
 	open, last *Purchase
+	// sent counts the purchases of the session sent to the API since the
+	// storefront started: while it is 0 the storefront may have forgotten
+	// one (session.forgotten).
+	sent int
 }
 
 // orderRef is an order of the session, with its PaymentIntent so that a

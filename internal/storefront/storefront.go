@@ -318,9 +318,7 @@ func (s *Server) checkoutForm(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var view checkoutView
-	s.sessions.with(w, r, func(ss *session) {
-		view = checkoutView{Open: ss.current().view(), Last: ss.last.view()}
-	})
+	s.sessions.with(w, r, func(ss *session) { view = ss.view() })
 	cart, _ := json.Marshal(itemsOf(lines))
 	state, _ := json.Marshal(view)
 	s.render(w, http.StatusOK, "checkout", map[string]any{"Lines": lines, "Total": total,
@@ -332,9 +330,7 @@ func (s *Server) checkoutForm(w http.ResponseWriter, r *http.Request) {
 // without it (a Pay of a tab since closed).
 func (s *Server) purchaseState(w http.ResponseWriter, r *http.Request) {
 	var view checkoutView
-	s.sessions.with(w, r, func(ss *session) {
-		view = checkoutView{Open: ss.current().view(), Last: ss.last.view()}
-	})
+	s.sessions.with(w, r, func(ss *session) { view = ss.view() })
 	writeJSON(w, http.StatusOK, view)
 }
 
@@ -442,7 +438,10 @@ type PayResult struct {
 // remembered) for whichever page of the session asks next. A storefront
 // restarted since the page's first Pay adopts the page's stored request,
 // under the same API key. The return_url brings the customer back here
-// after 3D Secure. The answer is JSON (PayResult), 200 for every answer of
+// after 3D Secure. Only the session's open purchase is sent
+// (session.payment): a Pay of any other purchase (a page out of date) sends
+// nothing, changes nothing and is answered 409 OutcomeStale with the
+// current purchase. The answer is JSON (PayResult), 200 for every answer of
 // the API, 400 for a request the page should not have sent or one without
 // the session cookie (the page that sends Pay sets it).
 func (s *Server) pay(w http.ResponseWriter, r *http.Request) {
@@ -493,7 +492,7 @@ func (s *Server) pay(w http.ResponseWriter, r *http.Request) {
 		p, done = ss.payment(in)
 		switch {
 		case p == nil:
-			stale = ss.open.view()
+			stale = ss.current().view()
 		case !done:
 			p.Pays++
 			p.InFlight++
@@ -505,8 +504,15 @@ func (s *Server) pay(w http.ResponseWriter, r *http.Request) {
 	})
 	switch {
 	case stale != nil:
-		writeJSON(w, http.StatusOK, PayResult{Outcome: OutcomeUnknown, Key: stale.Key, APIKey: stale.APIKey,
-			Attempts: stale.Attempts, Message: "Another purchase of yours is being paid; here it is."})
+		// Nothing sent, nothing changed: the page shows the current
+		// purchase instead.
+		msg := "This page was out of date: its purchase is over, or another one was started since. " +
+			"Nothing was sent and your cart is as it was. Here is your current purchase: check it and press Pay."
+		if stale.Status == PurchaseSent {
+			msg = "This page was out of date: another purchase of yours is being paid. Nothing more was sent; here it is."
+		}
+		writeJSON(w, http.StatusConflict, PayResult{Outcome: OutcomeStale, Key: stale.Key, APIKey: stale.APIKey,
+			Attempts: stale.Attempts, Message: msg})
 		return
 	case done:
 		out := *view.Result

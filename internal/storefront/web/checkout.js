@@ -13,10 +13,14 @@
 // would be refused by the API (422) while the first request may still be
 // charged. The page also keeps the request in sessionStorage: a storefront
 // restarted during Pay forgot it, and adopts the page's at the next Pay,
-// under the same API key.
+// under the same API key. The page gives it back only then (the server
+// says it forgot the session's purchases): a stored request of a purchase
+// that is not the server's current one (bought from another tab since) is
+// out of date, and sending it again could buy it twice.
 "use strict";
 
 const STORE = "storefront.purchase";
+const NOTICE = "storefront.notice"; // why the page reloaded, shown after it
 const $ = (id) => document.getElementById(id);
 const state = JSON.parse($("pay-form").dataset.state || "{}");
 
@@ -32,9 +36,11 @@ function fromServer(p) {
 // purchase is {key, request, apiKey, attempts: [{pay, n, status, code, replayed, error}]}.
 let purchase = fromServer(state.open);
 const stored = load();
-if (!state.open.request && stored && stored.request && !(state.last && state.last.key === stored.key)) {
+if (state.forgotten && !state.open.request && stored && stored.request) {
   // The storefront restarted since this tab's first Pay: its request is
-  // the purchase, which the next Pay gives back to the storefront.
+  // the purchase, which the next Pay gives back to the storefront. Any
+  // other stored request is of a purchase that is over or superseded:
+  // save() below replaces it with the server's current purchase.
   purchase = stored;
 }
 let open = true;   // false once a final answer came
@@ -170,9 +176,11 @@ $("pay-form").addEventListener("submit", async (ev) => {
   }
   inFlight--;
   if (out.key && out.key !== purchase.key) {
-    // Another purchase of this browser was sent since the page loaded:
-    // show that one.
+    // The page is out of date (outcome "stale"): its purchase is over or
+    // another one was started since it loaded. Nothing was sent; show the
+    // current purchase, and say why.
     sessionStorage.removeItem(STORE);
+    if (out.message) sessionStorage.setItem(NOTICE, out.message);
     window.location.reload();
     return;
   }
@@ -217,6 +225,11 @@ async function watch() {
 
 if (state.last && state.last.result && !purchase.request) {
   show("Your last purchase: " + state.last.result.message, state.last.result.order_url, "last-purchase");
+}
+const notice = sessionStorage.getItem(NOTICE);
+if (notice) {
+  sessionStorage.removeItem(NOTICE);
+  show(notice);
 }
 if (state.open.in_flight > 0 && state.open.key === purchase.key) {
   show("Your payment is being processed…");
