@@ -1,3 +1,5 @@
+//go:build model
+
 package model
 
 import (

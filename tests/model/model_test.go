@@ -1,3 +1,5 @@
+//go:build model
+
 // Package model is the model-based test of CONTRACT.md: generated
 // histories (pgregory.net/rapid state machines) of checkouts, retries,
 // cancels, refunds, Stripe faults, Dashboard actions, crashes and time
