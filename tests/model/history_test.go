@@ -218,7 +218,8 @@ func (h *history) actions() map[string]func(*rapid.T) {
 		"PassTime": func(t *rapid.T) {
 			h.PassTime(windows[rapid.IntRange(0, len(windows)-1).Draw(t, "window")].name)
 		},
-		"Mail": func(t *rapid.T) { h.Mail(rapid.Bool().Draw(t, "down")) },
+		"Mail":        func(t *rapid.T) { h.Mail(rapid.Bool().Draw(t, "down")) },
+		"FailRefunds": func(t *rapid.T) { h.FailRefunds(orderIdx(t)) },
 	}
 }
 
@@ -454,6 +455,32 @@ func (h *history) DashboardRefund(i int, amount int64) {
 		for _, pi := range h.intents()[o.id] {
 			if pi.Status == "succeeded" {
 				h.stripe("/v1/refunds", url.Values{"payment_intent": {pi.ID}, "amount": {strconv.FormatInt(amount, 10)}})
+			}
+		}
+	}
+	h.check()
+}
+
+// FailRefunds makes Stripe fail every refund of order i's PaymentIntents
+// that has not failed yet, as a bank that refuses one does (failure_reason
+// expired_or_canceled_card, https://docs.stripe.com/refunds#failed-refunds),
+// through the emulator's POST /_emulator/refunds/{id}/fail.
+func (h *history) FailRefunds(i int) {
+	h.t.Helper()
+	h.record("FailRefunds(%d)", i)
+	if o, ok := h.order(i); ok {
+		pis := map[string]bool{}
+		for _, pi := range h.intents()[o.id] {
+			pis[pi.ID] = true
+		}
+		for _, rf := range h.s.RefundsAtStripe() {
+			if pis[rf.PaymentIntent] && rf.Status != "failed" {
+				resp, err := h.client.Post(h.s.EmulatorURL+"/_emulator/refunds/"+rf.ID+"/fail", "application/json",
+					strings.NewReader(`{"failure_reason":"expired_or_canceled_card"}`))
+				if err != nil {
+					h.t.Fatalf("fail refund %s: %v", rf.ID, err)
+				}
+				resp.Body.Close()
 			}
 		}
 	}
