@@ -214,6 +214,10 @@ func (h *history) actions() map[string]func(*rapid.T) {
 		"Crash": func(t *rapid.T) {
 			h.Crash(rapid.SampledFrom([]string{"api", "worker", "dispatcher"}).Draw(t, "process"))
 		},
+		"CrashDuringCheckout": func(t *rapid.T) {
+			h.CrashDuringCheckout(rapid.SampledFrom([]string{"api", "worker", "dispatcher"}).Draw(t, "process"),
+				rapid.IntRange(0, 400).Draw(t, "after_ms"))
+		},
 		"WorkerBacklog": func(t *rapid.T) { h.WorkerBacklog(rapid.IntRange(3, 8).Draw(t, "orders")) },
 		"PassTime": func(t *rapid.T) {
 			h.PassTime(windows[rapid.IntRange(0, len(windows)-1).Draw(t, "window")].name)
@@ -499,6 +503,34 @@ func (h *history) Crash(name string) {
 			}
 		}
 	}
+	h.check()
+}
+
+// CrashDuringCheckout sends a new checkout (a card that pays) and
+// SIGKILLs the process named name afterMS milliseconds later, while the
+// checkout may be anywhere in its steps, then starts it again.
+func (h *history) CrashDuringCheckout(name string, afterMS int) {
+	h.t.Helper()
+	h.record("CrashDuringCheckout(%q, %d)", name, afterMS)
+	n := len(h.keys)
+	email := fmt.Sprintf("%sk%d@example.com", h.prefix, n)
+	k := &key{kind: checkoutKey, value: fmt.Sprintf("%sk%d", h.prefix, n), path: "/v1/checkouts", email: email,
+		body: checkoutBody(email, "sku_tee", 1, "pm_card_visa"), changed: checkoutBody(email, "sku_tee", 2, "pm_card_visa"),
+		epochs: 1, made: map[string]bool{}}
+	h.keys = append(h.keys, k)
+	sent := time.Now()
+	done := make(chan answer, 1)
+	go func() { done <- h.post(k.path, k.value, k.body) }()
+	time.Sleep(time.Duration(afterMS) * time.Millisecond)
+	for _, p := range h.procs() {
+		if p.Name == name {
+			p.Kill()
+			if err := p.Start(); err != nil {
+				h.t.Fatalf("restart %s: %v", name, err)
+			}
+		}
+	}
+	h.observe(k, false, sent, <-done)
 	h.check()
 }
 
