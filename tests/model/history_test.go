@@ -644,7 +644,8 @@ func (h *history) observe(k *key, changed bool, sent time.Time, a answer) {
 		if a.final() && (a.status != k.final.status || !bytes.Equal(a.body, k.final.body) || !a.replayed) {
 			h.fail("key %s within IDEMPOTENCY_TTL of its final answer:\nfirst: %s\nnow:   %s", k.value, k.final, a)
 		}
-		if !a.final() {
+		// No answer at all, or the gateway's 504, says nothing of the key.
+		if !a.final() && a.status != 0 && a.status != http.StatusGatewayTimeout {
 			h.fail("key %s within IDEMPOTENCY_TTL of its final answer %s answered %s", k.value, k.final, a)
 		}
 	case a.final() && a.status != http.StatusUnprocessableEntity && a.status != http.StatusBadRequest:
