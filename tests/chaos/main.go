@@ -482,6 +482,20 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64, outage time
 		}
 	}
 
+	// A short run may start every key before the halfway mark: the
+	// backlog and the outage happen anyway, while clients still retry.
+	if !backlogDone {
+		workerLayer()
+		workerBacklog(r, s)
+		faults.add("worker restarted 5 times with a backlog", 1)
+	}
+	if !stripeDownDone {
+		s.Fault(stripeemu.Fault{Kind: stripeemu.FaultFail, Status: 503})
+		time.Sleep(unknownAfter + 3*time.Second)
+		s.ClearFaults()
+		faults.add(fmt.Sprintf("stripe outage %s (PAYMENT_UNKNOWN_AFTER %s)", unknownAfter+3*time.Second, unknownAfter), 1)
+	}
+
 	// Quiesce: faults off, every link and process back, clients finish.
 	fmt.Fprintf(os.Stderr, "chaos: %d keys started after %s; faults off, quiescing\n", n, time.Since(start).Round(time.Second))
 	s.ClearFaults()
