@@ -464,11 +464,8 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64, outage time
 			// Stripe down, GETs included, for longer than
 			// PAYMENT_UNKNOWN_AFTER: orders in flight become
 			// payment_unknown and are reconciled once it is back.
-			s.Fault(stripeemu.Fault{Kind: stripeemu.FaultFail, Status: 503})
-			time.Sleep(unknownAfter + 3*time.Second)
-			s.ClearFaults()
+			faults.add(stripeOutage(s), 1)
 			stripeDownDone = true
-			faults.add(fmt.Sprintf("stripe outage %s (PAYMENT_UNKNOWN_AFTER %s)", unknownAfter+3*time.Second, unknownAfter), 1)
 		case 18:
 			if reason, ok := dashboardCancel(s, rng); ok {
 				faults.add("dashboard cancel ("+reason+")", 1)
@@ -490,10 +487,7 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64, outage time
 		faults.add("worker restarted 5 times with a backlog", 1)
 	}
 	if !stripeDownDone {
-		s.Fault(stripeemu.Fault{Kind: stripeemu.FaultFail, Status: 503})
-		time.Sleep(unknownAfter + 3*time.Second)
-		s.ClearFaults()
-		faults.add(fmt.Sprintf("stripe outage %s (PAYMENT_UNKNOWN_AFTER %s)", unknownAfter+3*time.Second, unknownAfter), 1)
+		faults.add(stripeOutage(s), 1)
 	}
 
 	// Quiesce: faults off, every link and process back, clients finish.
@@ -881,6 +875,18 @@ func customer3DS(s *stack.Stack, res stack.Result, succeed bool, answers *tally)
 // unknownAfter is the stack's PAYMENT_UNKNOWN_AFTER: short, so that the
 // run's Stripe outage outlasts it.
 const unknownAfter = 5 * time.Second
+
+// stripeOutage takes Stripe down, every request GETs included answered
+// 503, for longer than PAYMENT_UNKNOWN_AFTER, then brings it back, and
+// returns the fault's label. Other faults injected before are cleared
+// with it.
+func stripeOutage(s *stack.Stack) string {
+	d := unknownAfter + 3*time.Second
+	s.Fault(stripeemu.Fault{Kind: stripeemu.FaultFail, Status: 503})
+	time.Sleep(d)
+	s.ClearFaults()
+	return fmt.Sprintf("stripe outage %s (PAYMENT_UNKNOWN_AFTER %s)", d, unknownAfter)
+}
 
 // workerBacklog stops the worker while the clients go on paying, so that
 // events wait in its queue, then starts it and kills it at once five
