@@ -81,7 +81,7 @@ func (h *history) ordersByID() map[string]orderRow {
 // quiesceTimeout bounds the wait for every order of a history to reach a
 // final status and every email to leave: the longest window (NOTIFY_RETRY_FOR)
 // several times over, far more than a correct service needs.
-const quiesceTimeout = 30 * time.Second
+const quiesceTimeout = 20 * time.Second
 
 // quiesce ends a history as a client and support would: every fault off,
 // the mail server and every process back, every key retried until its
@@ -105,8 +105,8 @@ func (h *history) quiesce() {
 		}
 	}
 	for _, k := range h.keys {
-		if k.final == nil && !h.untilFinal(k, 20*time.Second) {
-			h.fail("key %s (%s) has no final answer 20s after every fault ended", k.value, k.path)
+		if k.final == nil && !h.untilFinal(k, 15*time.Second) {
+			h.fail("key %s (%s) has no final answer 15s after every fault ended", k.value, k.path)
 		}
 	}
 	// Every key once more, as a client whose answer was lost: each must

@@ -50,11 +50,11 @@ func TestMain(m *testing.M) {
 // as 1h and 30m are shorter than 24h.
 const (
 	lease         = time.Second
-	ttl           = 6 * time.Second
-	actionTimeout = 3 * time.Second
-	unknownAfter  = 3 * time.Second
-	refundRetry   = 6 * time.Second
-	notifyRetry   = 8 * time.Second
+	ttl           = 4 * time.Second
+	actionTimeout = 2 * time.Second
+	unknownAfter  = 2 * time.Second
+	refundRetry   = 4 * time.Second
+	notifyRetry   = 5 * time.Second
 )
 
 // windows are the durations action passTime lets pass, by the variable
