@@ -14,6 +14,7 @@ package model
 import (
 	"fmt"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -113,9 +114,33 @@ var histories atomic.Int64
 // make test-model and make test-model-long set the budget.
 func TestModel(t *testing.T) {
 	s := startStack(t)
+	only := actionFilter(t)
 	rapid.Check(t, func(rt *rapid.T) {
 		h := newHistory(rt, s)
-		rt.Repeat(h.actions())
+		rt.Repeat(only(h.actions()))
 		h.quiesce()
 	})
+}
+
+// actionFilter reads MODEL_ACTIONS, a comma-separated list of action names
+// (history.actions), and returns a function that keeps only those: a
+// search focused on one part of the service (docs/testing.md). Unset or
+// empty, it keeps every action.
+func actionFilter(t *testing.T) func(map[string]func(*rapid.T)) map[string]func(*rapid.T) {
+	names := strings.FieldsFunc(os.Getenv("MODEL_ACTIONS"), func(r rune) bool { return r == ',' || r == ' ' })
+	if len(names) == 0 {
+		return func(m map[string]func(*rapid.T)) map[string]func(*rapid.T) { return m }
+	}
+	t.Logf("MODEL_ACTIONS: only %v", names)
+	return func(m map[string]func(*rapid.T)) map[string]func(*rapid.T) {
+		out := map[string]func(*rapid.T){}
+		for _, n := range names {
+			f, ok := m[n]
+			if !ok {
+				t.Fatalf("MODEL_ACTIONS: no action %q", n)
+			}
+			out[n] = f
+		}
+		return out
+	}
 }
