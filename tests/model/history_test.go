@@ -45,6 +45,10 @@ type history struct {
 	stopped  map[string]bool
 	mailDown bool
 	client   *http.Client
+	// failedSucceeded: Stripe failed a refund that had succeeded. The
+	// order's status, which never goes back, may then be ahead of what
+	// Stripe's refunds say.
+	failedSucceeded bool
 }
 
 // keyKind is the route a key was sent on.
@@ -479,6 +483,7 @@ func (h *history) FailRefunds(i int) {
 		}
 		for _, rf := range h.s.RefundsAtStripe() {
 			if pis[rf.PaymentIntent] && rf.Status != "failed" {
+				h.failedSucceeded = h.failedSucceeded || rf.Status == "succeeded"
 				resp, err := h.client.Post(h.s.EmulatorURL+"/_emulator/refunds/"+rf.ID+"/fail", "application/json",
 					strings.NewReader(`{"failure_reason":"expired_or_canceled_card"}`))
 				if err != nil {
