@@ -629,7 +629,9 @@ func (h *history) observe(k *key, changed bool, sent time.Time, a answer) {
 	}
 	if a.id != "" {
 		k.made[a.id] = true
-	} else if a.orderID != "" {
+	} else if a.orderID != "" && k.kind == checkoutKey {
+		// A checkout's problem (402) names the order it made; a refund's
+		// or a cancel's names the order it is about.
 		k.made[a.orderID] = true
 	}
 	if len(k.made) > k.epochs {
