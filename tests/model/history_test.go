@@ -146,13 +146,38 @@ func (h *history) record(format string, args ...any) {
 	h.t.Logf("step %d: %s", len(h.steps), h.steps[len(h.steps)-1])
 }
 
-// fail reports a broken invariant with the history so far as a Go test to
-// paste into this package; rapid prints the one of the shrunk history.
-func (h *history) fail(format string, args ...any) {
+// fail reports the broken invariant inv, with what broke it (ids of
+// this run) and the history so far as a Go test to paste into this
+// package; rapid prints the one of the shrunk history. The failure itself
+// names only inv: rapid shrinks a history only while it fails with the
+// same message, and ids differ from run to run.
+func (h *history) fail(inv invariant, format string, args ...any) {
 	h.t.Helper()
+	h.t.Logf("after %d steps: "+format, append([]any{len(h.steps)}, args...)...)
 	h.t.Logf("the history as a Go test (paste it into tests/model):\n%s", h.goTest())
-	h.t.Fatalf("invariant broken after %d steps: "+format, append([]any{len(h.steps)}, args...)...)
+	h.t.Fatalf("invariant broken: %s", inv)
 }
+
+// invariant names one of the rules the model checks (docs/testing.md,
+// "Invariants").
+type invariant string
+
+// The invariants, as fail reports them.
+const (
+	invOneOrder         invariant = "a key makes at most one order per retention period"
+	invMadeOnce         invariant = "a key's answers name at most one order or refund per retention period"
+	invReplay           invariant = "a key replays its final answer byte for byte until IDEMPOTENCY_TTL after it"
+	invReused422        invariant = "a key sent with another body gets 422 while it is kept"
+	invOneCharge        invariant = "at most one PaymentIntent per order moves money"
+	invRefundOnce       invariant = "each refund request refunds once"
+	invRefundWithinPaid invariant = "refunds never exceed what was paid"
+	invKeyFinishes      invariant = "every key reaches a final answer"
+	invAtRest           invariant = "every order reaches a final status and every paid order's email leaves"
+	invMoneyOnlyForPaid invariant = "money moves only for orders paid or refunded from paid"
+	invRefundedAsStripe invariant = "an order's amount_refunded and status are what Stripe refunded"
+	invOneEmail         invariant = "each paid order gets one email with one Message-ID"
+	invNoDeadLetter     invariant = "no event is dead-lettered"
+)
 
 // goTest prints the history as a test function of this package.
 func (h *history) goTest() string {
@@ -635,7 +660,7 @@ func (h *history) observe(k *key, changed bool, sent time.Time, a answer) {
 		k.made[a.orderID] = true
 	}
 	if len(k.made) > k.epochs {
-		h.fail("key %s (%s) made %d objects %v in %d retention periods; last answer %s", k.value, k.path, len(k.made), keys(k.made), k.epochs, a)
+		h.fail(invMadeOnce, "key %s (%s) made %d objects %v in %d retention periods; last answer %s", k.value, k.path, len(k.made), keys(k.made), k.epochs, a)
 	}
 	switch {
 	case changed && a.final() && a.status != http.StatusUnprocessableEntity && k.final == nil && len(k.made) == 0:
@@ -645,15 +670,15 @@ func (h *history) observe(k *key, changed bool, sent time.Time, a answer) {
 		k.final, k.finalSent = &a, sent
 	case changed:
 		if a.final() && a.status != http.StatusUnprocessableEntity {
-			h.fail("key %s sent with another body got %s, want 422 idempotency_key_reused", k.value, a)
+			h.fail(invReused422, "key %s sent with another body got %s, want 422 idempotency_key_reused", k.value, a)
 		}
 	case k.final != nil:
 		if a.final() && (a.status != k.final.status || !bytes.Equal(a.body, k.final.body) || !a.replayed) {
-			h.fail("key %s within IDEMPOTENCY_TTL of its final answer:\nfirst: %s\nnow:   %s", k.value, k.final, a)
+			h.fail(invReplay, "key %s within IDEMPOTENCY_TTL of its final answer:\nfirst: %s\nnow:   %s", k.value, k.final, a)
 		}
 		// No answer at all, or the gateway's 504, says nothing of the key.
 		if !a.final() && a.status != 0 && a.status != http.StatusGatewayTimeout {
-			h.fail("key %s within IDEMPOTENCY_TTL of its final answer %s answered %s", k.value, k.final, a)
+			h.fail(invReplay, "key %s within IDEMPOTENCY_TTL of its final answer %s answered %s", k.value, k.final, a)
 		}
 	case a.final() && a.status != http.StatusUnprocessableEntity && a.status != http.StatusBadRequest:
 		k.final, k.finalSent = &a, sent

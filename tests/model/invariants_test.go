@@ -30,7 +30,7 @@ func (h *history) check() {
 	}
 	for _, k := range h.keys {
 		if k.kind == checkoutKey && perEmail[k.email] > k.epochs {
-			h.fail("key %s made %d orders in %d retention periods", k.value, perEmail[k.email], k.epochs)
+			h.fail(invOneOrder, "key %s made %d orders in %d retention periods", k.value, perEmail[k.email], k.epochs)
 		}
 	}
 	ours := h.ordersByID()
@@ -40,7 +40,7 @@ func (h *history) check() {
 			continue
 		}
 		if n := stack.MoneyMoving(group); n > 1 {
-			h.fail("order %s: %d PaymentIntents move money: %+v", id, n, group)
+			h.fail(invOneCharge, "order %s: %d PaymentIntents move money: %+v", id, n, group)
 		}
 	}
 	amount := map[string]int64{}
@@ -59,13 +59,13 @@ func (h *history) check() {
 		if id := rf.Metadata["refund_id"]; id != "" {
 			perRefund[id]++
 			if perRefund[id] > 1 {
-				h.fail("refund %s was made %d times at Stripe", id, perRefund[id])
+				h.fail(invRefundOnce, "refund %s was made %d times at Stripe", id, perRefund[id])
 			}
 		}
 	}
 	for pi, r := range refunded {
 		if r > amount[pi] {
-			h.fail("PaymentIntent %s of %d refunded %d", pi, amount[pi], r)
+			h.fail(invRefundWithinPaid, "PaymentIntent %s of %d refunded %d", pi, amount[pi], r)
 		}
 	}
 }
@@ -106,7 +106,7 @@ func (h *history) quiesce() {
 	}
 	for _, k := range h.keys {
 		if k.final == nil && !h.untilFinal(k, 15*time.Second) {
-			h.fail("key %s (%s) has no final answer 15s after every fault ended", k.value, k.path)
+			h.fail(invKeyFinishes, "key %s (%s) has no final answer 15s after every fault ended", k.value, k.path)
 		}
 	}
 	// Every key once more, as a client whose answer was lost: each must
@@ -121,7 +121,7 @@ func (h *history) quiesce() {
 			break
 		}
 		if time.Now().After(deadline) {
-			h.fail("not at rest %s after every fault ended: %s", quiesceTimeout, left)
+			h.fail(invAtRest, "not at rest %s after every fault ended: %s", quiesceTimeout, left)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -176,7 +176,7 @@ func (h *history) checkMoney() {
 		}
 		if !o.status.PaidOnce() {
 			if moved > back {
-				h.fail("order %s is %s but Stripe holds %d of it (%d moved, %d refunded)", o.id, o.status, moved-back, moved, back)
+				h.fail(invMoneyOnlyForPaid, "order %s is %s but Stripe holds %d of it (%d moved, %d refunded)", o.id, o.status, moved-back, moved, back)
 			}
 			continue
 		}
@@ -190,7 +190,7 @@ func (h *history) checkMoney() {
 		}
 		got := orders.Status(view.Status)
 		if view.AmountRefunded != back || (got != want && !(h.failedSucceeded && want.CanMoveTo(got))) {
-			h.fail("order %s of %d: Stripe refunded %d, the order says %s with amount_refunded %d (want %s)",
+			h.fail(invRefundedAsStripe, "order %s of %d: Stripe refunded %d, the order says %s with amount_refunded %d (want %s)",
 				o.id, o.total, back, view.Status, view.AmountRefunded, want)
 		}
 	}
@@ -229,11 +229,11 @@ func (h *history) checkEmails() {
 		ids := stack.MessageIDsFor(msgs, o.id)
 		switch {
 		case !o.status.PaidOnce() && len(ids) > 0:
-			h.fail("order %s is %s but was emailed as paid: %v", o.id, o.status, ids)
+			h.fail(invOneEmail, "order %s is %s but was emailed as paid: %v", o.id, o.status, ids)
 		case o.status.PaidOnce() && len(ids) != 1:
 			failed := h.s.Count(`SELECT count(*) FROM notifications WHERE order_id = $1 AND kind = 'order_paid' AND status = 'failed'`, o.id)
 			if failed == 0 || len(ids) > 1 {
-				h.fail("order %s is %s: %d paid emails (Message-IDs %v)", o.id, o.status, len(ids), ids)
+				h.fail(invOneEmail, "order %s is %s: %d paid emails (Message-IDs %v)", o.id, o.status, len(ids), ids)
 			}
 		}
 	}
@@ -245,7 +245,7 @@ func (h *history) checkEmails() {
 func (h *history) checkDeadLetters() {
 	h.t.Helper()
 	if n := dlqDepth(h, h.s.Names.NotifyDLQ); n > 0 {
-		h.fail("%d events in the dead-letter queue %s", n, h.s.Names.NotifyDLQ)
+		h.fail(invNoDeadLetter, "%d events in the dead-letter queue %s", n, h.s.Names.NotifyDLQ)
 	}
 }
 
