@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -232,6 +233,7 @@ func (h *history) actions() map[string]func(*rapid.T) {
 		"StripeFault": func(t *rapid.T) {
 			h.StripeFault(rapid.SampledFrom(faultNames).Draw(t, "fault"))
 		},
+		"StripeDown":   func(t *rapid.T) { h.StripeFault(rapid.SampledFrom(downFaults).Draw(t, "fault")) },
 		"ClearFaults":  func(*rapid.T) { h.ClearFaults() },
 		"Authenticate": func(t *rapid.T) { h.Authenticate(orderIdx(t), rapid.Bool().Draw(t, "succeed")) },
 		"DashboardCancel": func(t *rapid.T) {
@@ -280,19 +282,28 @@ var faults = map[string][]stripeemu.Fault{
 	"stored 500 on refund rolled":         {{Kind: stripeemu.FaultStored500, Op: stripeemu.OpRefundCreate, Count: 1, RollForward: stripeemu.RollForwardAfter(8 * time.Second)}},
 	"429":                                 {{Kind: stripeemu.FaultFail, Status: 429, Count: 2}},
 	"503":                                 {{Kind: stripeemu.FaultFail, Status: 503, Count: 2}},
-	"401 until cleared":                   {{Kind: stripeemu.FaultFail, Status: 401}},
-	"outage until cleared":                {{Kind: stripeemu.FaultFail, Status: 503}},
 	"decline":                             {{Kind: stripeemu.FaultDecline, Op: stripeemu.OpPIConfirm, Count: 1}},
 	"slow answer":                         {{Kind: stripeemu.FaultDelay, Count: 1, After: 1500 * time.Millisecond}},
 	"dropped answer":                      {{Kind: stripeemu.FaultDrop, Count: 1}},
+	"401 until cleared":                   {{Kind: stripeemu.FaultFail, Status: 401}},
+	"outage until cleared":                {{Kind: stripeemu.FaultFail, Status: 503}},
 	"dropped confirm":                     {{Kind: stripeemu.FaultDrop, Op: stripeemu.OpPIConfirm, Count: 1}},
 }
+
+// downFaults are the faults action StripeDown draws from, Stripe down
+// until ClearFaults: our secret key refused (401, a rolled or revoked key),
+// or every request failing, GETs included (an outage). StripeFault does
+// not draw them, so that a history draws one as often as any other action:
+// the windows matter most while one lasts.
+var downFaults = []string{"401 until cleared", "outage until cleared"}
 
 // faultNames are the keys of faults, sorted, for drawing.
 var faultNames = func() []string {
 	var ns []string
 	for n := range faults {
-		ns = append(ns, n)
+		if !slices.Contains(downFaults, n) {
+			ns = append(ns, n)
+		}
 	}
 	sortStrings(ns)
 	return ns
