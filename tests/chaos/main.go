@@ -849,6 +849,13 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*vi
 	if n, err := queueDepth(s.Names.NotifyDLQ); err != nil || n > 0 {
 		deadLetters.examples = append(deadLetters.examples, fmt.Sprintf("%s: %d messages (%v)", s.Names.NotifyDLQ, n, err))
 	}
+	// The worker records what it takes off the dead-letter queue in
+	// dead_letters (where the table exists).
+	if s.Count(`SELECT count(*) FROM pg_tables WHERE tablename = 'dead_letters'`) > 0 {
+		if n := s.Count(`SELECT count(*) FROM dead_letters`); n > 0 {
+			deadLetters.examples = append(deadLetters.examples, fmt.Sprintf("%d events recorded in dead_letters", n))
+		}
+	}
 	return []*violation{oneCharge, asStripe, noMoney, orphans, oneOrder, oneEmail, noneFailed, seen201, sameAnswer, finished, unpublished, settled, quiet,
 		final, asRefunded, deadLetters}, resends, canceledOrphans
 }

@@ -50,6 +50,9 @@ type history struct {
 	// order's status, which never goes back, may then be ahead of what
 	// Stripe's refunds say.
 	failedSucceeded bool
+	// deadBefore is the number of dead letters recorded when the history
+	// began.
+	deadBefore int
 }
 
 // keyKind is the route a key was sent on.
@@ -134,6 +137,7 @@ func newHistory(t failer, s *stack.Stack) *history {
 			}
 		}
 	}
+	h.deadBefore = h.deadLetters()
 	return h
 }
 

@@ -239,14 +239,30 @@ func (h *history) checkEmails() {
 	}
 }
 
-// checkDeadLetters requires the dead-letter queue to hold no message: the
-// histories have no handler that keeps failing, so an event there is a
-// healthy one dead-lettered (by restarts handing deliveries back).
+// checkDeadLetters requires that no event was dead-lettered during the
+// history: none in the dead-letter queue, and no dead_letters row (where
+// the worker records what it takes off that queue, CONTRACT.md v4) added
+// since the history began. The histories have no handler that keeps
+// failing, so a dead letter is a healthy event dead-lettered, e.g. by
+// restarts handing deliveries back.
 func (h *history) checkDeadLetters() {
 	h.t.Helper()
 	if n := dlqDepth(h, h.s.Names.NotifyDLQ); n > 0 {
 		h.fail(invNoDeadLetter, "%d events in the dead-letter queue %s", n, h.s.Names.NotifyDLQ)
 	}
+	if n := h.deadLetters() - h.deadBefore; n > 0 {
+		h.fail(invNoDeadLetter, "%d events recorded in dead_letters during the history", n)
+	}
+}
+
+// deadLetters counts the rows of dead_letters, 0 where the table does not
+// exist (code from before it).
+func (h *history) deadLetters() int {
+	h.t.Helper()
+	if h.s.Count(`SELECT count(*) FROM pg_tables WHERE tablename = 'dead_letters'`) == 0 {
+		return 0
+	}
+	return h.s.Count(`SELECT count(*) FROM dead_letters`)
 }
 
 // dlqDepth returns the number of messages in queue (a passive declare).
