@@ -19,8 +19,8 @@ import (
 )
 
 // external are the metric name prefixes that other software exports:
-// RabbitMQ's rabbitmq_prometheus plugin.
-var external = []string{"rabbitmq_"}
+// RabbitMQ's rabbitmq_prometheus plugin and CloudNativePG's instances.
+var external = []string{"rabbitmq_", "cnpg_"}
 
 // TestAlertRules parses alerts.yml as Prometheus does (rulefmt, with the
 // PromQL parser and template checks) and checks each alert's shape and that
