@@ -87,9 +87,13 @@ func startStack(t *testing.T) *stack.Stack {
 	worker := map[string]string{
 		"NOTIFY_RETRY_FOR":          notifyRetry.String(),
 		"NOTIFY_RETRY_MAX_INTERVAL": "500ms",
-		"COMPLETER_INTERVAL":        "300ms",
-		"REAPER_INTERVAL":           "300ms",
-		"REFUND_POLL_INTERVAL":      "300ms",
+		// An event that came before its order's previous one (a
+		// restart hands deliveries back out of order) waits this long
+		// for it: 30s by default, more than quiesce waits.
+		"NOTIFY_SEQUENCE_WAIT": "1s",
+		"COMPLETER_INTERVAL":   "300ms",
+		"REAPER_INTERVAL":      "300ms",
+		"REFUND_POLL_INTERVAL": "300ms",
 	}
 	for k, v := range both {
 		worker[k] = v
