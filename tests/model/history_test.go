@@ -89,6 +89,10 @@ type key struct {
 	epochs int
 	// made lists the objects (order ids, refund ids) its answers named.
 	made map[string]bool
+	// finishedAt is when the service finished the key, as its row last
+	// showed it (observeKeys): the completer may finish a key whose client
+	// never got the answer, and its retention counts from then.
+	finishedAt time.Time
 }
 
 // answer is one HTTP answer; status 0 is no answer at all.
@@ -618,7 +622,12 @@ func (h *history) PassTime(name string) {
 	h.record("PassTime(%q)", name)
 	for _, w := range windows {
 		if w.name == name {
-			time.Sleep(w.d + 300*time.Millisecond)
+			// Watching the keys meanwhile: one the completer finishes
+			// and the reaper deletes within the window is seen finished.
+			for end := time.Now().Add(w.d + 300*time.Millisecond); time.Now().Before(end); {
+				time.Sleep(100 * time.Millisecond)
+				h.observeKeys()
+			}
 		}
 	}
 	h.check()
@@ -664,9 +673,9 @@ const retentionSlack = 300 * time.Millisecond
 // transient answer, never an outcome.
 func (h *history) observe(k *key, changed bool, sent time.Time, a answer) {
 	h.t.Helper()
-	if k.final != nil && sent.After(k.finalSent.Add(ttl-retentionSlack)) {
+	if k.expiredAt(sent) {
 		// Retention over: the key may be gone and run as new.
-		k.final, k.epochs = nil, k.epochs+1
+		k.final, k.finishedAt, k.epochs = nil, time.Time{}, k.epochs+1
 	}
 	if a.id != "" {
 		k.made[a.id] = true
@@ -698,6 +707,47 @@ func (h *history) observe(k *key, changed bool, sent time.Time, a answer) {
 		}
 	case a.final() && a.status != http.StatusUnprocessableEntity && a.status != http.StatusBadRequest:
 		k.final, k.finalSent = &a, sent
+	}
+}
+
+// expiredAt reports whether k's retention may have ended by sent: it
+// began when the client got the final answer (finalSent, a lower bound of
+// the finish) or when the service finished the key (finishedAt), whichever
+// is known first.
+func (k *key) expiredAt(sent time.Time) bool {
+	start := k.finalSent
+	if k.final == nil || (!k.finishedAt.IsZero() && k.finishedAt.Before(start)) {
+		start = k.finishedAt
+	}
+	if k.final == nil && k.finishedAt.IsZero() {
+		return false
+	}
+	return sent.After(start.Add(ttl - retentionSlack))
+}
+
+// observeKeys reads when the service finished each key of the history
+// (idempotency_keys.finished_at), read-only.
+func (h *history) observeKeys() {
+	h.t.Helper()
+	rows, err := h.s.DB.Query(context.Background(),
+		`SELECT key, finished_at FROM idempotency_keys WHERE key LIKE $1 AND finished_at IS NOT NULL`, h.prefix+"%")
+	if err != nil {
+		h.t.Fatalf("keys: %v", err)
+	}
+	defer rows.Close()
+	byValue := map[string]*key{}
+	for _, k := range h.keys {
+		byValue[k.value] = k
+	}
+	for rows.Next() {
+		var v string
+		var at time.Time
+		if err := rows.Scan(&v, &at); err != nil {
+			h.t.Fatalf("keys: %v", err)
+		}
+		if k := byValue[v]; k != nil && k.finishedAt.IsZero() {
+			k.finishedAt = at
+		}
 	}
 }
 

@@ -25,6 +25,7 @@ import (
 // Stripe never refunds more than a PaymentIntent took.
 func (h *history) check() {
 	h.t.Helper()
+	h.observeKeys()
 	perEmail := map[string]int{}
 	for _, o := range h.orders() {
 		perEmail[o.email]++
