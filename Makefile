@@ -38,12 +38,13 @@ test-failover:
 		-v ./internal/rabbitmq/rabbitmqtest ./tests/e2e
 
 ## test-model: the model test (tests/model, build tag model): CHECKS generated histories of about
-## STEPS actions from SEED against the real processes; a failure prints its shrunk history as a Go
-## test (docs/testing.md). The defaults fit in under 10 minutes on this 2-core machine
+## STEPS actions from SEED against the real processes, and the defects' shrunk histories
+## (TestHistory*); a failure prints its shrunk history as a Go test (docs/testing.md). The
+## defaults fit in under 10 minutes on this 2-core machine
 test-model:
 	$(GO) vet -tags model ./tests/model
-	$(GO) test -tags model -count=1 -timeout 20m -run 'TestModel$$' ./tests/model \
-		-rapid.seed=$${SEED:-1} -rapid.checks=$${CHECKS:-6} -rapid.steps=$${STEPS:-20} -rapid.shrinktime=$${SHRINKTIME:-2m}
+	$(GO) test -tags model -count=1 -timeout 20m -run 'TestModel$$|TestHistory' ./tests/model \
+		-rapid.seed=$${SEED:-1} -rapid.checks=$${CHECKS:-8} -rapid.steps=$${STEPS:-20} -rapid.shrinktime=$${SHRINKTIME:-2m}
 
 ## test-model-long: the same with a larger budget (about an hour here), and a random seed unless SEED is set
 test-model-long:
