@@ -93,6 +93,9 @@ type key struct {
 	// showed it (observeKeys): the completer may finish a key whose client
 	// never got the answer, and its retention counts from then.
 	finishedAt time.Time
+	// firstSent is when the key was first sent in its current epoch: the
+	// earliest its service could have finished it.
+	firstSent time.Time
 }
 
 // answer is one HTTP answer; status 0 is no answer at all.
@@ -675,7 +678,10 @@ func (h *history) observe(k *key, changed bool, sent time.Time, a answer) {
 	h.t.Helper()
 	if k.expiredAt(sent) {
 		// Retention over: the key may be gone and run as new.
-		k.final, k.finishedAt, k.epochs = nil, time.Time{}, k.epochs+1
+		k.final, k.finishedAt, k.firstSent, k.epochs = nil, time.Time{}, time.Time{}, k.epochs+1
+	}
+	if k.firstSent.IsZero() {
+		k.firstSent = sent
 	}
 	if a.id != "" {
 		k.made[a.id] = true
@@ -714,8 +720,16 @@ func (h *history) observe(k *key, changed bool, sent time.Time, a answer) {
 // began when the client got the final answer (finalSent, a lower bound of
 // the finish) or when the service finished the key (finishedAt), whichever
 // is known first.
+//
+// A first final answer that is already a replay was finished before, by a
+// request whose answer was lost or by the completer, at a time the model
+// may not have seen (a finish and a reap within one long step): its
+// retention may have begun as early as the key's first send.
 func (k *key) expiredAt(sent time.Time) bool {
 	start := k.finalSent
+	if k.final != nil && k.final.replayed {
+		start = k.firstSent
+	}
 	if k.final == nil || (!k.finishedAt.IsZero() && k.finishedAt.Before(start)) {
 		start = k.finishedAt
 	}
