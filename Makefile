@@ -44,7 +44,7 @@ test-failover:
 test-model:
 	$(GO) vet -tags model ./tests/model
 	$(GO) test -tags model -count=1 -timeout 20m -run 'TestModel$$|TestHistory' ./tests/model \
-		-rapid.seed=$${SEED:-1} -rapid.checks=$${CHECKS:-8} -rapid.steps=$${STEPS:-20} -rapid.shrinktime=$${SHRINKTIME:-2m}
+		-rapid.seed=$${SEED:-1} -rapid.checks=$${CHECKS:-5} -rapid.steps=$${STEPS:-15} -rapid.shrinktime=$${SHRINKTIME:-2m}
 
 ## test-model-long: the same with a larger budget (about an hour here), and a random seed unless SEED is set
 test-model-long:

@@ -677,6 +677,11 @@ const retentionSlack = 300 * time.Millisecond
 func (h *history) observe(k *key, changed bool, sent time.Time, a answer) {
 	h.t.Helper()
 	if k.expiredAt(sent) {
+		if a.replayed {
+			// Past its retention but not reaped yet: still the old key,
+			// whose answer the service may give or not.
+			return
+		}
 		// Retention over: the key may be gone and run as new.
 		k.final, k.finishedAt, k.firstSent, k.epochs = nil, time.Time{}, time.Time{}, k.epochs+1
 	}
