@@ -489,6 +489,17 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64, outage time
 	if !stripeDownDone {
 		faults.add(stripeOutage(s), 1)
 	}
+	// And support acts in the Dashboard a few times whatever the draws:
+	// refunds of paid orders, cancels of PaymentIntents still open (3D
+	// Secure ones waiting for their customer, if any).
+	for range 3 {
+		if dashboardRefund(s, rng) {
+			faults.add("dashboard refund", 1)
+		}
+		if reason, ok := dashboardCancel(s, rng); ok {
+			faults.add("dashboard cancel ("+reason+")", 1)
+		}
+	}
 
 	// Quiesce: faults off, every link and process back, clients finish.
 	fmt.Fprintf(os.Stderr, "chaos: %d keys started after %s; faults off, quiescing\n", n, time.Since(start).Round(time.Second))
