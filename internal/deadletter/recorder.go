@@ -223,6 +223,15 @@ func letterOf(d amqp.Delivery, dlq string) Letter {
 		// different message into an old row.
 		l.MessageID = contentID(l.Queue, l.RoutingKey, d.Headers, l.Body)
 	}
+	// The event's order and sequence (CONTRACT.md, "Events": bodies carry
+	// aggregate_id and sequence); a body that is not such JSON has none.
+	var ev struct {
+		AggregateID string `json:"aggregate_id"`
+		Sequence    int64  `json:"sequence"`
+	}
+	if json.Unmarshal(d.Body, &ev) == nil && ev.AggregateID != "" && ev.Sequence > 0 {
+		l.AggregateID, l.Sequence = ev.AggregateID, ev.Sequence
+	}
 	headers, err := json.Marshal(d.Headers)
 	if err != nil || d.Headers == nil {
 		headers = []byte("{}")
