@@ -300,7 +300,7 @@ func heldAtStripe(ctx context.Context, tx *gorm.DB, o *orders.Balance) (int64, e
 	var held int64
 	err := tx.WithContext(ctx).Model(&refundRow{}).Select("COALESCE(SUM(amount), 0)").
 		Where("order_id = ? AND payment_intent_id = ? AND stripe_refund_id IS NOT NULL AND status IN ?",
-			o.ID, *o.PaymentIntentID, []string{StatusPending, StatusSucceeded}).Scan(&held).Error
+			o.ID, *o.PaymentIntentID, []Status{StatusPending, StatusSucceeded}).Scan(&held).Error
 	if err != nil {
 		return 0, fmt.Errorf("sum refunds of order %s held at Stripe: %w", o.ID, err)
 	}
