@@ -35,6 +35,7 @@ func main() {
 // settings are the dispatcher's environment variables (CONTRACT.md).
 type settings struct {
 	config.Shared
+	rabbitmq.Settings
 	MetricsAddr  string        `env:"METRICS_ADDR" envDefault:":9091"`
 	PollInterval time.Duration `env:"OUTBOX_POLL_INTERVAL" envDefault:"200ms"`
 	// BatchSize 1000 relayed a backlog faster than 500 in 5 of 6
@@ -46,7 +47,7 @@ type settings struct {
 
 // check validates what parsing cannot; each message names its variable.
 func (s *settings) check() error {
-	errs := s.Shared.Check()
+	errs := append(s.Shared.Check(), s.Settings.Check()...)
 	if _, _, err := net.SplitHostPort(s.MetricsAddr); err != nil {
 		errs = append(errs, fmt.Errorf("METRICS_ADDR: %w", err))
 	}
@@ -70,7 +71,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	logger := telemetry.NewLogger(stdout, s.LogLevel).With("process", "dispatcher")
 	logger.Info("starting dispatcher", config.Masked(&s)...)
 
-	proc, err := daemon.Start(ctx, "dispatcher", &s.Shared, s.MetricsAddr, logger, "outbox")
+	proc, err := daemon.Start(ctx, "dispatcher", &s.Shared, &s.Settings, s.MetricsAddr, logger, "outbox")
 	if err != nil || proc == nil {
 		return err // nil: stopped while waiting for dependencies
 	}

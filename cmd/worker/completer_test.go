@@ -70,7 +70,7 @@ func TestWorkerCompletesAnInterruptedCancel(t *testing.T) {
 	status, _, body := post("/v1/checkouts", "checkout-3ds",
 		`{"email":"buyer@example.com","items":[{"sku":"sku_tee","quantity":1}],"payment_method":"pm_card_authenticationRequired"}`)
 	require.Equal(t, http.StatusAccepted, status, "%s", body)
-	var o checkout.Order
+	var o orders.Order
 	require.NoError(t, json.Unmarshal(body, &o))
 	require.Equal(t, orders.RequiresAction, o.Status)
 
@@ -124,7 +124,7 @@ func TestWorkerCompletesAnInterruptedCancel(t *testing.T) {
 	status, header, body := post("/v1/orders/"+o.ID+"/cancel", "cancel-1", `{}`)
 	require.Equal(t, http.StatusOK, status, "%s", body)
 	require.Equal(t, "true", header.Get(idempotency.ReplayedHeader))
-	var canceled checkout.Order
+	var canceled orders.Order
 	require.NoError(t, json.Unmarshal(body, &canceled))
 	require.Equal(t, orders.Canceled, canceled.Status)
 }

@@ -35,6 +35,7 @@ import (
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/notify"
 	"github.com/onceonly/checkout/internal/payments"
+	"github.com/onceonly/checkout/internal/rabbitmq"
 	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/sweep"
 	"github.com/onceonly/checkout/internal/telemetry"
@@ -52,6 +53,7 @@ func main() {
 // settings are the worker's environment variables (CONTRACT.md).
 type settings struct {
 	config.Shared
+	rabbitmq.Settings
 	SMTPAddr  string `env:"SMTP_ADDR" envDefault:"127.0.0.1:1025"`
 	SMTPFrom  string `env:"SMTP_FROM" envDefault:"orders@checkout.local"`
 	SMTPConns int    `env:"SMTP_CONCURRENCY" envDefault:"80"`
@@ -95,7 +97,7 @@ type settings struct {
 
 // check validates what parsing cannot; each message names its variable.
 func (s *settings) check() error {
-	errs := s.Shared.Check()
+	errs := append(s.Shared.Check(), s.Settings.Check()...)
 	if _, _, err := net.SplitHostPort(s.SMTPAddr); err != nil {
 		errs = append(errs, fmt.Errorf("SMTP_ADDR: %w", err))
 	}
@@ -215,7 +217,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	logger := telemetry.NewLogger(stdout, s.LogLevel).With("process", "worker")
 	logger.Info("starting worker", config.Masked(&s)...)
 
-	proc, err := daemon.Start(ctx, "worker", &s.Shared, s.MetricsAddr, logger, "notifications", "inbox", "dead_letters")
+	proc, err := daemon.Start(ctx, "worker", &s.Shared, &s.Settings, s.MetricsAddr, logger, "notifications", "inbox", "dead_letters")
 	if err != nil || proc == nil {
 		return err // nil: stopped while waiting for dependencies
 	}
@@ -265,7 +267,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		Timeout: s.StripeTimeout, MaxElapsed: s.StripeMaxElapsed}, logger, reg)
 	svc := &checkout.Service{DB: db, Keys: keys, Payments: pay, Logger: logger, Now: time.Now,
 		Saga:    checkout.SagaConfig{SearchSettle: s.StripeSettle, UnknownAfter: s.UnknownAfter, ActionTimeout: s.ActionTimeout},
-		Metrics: checkout.NewMetrics(reg), StrayRefunds: pay}
+		Metrics: checkout.NewMetrics(reg), StrayRefunds: api.StrayRefunds(pay)}
 	// Refunds whose request died are finished the same way; refunds Stripe
 	// keeps pending are polled until Stripe settles them.
 	refundSvc := &refunds.Service{DB: db, Keys: keys, Stripe: pay, Logger: logger.With("loop", "refunds"),

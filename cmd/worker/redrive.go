@@ -33,11 +33,14 @@ func redrive(ctx context.Context, args []string, getenv func(string) string, std
 	if fs.NArg() > 0 {
 		return fmt.Errorf("redrive-dead-letters: unexpected arguments %q", fs.Args())
 	}
-	var s config.Shared
+	var s struct {
+		config.Shared
+		rabbitmq.Settings
+	}
 	if err := config.Load(getenv, &s); err != nil {
 		return err
 	}
-	if errs := s.Check(); len(errs) > 0 {
+	if errs := append(s.Shared.Check(), s.Settings.Check()...); len(errs) > 0 {
 		return errors.Join(errs...)
 	}
 	db, err := postgres.Open(ctx, postgres.Config{URL: s.DatabaseURL, MaxConns: 1})

@@ -10,6 +10,7 @@ import (
 	"github.com/onceonly/checkout/internal/config"
 	"github.com/onceonly/checkout/internal/notify"
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/rabbitmq"
 )
 
 // usage is the worker's command line.
@@ -53,11 +54,14 @@ func requeue(ctx context.Context, args []string, getenv func(string) string, std
 	if fs.NArg() > 0 {
 		return fmt.Errorf("requeue-notifications: unexpected arguments %q", fs.Args())
 	}
-	var s config.Shared
+	var s struct {
+		config.Shared
+		rabbitmq.Settings
+	}
 	if err := config.Load(getenv, &s); err != nil {
 		return err
 	}
-	if errs := s.Check(); len(errs) > 0 {
+	if errs := append(s.Shared.Check(), s.Settings.Check()...); len(errs) > 0 {
 		return errors.Join(errs...)
 	}
 	db, err := postgres.Open(ctx, postgres.Config{URL: s.DatabaseURL, MaxConns: 1})

@@ -119,12 +119,12 @@ func New(cfg Config, d Deps) *API {
 		Metrics: metrics,
 		Tenant:  auth.TenantOf,
 	}
-	handler := &checkout.Handler{Service: svc, Logger: d.Logger, Tenant: auth.TenantOf}
+	handler := &checkoutHandler{Service: svc, DB: d.DB, Logger: d.Logger, Tenant: auth.TenantOf}
 	stripeRefunds := d.Refunds
 	if stripeRefunds == nil {
 		stripeRefunds, _ = d.Payments.(refunds.Stripe)
 	}
-	svc.StrayRefunds = stripeRefunds
+	svc.StrayRefunds = StrayRefunds(stripeRefunds)
 	refundSvc := &refunds.Service{DB: d.DB, Keys: store, Stripe: stripeRefunds, Logger: d.Logger, Now: d.Now,
 		RetryAfter: cfg.RefundRetryAfter, Metrics: refunds.NewMetrics(reg)}
 
@@ -190,7 +190,7 @@ func New(cfg Config, d Deps) *API {
 	v1 := r.Group("/", auth.Middleware(d.Keys), limiter.Middleware())
 	handler.Register(v1, gateway)
 	if stripeRefunds != nil {
-		(&refunds.Handler{Service: refundSvc, Logger: d.Logger}).Register(v1, gateway)
+		(&refundHandler{Service: refundSvc, Logger: d.Logger}).Register(v1, gateway)
 	}
 	return &API{Handler: r, Service: svc, Refunds: refundSvc, KeyStore: store, KeyRoutes: gateway.Routes(), Checks: checks}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/onceonly/checkout/internal/notify"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/testenv"
 )
 
@@ -48,9 +49,9 @@ func decodeProblem(t testing.TB, r reply) problemBody {
 	return p
 }
 
-func decodeOrder(t testing.TB, r reply) checkout.Order {
+func decodeOrder(t testing.TB, r reply) orders.Order {
 	t.Helper()
-	var o checkout.Order
+	var o orders.Order
 	require.NoError(t, json.Unmarshal(r.body, &o), "body: %s", r.body)
 	return o
 }
@@ -70,10 +71,10 @@ func TestOutcomes(t *testing.T) {
 		require.Equal(t, orders.Paid, o.Status)
 		require.EqualValues(t, 5000, o.AmountTotal)
 		require.Equal(t, "usd", o.Currency)
-		require.Equal(t, []checkout.OrderItem{{SKU: "sku_tee", Quantity: 2, UnitAmount: 2500, Amount: 5000}}, o.Items)
+		require.Equal(t, []orders.OrderItem{{SKU: "sku_tee", Quantity: 2, UnitAmount: 2500, Amount: 5000}}, o.Items)
 		require.Equal(t, "stripe", o.Payment.Provider)
 		require.True(t, strings.HasPrefix(o.Payment.PaymentIntentID, "pi_"))
-		require.Equal(t, "succeeded", o.Payment.Status)
+		require.Equal(t, stripeintent.Succeeded, o.Payment.Status)
 
 		again := h.checkout("paid-1", teeBody)
 		require.Equal(t, first.status, again.status)
@@ -89,7 +90,7 @@ func TestOutcomes(t *testing.T) {
 		got := h.get("sk_test_acme", "/v1/orders/"+o.ID)
 		require.Equal(t, http.StatusOK, got.status)
 		var view struct {
-			checkout.Order
+			orders.Order
 			Notifications []notify.View `json:"notifications"`
 		}
 		require.NoError(t, json.Unmarshal(got.body, &view))

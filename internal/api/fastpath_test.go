@@ -11,6 +11,7 @@ import (
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/stripeemu"
+	"github.com/onceonly/checkout/internal/stripestep"
 )
 
 // Tests of a first execution (internal/checkout/fastpath.go): a new key's
@@ -125,7 +126,7 @@ func TestFirstExecutionSurvivesLosingPhaseTwo(t *testing.T) {
 	s.confirm = func(n int, req checkout.ConfirmIntentRequest, real checkout.PaymentProvider) (checkout.PaymentIntentState, error) {
 		pi, err := real.ConfirmPaymentIntent(context.Background(), req)
 		if n == 1 && err == nil {
-			return checkout.PaymentIntentState{}, fmt.Errorf("stripe confirm: %w: the answer was lost", checkout.ErrProviderUnanswered)
+			return checkout.PaymentIntentState{}, fmt.Errorf("stripe confirm: %w: the answer was lost", stripestep.ErrUnanswered)
 		}
 		return pi, err
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
 	"github.com/onceonly/checkout/internal/ratelimit"
 	"github.com/onceonly/checkout/internal/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/telemetry"
 	"github.com/onceonly/checkout/internal/testenv"
 )
@@ -329,7 +330,7 @@ func (h *harness) requirePaymentInvariants(orderID, wantStatus string, expected4
 	require.Equal(h.t, wantStatus, o.Status, "order %s", orderID)
 	moving := 0
 	for _, pi := range pis {
-		if checkout.MovesMoney(string(pi.Status)) {
+		if stripeintent.Status(pi.Status).MovesMoney() {
 			moving++
 		}
 	}

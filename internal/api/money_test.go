@@ -14,6 +14,7 @@ import (
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/sweep"
 	"github.com/onceonly/checkout/internal/testenv"
 )
@@ -111,7 +112,7 @@ func TestStrayPaymentRefunded(t *testing.T) {
 	require.NoError(t, err)
 	pi, err = c.ConfirmPaymentIntent(t.Context(), checkout.ConfirmIntentRequest{IdempotencyKey: "behind-our-back/confirm", PaymentIntentID: pi.ID})
 	require.NoError(t, err)
-	require.Equal(t, checkout.PISucceeded, pi.Status)
+	require.Equal(t, stripeintent.Succeeded, pi.Status)
 
 	refundsOf := func() []*stripe.Refund {
 		var out []*stripe.Refund
@@ -130,7 +131,7 @@ func TestStrayPaymentRefunded(t *testing.T) {
 	eventually(t, "the stray payment counted", func() bool { return h.strayTotal(checkout.StrayRefunded) == 1 })
 	require.Equal(t, string(orders.PaymentFailed), h.order(id).Status, "a stray payment pays no order")
 
-	changed, err := h.api.Service.ApplyPaymentIntent(context.Background(), pi)
+	changed, err := h.api.Service.ApplyPaymentIntent(context.Background(), pi, nil)
 	require.NoError(t, err)
 	require.False(t, changed)
 	require.Len(t, refundsOf(), 1, "refunded once")
@@ -187,8 +188,8 @@ func TestStripeCredentialsRefused(t *testing.T) {
 // stock forever.
 func TestActionTimeoutWhateverThePaymentIntentStatus(t *testing.T) {
 	t.Parallel()
-	for _, status := range []string{checkout.PIRequiresConfirmation, checkout.PIRequiresPaymentMethod} {
-		t.Run(status, func(t *testing.T) {
+	for _, status := range []stripeintent.Status{stripeintent.RequiresConfirmation, stripeintent.RequiresPaymentMethod} {
+		t.Run(string(status), func(t *testing.T) {
 			t.Parallel()
 			clk := &testenv.Clock{}
 			h := setup(t, func(o *options) {
@@ -196,7 +197,7 @@ func TestActionTimeoutWhateverThePaymentIntentStatus(t *testing.T) {
 				o.saga = checkout.SagaConfig{ActionTimeout: 30 * time.Minute}
 				o.wrap = func(p checkout.PaymentProvider) checkout.PaymentProvider {
 					return &scripted{PaymentProvider: p, retrieve: func(pi checkout.PaymentIntentState) checkout.PaymentIntentState {
-						if pi.Status == checkout.PIRequiresAction {
+						if pi.Status == stripeintent.RequiresAction {
 							pi.Status, pi.NextAction = status, nil // what the customer's browser left
 						}
 						return pi

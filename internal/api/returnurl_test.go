@@ -10,8 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/stripeemu"
 )
@@ -22,7 +22,7 @@ func returnURLBody(returnURL string) string {
 }
 
 // redirectOf returns the order's next_action as the redirect flow reads it.
-func redirectOf(t testing.TB, o checkout.Order) (typ, url, returnURL string) {
+func redirectOf(t testing.TB, o orders.Order) (typ, url, returnURL string) {
 	t.Helper()
 	var next struct {
 		Type          string `json:"type"`

@@ -18,7 +18,10 @@ import (
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/payments"
+	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeintent"
+	"github.com/onceonly/checkout/internal/stripestep"
 	"github.com/onceonly/checkout/internal/sweep"
 	"github.com/onceonly/checkout/internal/testenv"
 	"github.com/onceonly/checkout/internal/webhooks"
@@ -248,14 +251,14 @@ func TestUnknownPaymentMethod(t *testing.T) {
 }
 
 // threeDS starts a checkout that needs 3D Secure and checks its 202.
-func threeDS(t *testing.T, h *harness, key string) checkout.Order {
+func threeDS(t *testing.T, h *harness, key string) orders.Order {
 	t.Helper()
 	r := h.checkout(key, threeDSBody)
 	require.Equal(t, http.StatusAccepted, r.status, "%s", r.body)
 	o := decodeOrder(t, r)
 	require.Equal(t, "/v1/orders/"+o.ID, r.header.Get("Location"))
 	require.Equal(t, orders.RequiresAction, o.Status)
-	require.Equal(t, "requires_action", o.Payment.Status)
+	require.Equal(t, stripeintent.RequiresAction, o.Payment.Status)
 	require.Regexp(t, `^pi_`, o.Payment.PaymentIntentID)
 	require.Regexp(t, `^`+o.Payment.PaymentIntentID+`_secret_`, o.Payment.ClientSecret)
 	var next struct {
@@ -376,12 +379,12 @@ func TestFailedChallengeThenAnotherCard(t *testing.T) {
 	require.NoError(t, err)
 	failed, err := h.api.Service.Payments.RetrievePaymentIntent(context.Background(), pi)
 	require.NoError(t, err)
-	require.Equal(t, checkout.PIRequiresPaymentMethod, failed.Status)
+	require.Equal(t, stripeintent.RequiresPaymentMethod, failed.Status)
 	h.confirmAgain(pi, "pm_card_visa")
 
 	// What a webhook or a poll that read Stripe before the second card
 	// would apply.
-	changed, err := h.api.Service.ApplyPaymentIntent(context.Background(), failed)
+	changed, err := h.api.Service.ApplyPaymentIntent(context.Background(), failed, nil)
 	require.NoError(t, err)
 	require.True(t, changed)
 	h.requirePaymentInvariants(o.ID, string(orders.Paid), stripeemu.OpPICancel)
@@ -611,8 +614,8 @@ func TestApplyPaymentIntentMonotonic(t *testing.T) {
 	c := payments.NewClient(payments.Config{APIBase: h.emuURL, SecretKey: "sk_test_123"}, nil, nil)
 	waiting, err := c.RetrievePaymentIntent(t.Context(), o.Payment.PaymentIntentID)
 	require.NoError(t, err)
-	require.Equal(t, checkout.PIRequiresAction, waiting.Status)
-	changed, err := h.api.Service.ApplyPaymentIntent(t.Context(), waiting)
+	require.Equal(t, stripeintent.RequiresAction, waiting.Status)
+	changed, err := h.api.Service.ApplyPaymentIntent(t.Context(), waiting, nil)
 	require.NoError(t, err)
 	require.False(t, changed, "already requires_action")
 
@@ -620,17 +623,17 @@ func TestApplyPaymentIntentMonotonic(t *testing.T) {
 	require.NoError(t, err)
 	succeeded, err := c.RetrievePaymentIntent(t.Context(), o.Payment.PaymentIntentID)
 	require.NoError(t, err)
-	changed, err = h.api.Service.ApplyPaymentIntent(t.Context(), succeeded)
+	changed, err = h.api.Service.ApplyPaymentIntent(t.Context(), succeeded, nil)
 	require.NoError(t, err)
 	require.True(t, changed)
 	for _, pi := range []checkout.PaymentIntentState{succeeded, waiting} {
-		changed, err = h.api.Service.ApplyPaymentIntent(t.Context(), pi)
+		changed, err = h.api.Service.ApplyPaymentIntent(t.Context(), pi, nil)
 		require.NoError(t, err)
 		require.False(t, changed, "%s after succeeded", pi.Status)
 	}
 	canceled := succeeded
-	canceled.Status = checkout.PICanceled
-	changed, err = h.api.Service.ApplyPaymentIntent(t.Context(), canceled)
+	canceled.Status = stripeintent.Canceled
+	changed, err = h.api.Service.ApplyPaymentIntent(t.Context(), canceled, nil)
 	require.NoError(t, err)
 	require.False(t, changed, "paid never goes back")
 
@@ -639,8 +642,8 @@ func TestApplyPaymentIntentMonotonic(t *testing.T) {
 	other, err := c.CreatePaymentIntent(t.Context(), checkout.CreateIntentRequest{IdempotencyKey: "apply-other",
 		Amount: 5000, Currency: "usd", PaymentMethod: "pm_card_chargeDeclined", OrderID: o.ID, TenantID: "acme"})
 	require.NoError(t, err)
-	other.Status, other.LastErrorCode = checkout.PIRequiresPaymentMethod, "card_declined"
-	changed, err = h.api.Service.ApplyPaymentIntent(t.Context(), other)
+	other.Status, other.LastErrorCode = stripeintent.RequiresPaymentMethod, "card_declined"
+	changed, err = h.api.Service.ApplyPaymentIntent(t.Context(), other, nil)
 	require.NoError(t, err)
 	require.False(t, changed)
 
@@ -731,7 +734,7 @@ func TestConfirmRefusedAfterRollForward(t *testing.T) {
 	s.confirm = func(n int, req checkout.ConfirmIntentRequest, real checkout.PaymentProvider) (checkout.PaymentIntentState, error) {
 		ctx := context.Background()
 		if n == 1 {
-			return checkout.PaymentIntentState{}, fmt.Errorf("stripe confirm: %w: stripe 500 api_error", checkout.ErrProviderIndeterminate)
+			return checkout.PaymentIntentState{}, fmt.Errorf("stripe confirm: %w: stripe 500 api_error", stripestep.ErrIndeterminate)
 		}
 		// Stripe's remediation executes the first confirm now.
 		if _, err := real.ConfirmPaymentIntent(ctx, checkout.ConfirmIntentRequest{IdempotencyKey: "rolled-forward", PaymentIntentID: req.PaymentIntentID}); err != nil {
@@ -758,8 +761,8 @@ func TestPaymentStillProcessing(t *testing.T) {
 	t.Parallel()
 	s := &scripted{}
 	processing := func(pi checkout.PaymentIntentState) checkout.PaymentIntentState {
-		if pi.Status == checkout.PISucceeded {
-			pi.Status = checkout.PIProcessing
+		if pi.Status == stripeintent.Succeeded {
+			pi.Status = stripeintent.Processing
 		}
 		return pi
 	}
@@ -863,8 +866,8 @@ func TestCheckoutKeyFinishesAfterTheOrderWasRefunded(t *testing.T) {
 	t.Parallel()
 	s := &scripted{}
 	processing := func(pi checkout.PaymentIntentState) checkout.PaymentIntentState {
-		if pi.Status == checkout.PISucceeded {
-			pi.Status = checkout.PIProcessing
+		if pi.Status == stripeintent.Succeeded {
+			pi.Status = stripeintent.Processing
 		}
 		return pi
 	}
@@ -890,10 +893,10 @@ func TestCheckoutKeyFinishesAfterTheOrderWasRefunded(t *testing.T) {
 	// What the webhook does once Stripe says succeeded, then a refund.
 	pi, err := s.RetrievePaymentIntent(context.Background(), *h.order(key.OrderID).PaymentIntentID)
 	require.NoError(t, err)
-	changed, err := h.api.Service.ApplyPaymentIntent(context.Background(), pi)
+	changed, err := h.api.Service.ApplyPaymentIntent(context.Background(), pi, nil)
 	require.NoError(t, err)
 	require.True(t, changed)
-	require.Equal(t, "succeeded", decodeRefund(t, h.refund(key.OrderID, "refund-1", `{"amount":1000}`)).Status)
+	require.Equal(t, refunds.StatusSucceeded, decodeRefund(t, h.refund(key.OrderID, "refund-1", `{"amount":1000}`)).Status)
 	require.Equal(t, string(orders.PartiallyRefunded), h.order(key.OrderID).Status)
 
 	require.NoError(t, h.db.Exec(`UPDATE idempotency_keys SET lease_expires_at = now() - interval '1 hour' WHERE id = ?`, key.ID).Error)

@@ -15,7 +15,8 @@ import (
 
 // webhookOrders adapts the checkout saga to what the webhook handler needs
 // (webhooks.Orders): the order's status, and the saga's monotonic apply of
-// a PaymentIntent's state inside the handler's transaction.
+// a PaymentIntent's state, with the handler's inbox record in its
+// transaction.
 type webhookOrders struct{ svc *checkout.Service }
 
 var _ webhooks.Orders = webhookOrders{}
@@ -33,22 +34,17 @@ func (o webhookOrders) OrderStatus(ctx context.Context, tenantID, orderID string
 	return v.Status, nil
 }
 
-// ApplyPaymentIntent applies pi with checkout.Service.ApplyPaymentIntentTx.
-func (o webhookOrders) ApplyPaymentIntent(ctx context.Context, tx *gorm.DB, pi webhooks.PaymentIntent) (bool, error) {
-	changed, err := o.svc.ApplyPaymentIntentTx(ctx, tx, toState(pi))
-	if errors.Is(err, checkout.ErrOrderNotFound) {
+// ApplyPaymentIntent is checkout.Service.ApplyPaymentIntent, its errors
+// in the handler's terms.
+func (o webhookOrders) ApplyPaymentIntent(ctx context.Context, pi webhooks.PaymentIntent, record func(tx *gorm.DB) (bool, error)) (bool, error) {
+	changed, err := o.svc.ApplyPaymentIntent(ctx, toState(pi), record)
+	switch {
+	case errors.Is(err, checkout.ErrOrderNotFound):
 		return false, fmt.Errorf("order %s of %s: %w", pi.OrderID, pi.TenantID, webhooks.ErrNotOurs)
+	case errors.Is(err, checkout.ErrStripeStep):
+		return false, fmt.Errorf("%w: %w", webhooks.ErrStripe, err)
 	}
 	return changed, err
-}
-
-// CloseBeforeExit is checkout.Service.CloseBeforeExit.
-func (o webhookOrders) CloseBeforeExit(ctx context.Context, pi webhooks.PaymentIntent) (webhooks.PaymentIntent, error) {
-	st, err := o.svc.CloseBeforeExit(ctx, toState(pi))
-	if err != nil {
-		return pi, err
-	}
-	return fromState(st), nil
 }
 
 // SettleStrayPayment is checkout.Service.SettleStrayPayment.

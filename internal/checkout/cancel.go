@@ -53,7 +53,7 @@ type cancellation struct {
 	// orderID is the order a new key cancels.
 	orderID string
 	// order is the order, as Start or Resume loaded it.
-	order *Order
+	order *orders.Order
 }
 
 // Start locks the order and, when it is in requires_action and no other
@@ -83,8 +83,8 @@ func (x *cancellation) Start(ctx context.Context, tx *gorm.DB, c *idempotency.Cl
 		return nil, err
 	}
 	if taken {
-		final := responseForError(&Error{Code: CodeNotCancelable,
-			Detail: "The order is being canceled under another Idempotency-Key; only one cancellation cancels it."})
+		final := responseForError(notCancelableError(
+			"The order is being canceled under another Idempotency-Key; only one cancellation cancels it."))
 		return final, x.s.Keys.Finish(ctx, tx, c, final)
 	}
 	return nil, x.s.Keys.Advance(ctx, tx, c, RecoveryPointCancelRequested, o.ID)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
@@ -34,7 +35,7 @@ func TestCancelCause(t *testing.T) {
 		t.Helper()
 		b, err := json.Marshal(req)
 		require.NoError(t, err)
-		require.NoError(t, stripestep.Insert(ctx, db, stripestep.NewAttempt(orderID, "acme", StepCancel, n, req.PaymentIntentID, b, now)))
+		require.NoError(t, stripestep.Insert(ctx, db, stripestep.NewAttempt(orderID, "acme", stripestep.StepCancel, n, req.PaymentIntentID, b, now)))
 	}
 	write("ord_rejected", 1, CancelIntentRequest{PaymentIntentID: "pi_r", Reason: CancelAbandoned, Cause: CodePaymentRejected})
 	write("ord_rejected", 2, CancelIntentRequest{PaymentIntentID: "pi_r", Reason: CancelAbandoned, Cause: FailureActionTimeout})
@@ -67,9 +68,9 @@ func TestCancelCause(t *testing.T) {
 func TestChangeForACanceledPaymentIntent(t *testing.T) {
 	t.Parallel()
 	canceled := func(reason, lastError string) PaymentIntentState {
-		return PaymentIntentState{ID: "pi_1", Status: PICanceled, CancellationReason: reason, LastErrorCode: lastError}
+		return PaymentIntentState{ID: "pi_1", Status: stripeintent.Canceled, CancellationReason: reason, LastErrorCode: lastError}
 	}
-	waiting := &run{o: &Order{Status: orders.RequiresAction}}
+	waiting := &run{o: &orders.Order{Status: orders.RequiresAction}}
 	for _, tc := range []struct {
 		name  string
 		pi    PaymentIntentState
@@ -84,7 +85,7 @@ func TestChangeForACanceledPaymentIntent(t *testing.T) {
 		{"the customer's cancel, as we sent it", canceled(CancelRequestedByCustomer, ""), FailureCanceled, orders.Canceled, FailureCanceled},
 		{"canceled by someone else", canceled("fraudulent", ""), "", orders.PaymentFailed, FailurePaymentCanceled},
 	} {
-		ch, ok := waiting.changeFor(tc.pi, tc.cause)
+		ch, ok := waiting.changeForState(tc.pi, tc.cause)
 		require.True(t, ok, tc.name)
 		require.Equal(t, tc.to, ch.To, tc.name)
 		require.Equal(t, tc.code, ch.FailureCode, tc.name)
@@ -108,8 +109,8 @@ func TestChangeForADashboardCancel(t *testing.T) {
 		"failed_invoice", "void_invoice", "automatic"}
 	for _, from := range []orders.Status{orders.PendingPayment, orders.PaymentUnknown, orders.RequiresAction} {
 		for _, reason := range reasons {
-			r := &run{o: &Order{Status: from}}
-			ch, ok := r.changeFor(PaymentIntentState{ID: "pi_1", Status: PICanceled, CancellationReason: reason}, "")
+			r := &run{o: &orders.Order{Status: from}}
+			ch, ok := r.changeForState(PaymentIntentState{ID: "pi_1", Status: stripeintent.Canceled, CancellationReason: reason}, "")
 			require.True(t, ok, "%s, reason %q", from, reason)
 			require.True(t, from.CanMoveTo(ch.To), "%s, reason %q: %s -> %s is no transition", from, reason, from, ch.To)
 			require.True(t, ch.To.LeavesTheWayToPaid(), "%s, reason %q", from, reason)

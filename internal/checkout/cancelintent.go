@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
@@ -15,8 +16,8 @@ import (
 // logged and the next reconciliation finds them again.
 func (r *run) cancelOrphans(ctx context.Context, found []PaymentIntentState, keep string) {
 	for _, pi := range found {
-		if pi.ID == keep || pi.Status == PICanceled || MovesMoney(pi.Status) {
-			if pi.ID != keep && MovesMoney(pi.Status) {
+		if pi.ID == keep || pi.Status == stripeintent.Canceled || pi.Status.MovesMoney() {
+			if pi.ID != keep && pi.Status.MovesMoney() {
 				// A second one moving money: stray, refunded.
 				o := *r.o
 				o.Payment.PaymentIntentID = keep
@@ -42,7 +43,7 @@ func (r *run) cancel(ctx context.Context, piID, reason, cause string) (PaymentIn
 	newAttempts := 0
 	raced := false
 	for {
-		all, err := stripestep.Load(ctx, r.s.DB, r.o.ID, StepCancel)
+		all, err := stripestep.Load(ctx, r.s.DB, r.o.ID, stripestep.StepCancel)
 		if err != nil {
 			return PaymentIntentState{}, err
 		}
@@ -63,7 +64,7 @@ func (r *run) cancel(ctx context.Context, piID, reason, cause string) (PaymentIn
 			if err != nil {
 				return PaymentIntentState{}, err
 			}
-			if !cancelable(cur.Status) {
+			if !cur.Status.Cancelable() {
 				return cur, nil
 			}
 		}
@@ -72,7 +73,7 @@ func (r *run) cancel(ctx context.Context, piID, reason, cause string) (PaymentIn
 				return PaymentIntentState{}, &waitError{reason: fmt.Sprintf("cancel of %s: %d new attempts in one run", piID, newAttempts)}
 			}
 			newAttempts++
-			a = r.newAttempt(StepCancel, maxN+1, piID, CancelIntentRequest{PaymentIntentID: piID, Reason: reason, Cause: cause})
+			a = r.newAttempt(stripestep.StepCancel, maxN+1, piID, CancelIntentRequest{PaymentIntentID: piID, Reason: reason, Cause: cause})
 			if err := r.begin(ctx, a); err != nil {
 				if errors.Is(err, stripestep.ErrTaken) && !raced {
 					// Another run (a webhook closing the same payment)
@@ -92,7 +93,7 @@ func (r *run) cancel(ctx context.Context, piID, reason, cause string) (PaymentIn
 		}
 		req.IdempotencyKey = a.IdempotencyKey
 		got, err := r.s.Payments.CancelPaymentIntent(ctx, req)
-		res := r.answerCancel(ctx, a, got, err)
+		res := r.recordAnswer(ctx, a, got, err)
 		switch {
 		case res.err != nil:
 			return PaymentIntentState{}, res.err
@@ -107,21 +108,4 @@ func (r *run) cancel(ctx context.Context, piID, reason, cause string) (PaymentIn
 		}
 		return got, nil
 	}
-}
-
-// answerCancel records a cancel's answer like answer, without marking the
-// order's payment unknown: a cancellation moves no money.
-func (r *run) answerCancel(ctx context.Context, a *stripestep.Attempt, pi PaymentIntentState, callErr error) answerResult {
-	return r.recordAnswer(ctx, a, pi, callErr, false)
-}
-
-// cancelable reports the PaymentIntent statuses Stripe lets a caller cancel
-// (https://docs.stripe.com/api/payment_intents/cancel); processing, which
-// Stripe allows only in rare cases, is left to settle.
-func cancelable(status string) bool {
-	switch status {
-	case PIRequiresPaymentMethod, PIRequiresConfirmation, PIRequiresAction, PIRequiresCapture:
-		return true
-	}
-	return false
 }

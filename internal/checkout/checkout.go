@@ -38,14 +38,11 @@ import (
 	"fmt"
 	"net/mail"
 	"net/url"
-	"slices"
 	"strings"
 
 	"golang.org/x/net/idna"
 
-	"github.com/onceonly/checkout/internal/httpbody"
-
-	"github.com/onceonly/checkout/internal/orders"
+	"github.com/onceonly/checkout/internal/problem"
 )
 
 // Recovery points stored with a key between its transactions.
@@ -85,14 +82,6 @@ type Product struct {
 // TableName maps Product to the products table.
 func (Product) TableName() string { return "products" }
 
-// Order, OrderItem and Payment are the order as the API returns it and as
-// events carry it: package orders owns it, with its lifecycle.
-type (
-	Order     = orders.Order
-	OrderItem = orders.OrderItem
-	Payment   = orders.Payment
-)
-
 // Request is the body of POST /v1/checkouts.
 type Request struct {
 	Email         string        `json:"email"`
@@ -111,24 +100,7 @@ type RequestItem struct {
 }
 
 // FieldError names one invalid field, e.g. {"field":"items[0].quantity",...}.
-type FieldError = httpbody.FieldError
-
-// MaxFieldErrors caps the errors one answer lists, so that a body of
-// thousands of unknown members cannot make a response larger than itself.
-const MaxFieldErrors = 50
-
-// ValidationError returns the validation_error (400) listing errs, in field
-// order, at most MaxFieldErrors of them.
-func ValidationError(errs []FieldError) *Error {
-	errs = slices.Clone(errs)
-	slices.SortStableFunc(errs, func(a, b FieldError) int { return strings.Compare(a.Field, b.Field) })
-	detail := "The request body has invalid fields; see errors."
-	if len(errs) > MaxFieldErrors {
-		detail = fmt.Sprintf("The request body has %d invalid fields; errors lists the first %d.", len(errs), MaxFieldErrors)
-		errs = errs[:MaxFieldErrors]
-	}
-	return &Error{Code: CodeValidation, Detail: detail, Fields: errs}
-}
+type FieldError = problem.FieldError
 
 // validate checks what needs no database: the email, the item count and
 // quantities, the payment method and the form of each sku. decoded are the

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
@@ -15,7 +16,7 @@ import (
 func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, error) {
 	newAttempts := r.confirmed
 	for {
-		all, err := stripestep.Load(ctx, r.s.DB, r.o.ID, StepConfirm)
+		all, err := stripestep.Load(ctx, r.s.DB, r.o.ID, stripestep.StepConfirm)
 		if err != nil {
 			return nil, err
 		}
@@ -28,14 +29,14 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 			}
 		}
 		switch {
-		case last == nil && (pi.Status == PIRequiresConfirmation || pi.Status == ""):
+		case last == nil && (pi.Status == stripeintent.RequiresConfirmation || pi.Status == ""):
 		case last == nil:
 			// Adopted in another state: Stripe's state is the truth.
 			cur, err := r.s.Payments.RetrievePaymentIntent(ctx, pi.ID)
 			if err != nil {
 				return nil, err
 			}
-			if cur.Status != PIRequiresConfirmation {
+			if cur.Status != stripeintent.RequiresConfirmation {
 				return r.verdictOf(cur)
 			}
 		case last.Resendable(r.s.Now()):
@@ -52,7 +53,7 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 			if err != nil {
 				return nil, err
 			}
-			if cur.Status != PIRequiresConfirmation {
+			if cur.Status != stripeintent.RequiresConfirmation {
 				return r.verdictOf(cur)
 			}
 			if last.Outcome == stripestep.Rejected {
@@ -64,7 +65,7 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 			return nil, &waitError{reason: fmt.Sprintf("confirm of order %s: %d new attempts in one run", r.o.ID, newAttempts)}
 		}
 		newAttempts++
-		a := r.newAttempt(StepConfirm, maxN+1, pi.ID, ConfirmIntentRequest{PaymentIntentID: pi.ID, ReturnURL: r.o.ReturnURL})
+		a := r.newAttempt(stripestep.StepConfirm, maxN+1, pi.ID, ConfirmIntentRequest{PaymentIntentID: pi.ID, ReturnURL: r.o.ReturnURL})
 		if err := r.begin(ctx, a); err != nil {
 			return nil, err
 		}
@@ -80,13 +81,13 @@ func (r *run) confirm(ctx context.Context, pi PaymentIntentState) (*verdict, err
 func (r *run) confirmAttempt(ctx context.Context, piID string, a *stripestep.Attempt) (*verdict, error) {
 	got, err := r.s.Payments.ConfirmPaymentIntent(ctx, ConfirmIntentRequest{
 		IdempotencyKey: a.IdempotencyKey, PaymentIntentID: piID, ReturnURL: r.o.ReturnURL})
-	return r.confirmAnswered(ctx, piID, a, got, err)
+	return r.confirmVerdict(ctx, piID, a, got, err)
 }
 
-// confirmAnswered records the answer (got, err) to confirm attempt a of
+// confirmVerdict records the answer (got, err) to confirm attempt a of
 // PaymentIntent piID and returns what confirmAttempt does.
-func (r *run) confirmAnswered(ctx context.Context, piID string, a *stripestep.Attempt, got PaymentIntentState, err error) (*verdict, error) {
-	res := r.answer(ctx, a, got, err)
+func (r *run) confirmVerdict(ctx context.Context, piID string, a *stripestep.Attempt, got PaymentIntentState, err error) (*verdict, error) {
+	res := r.recordAnswer(ctx, a, got, err)
 	switch {
 	case res.err != nil:
 		return nil, res.err
@@ -105,7 +106,7 @@ func (r *run) confirmAnswered(ctx context.Context, piID string, a *stripestep.At
 			}
 			return nil, gerr
 		}
-		if cur.Status == PIRequiresConfirmation {
+		if cur.Status == stripeintent.RequiresConfirmation {
 			return &verdict{refusal: res.refusal}, nil
 		}
 		return r.verdictOf(cur)

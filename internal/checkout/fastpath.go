@@ -7,33 +7,35 @@ import (
 
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/orders"
-	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
 // A first execution is what almost every checkout is: a key never seen, a
 // valid body, products in stock, a card Stripe charges. It needs no
 // transaction of several round trips, and no reading back of what it
-// wrote, because nothing but it can have touched its rows: it writes each
-// phase as one batch (postgres.Batch: the statements of each table's owner,
-// sent in one round trip, committed together or not at all), and writes
-// each Stripe call's answer together with the next call's attempt:
+// wrote, because nothing but it can have touched its rows: it sends each
+// phase's batch (phases.go: the same functions the general path sends;
+// postgres.Batch: the statements of each table's owner, in one round trip,
+// committed together or not at all) pipelined, and writes each Stripe
+// call's answer together with the next call's attempt:
 //
-//  1. the claim, the stock, the order, its items, order.created and the
-//     create attempt (recovery point order_created);
-//  2. the create's answer, the PaymentIntent on the order, the confirm
-//     attempt;
-//  3. the confirm's answer, the key finished with the response, the order
-//     paid, order.paid.
+//  1. the claim, then queueOrderCreated (the stock, the order, its items,
+//     order.created), then the create attempt (recovery point
+//     order_created);
+//  2. queueIntentRecorded with the confirm: the create's answer, the
+//     PaymentIntent on the order, the confirm attempt;
+//  3. queueOutcome with the confirm's answer: the key finished with the
+//     response, the order paid, order.paid.
 //
 // That is three commits and four round trips (the catalog is read first),
 // where the general path takes a transaction of several round trips for
 // the first phase alone. The guarantees are the general path's: each batch
 // is one phase, every attempt is written before its call, every write
 // after the claim is fenced by the key's lease (idempotency.Fence, first in
-// the batch, or the key's own fenced finish). Anything else (the key exists, the body or the catalog says
-// no, the stock is short, Stripe declines, is indeterminate or unanswered,
+// the batch, or the key's own fenced finish). Anything else (the key
+// exists, the body or the catalog says no, the stock is short, Stripe declines, is indeterminate or unanswered,
 // another run got there first) fails the batch at a guard, which writes
 // nothing of it, and leaves the first execution for the general path at
 // that point, which reads the persisted state and carries on from it.
@@ -41,7 +43,7 @@ import (
 // firstOrder is phase 1 of a first execution, done.
 type firstOrder struct {
 	claim  *idempotency.Claim
-	order  *Order
+	order  *orders.Order
 	create *stripestep.Attempt
 }
 
@@ -54,12 +56,12 @@ const (
 	guardOutOfStock = "checkout_out_of_stock"
 )
 
-// beginFirst runs phase 1 of cmd as a first execution. It returns nil, and
+// beginFastPath runs phase 1 of cmd as a first execution. It returns nil, and
 // has written nothing, when cmd is not one: the body has errors, a sku is
 // unknown, the currencies differ (the general path reports those after the
 // stored-key rules, as the contract orders them), the catalog changed, the
 // stock is short (the general path stores the 409), or the key exists.
-func (s *Service) beginFirst(ctx context.Context, cmd CheckoutCommand) (*firstOrder, error) {
+func (s *Service) beginFastPath(ctx context.Context, cmd CheckoutCommand) (*firstOrder, error) {
 	in := cmd.Input
 	if in == nil || len(cmd.InputErrors) > 0 || len(in.validate(nil)) > 0 {
 		return nil, nil
@@ -75,14 +77,12 @@ func (s *Service) beginFirst(ctx context.Context, cmd CheckoutCommand) (*firstOr
 	}
 	o := s.newOrder(cmd.Tenant, in, products)
 	r := s.newRun(nil, Route, o)
-	create := r.newAttempt(StepCreate, 1, "", r.createRequest(1))
+	create := r.newAttempt(stripestep.StepCreate, 1, "", r.createRequest(1))
 	scope := idempotency.Scope{Tenant: cmd.Tenant, Route: Route, Key: cmd.IdempotencyKey}
 
 	var b postgres.Batch
 	claim := s.Keys.QueueClaimNew(&b, scope, cmd.Fingerprint, cmd.Owner, RecoveryPointOrderCreated, o.ID)
-	queueReserve(&b, want, products)
-	orders.QueueInsert(&b, o)
-	if err := outbox.Queue(&b, s.event(outbox.TypeOrderCreated, o, o.CreatedAt)); err != nil {
+	if err := s.queueOrderCreated(&b, o, want, products); err != nil {
 		return nil, err
 	}
 	stripestep.QueueInsert(&b, create)
@@ -99,33 +99,14 @@ func (s *Service) beginFirst(ctx context.Context, cmd CheckoutCommand) (*firstOr
 	return &firstOrder{claim: claim, order: o, create: create}, nil
 }
 
-// queueReserve queues in b the check that products are still the
-// catalog's (guardCatalogChanged) and the reservation of want's units
-// (guardOutOfStock; reserve_stock takes nothing when one is short).
-func queueReserve(b *postgres.Batch, want map[string]int64, products map[string]Product) {
-	skus, qtys := sortedSKUs(want)
-	prices, currencies := make([]int64, len(skus)), make([]string, len(skus))
-	for i, sku := range skus {
-		prices[i], currencies[i] = products[sku].UnitAmount, products[sku].Currency
-	}
-	b.QueueGuarded(guardCatalogChanged, `
-		SELECT 1 FROM product_catalog c
-		JOIN unnest(?::text[], ?::bigint[], ?::text[]) AS w (sku, unit_amount, currency)
-		  ON c.sku = w.sku AND c.unit_amount = w.unit_amount AND c.currency = w.currency
-		HAVING count(*) = ?`,
-		[]any{postgres.TextArray(skus), postgres.IntArray(prices), postgres.TextArray(currencies), len(skus)}, nil)
-	b.QueueGuarded(guardOutOfStock, `SELECT 1 WHERE reserve_stock(?::text[], ?::bigint[])`,
-		[]any{postgres.TextArray(skus), postgres.IntArray(qtys)}, nil)
-}
-
-// payFirst is pay for the run of a first execution, whose create attempt
+// payFastPath is pay for the run of a first execution, whose create attempt
 // phase 1 wrote: phases 2 and 3 while Stripe answers as it does for a
 // chargeable card, the general path from the first other answer on.
-func (r *run) payFirst(ctx context.Context, create *stripestep.Attempt) (*idempotency.Response, error) {
+func (r *run) payFastPath(ctx context.Context, create *stripestep.Attempt) (*idempotency.Response, error) {
 	r.created = 1
 	pi, err := r.s.Payments.CreatePaymentIntent(ctx, r.createRequest(create.Attempt))
-	if err != nil || pi.Status != PIRequiresConfirmation {
-		res := r.answer(ctx, create, pi, err)
+	if err != nil || pi.Status != stripeintent.RequiresConfirmation {
+		res := r.recordAnswer(ctx, create, pi, err)
 		switch {
 		case res.err != nil:
 			return r.stop(ctx, res.err)
@@ -136,15 +117,12 @@ func (r *run) payFirst(ctx context.Context, create *stripestep.Attempt) (*idempo
 	}
 
 	// Phase 2.
-	confirm := r.newAttempt(StepConfirm, 1, pi.ID, ConfirmIntentRequest{PaymentIntentID: pi.ID, ReturnURL: r.o.ReturnURL})
+	confirm := r.newAttempt(stripestep.StepConfirm, 1, pi.ID, ConfirmIntentRequest{PaymentIntentID: pi.ID, ReturnURL: r.o.ReturnURL})
 	if err := r.recordCreated(ctx, create, pi, confirm); err != nil {
-		var orphan *intentTaken
-		if errors.As(err, &orphan) {
+		if errors.Is(err, errOtherIntent) {
 			// Another run recorded another PaymentIntent first (it cannot
 			// have without the lease; the general path copes): this one is
-			// an orphan.
-			r.o.Payment.PaymentIntentID = orphan.recorded
-			r.cancelOrphans(ctx, []PaymentIntentState{pi}, orphan.recorded)
+			// an orphan, canceled by record.
 			return r.pay(ctx)
 		}
 		return r.stop(ctx, err)
@@ -154,7 +132,7 @@ func (r *run) payFirst(ctx context.Context, create *stripestep.Attempt) (*idempo
 
 	got, err := r.s.Payments.ConfirmPaymentIntent(ctx, ConfirmIntentRequest{
 		IdempotencyKey: confirm.IdempotencyKey, PaymentIntentID: pi.ID, ReturnURL: r.o.ReturnURL})
-	if err == nil && got.Status == PISucceeded {
+	if err == nil && got.Status == stripeintent.Succeeded {
 		// Phase 3.
 		if resp, err := r.settlePaid(ctx, confirm, got); resp != nil || err != nil {
 			if err != nil {
@@ -166,7 +144,7 @@ func (r *run) payFirst(ctx context.Context, create *stripestep.Attempt) (*idempo
 		// settlement sorts out which (the answer is recorded).
 		return r.settle(ctx, &verdict{pi: &got})
 	}
-	v, err := r.confirmAnswered(ctx, pi.ID, confirm, got, err)
+	v, err := r.confirmVerdict(ctx, pi.ID, confirm, got, err)
 	if err != nil {
 		return r.stop(ctx, err)
 	}
@@ -178,18 +156,18 @@ func (r *run) payFirst(ctx context.Context, create *stripestep.Attempt) (*idempo
 	return r.settle(ctx, v)
 }
 
-// intentTaken is recordCreated's error when the order records another
+// errOtherIntent is recordCreated's error when the order records another
 // PaymentIntent than the create's.
-type intentTaken struct{ recorded string }
+var errOtherIntent = errors.New("the order records another payment intent")
 
-func (e *intentTaken) Error() string { return "the order records payment intent " + e.recorded }
-
-// recordCreated is phase 2's batch: the create attempt's answer pi, pi
-// recorded on the order, and confirm written before its call (confirm.ID
-// set), all while the run holds the key. When the batch fails at a guard
-// it writes the answer and the PaymentIntent as the general path does,
-// and returns *intentTaken when the order records another PaymentIntent,
-// stripestep.ErrTaken when the key or the confirm is another run's.
+// recordCreated is phase 2 on the fast path: queueIntentRecorded's batch
+// with the confirm (the create attempt's answer pi, pi recorded on the
+// order, confirm written before its call, all while the run holds the
+// key), sent pipelined. When the batch fails at a guard it writes the
+// phase's facts alone (record: the answer and the PaymentIntent, first
+// wins), and returns errOtherIntent when the order records another
+// PaymentIntent, stripestep.ErrTaken when the key or the confirm is
+// another run's.
 //
 // It commits without waiting for the WAL flush (CommitWithoutFlush),
 // which halves its cost: losing it can only mean losing phase 2 and
@@ -202,14 +180,9 @@ func (e *intentTaken) Error() string { return "the order records payment intent 
 // twice. Phase 1 and phase 3 wait for the flush: the first holds the order
 // whose id names the Stripe keys, the last the response.
 func (r *run) recordCreated(ctx context.Context, create *stripestep.Attempt, pi PaymentIntentState, confirm *stripestep.Attempt) error {
-	now := r.now()
-	answer := stripestep.Answer{Outcome: stripestep.Succeeded, ObjectID: pi.ID, Status: pi.Status}
 	var b postgres.Batch
 	b.CommitWithoutFlush()
-	r.claim.Fence().Queue(&b)
-	stripestep.QueueFinish(&b, create, answer, now)
-	orders.QueueRecordIntent(&b, create.OrderID, pi.ID, pi.Status, now)
-	stripestep.QueueInsert(&b, confirm)
+	r.queueIntentRecorded(&b, create, pi, confirm, r.now())
 	err := postgres.Send(ctx, r.s.DB, &b)
 	if !postgres.IsGuard(err, "") {
 		if err != nil {
@@ -217,45 +190,32 @@ func (r *run) recordCreated(ctx context.Context, create *stripestep.Attempt, pi 
 		}
 		return nil
 	}
-	// The answer and the PaymentIntent are facts whoever holds the key:
-	// written as the general path writes them, unfenced.
-	if err := stripestep.Finish(ctx, r.s.DB, create, answer, now); err != nil {
+	got, _, err := r.record(ctx, create, pi)
+	switch {
+	case err != nil:
 		return err
-	}
-	recorded, err := orders.RecordIntent(ctx, r.s.DB, create.OrderID, pi.ID, pi.Status, now)
-	if err != nil {
-		return err
-	}
-	if recorded != pi.ID {
-		return &intentTaken{recorded: recorded}
+	case got.ID != pi.ID:
+		return errOtherIntent
 	}
 	return stripestep.ErrTaken // the lease is gone, or the confirm is written
 }
 
-// settlePaid is phase 3's batch: while the run holds the key and the order
-// may still move to paid, the confirm's answer got (succeeded), the key
-// finished with the 201, and the order paid with order.paid
-// (orders.QueueApply). It returns nil, nil when the batch failed at a guard (the lease is
-// gone, or the order moved): then it has recorded the answer alone, and
-// the caller settles the general way.
+// settlePaid is phase 3 on the fast path: while the run holds the key and
+// the order may still move to paid, queueOutcome's batch (the key finished
+// with the 201, the confirm's answer got, the order paid with order.paid)
+// sent pipelined. It returns nil, nil when the batch failed at a guard (the
+// lease is gone, or the order moved): then it has recorded the answer
+// alone, and the caller settles the general way.
 func (r *run) settlePaid(ctx context.Context, confirm *stripestep.Attempt, got PaymentIntentState) (*idempotency.Response, error) {
-	ch, _ := r.changeFor(got, "")
+	ch, _ := r.changeForState(got, "")
 	now := r.now()
-	answer := stripestep.Answer{Outcome: stripestep.Succeeded, ObjectID: got.ID, Status: got.Status}
-	paid := r.o.Changed(ch, now)
-	resp := responseFor(r.route, paid)
+	answer := stripestep.Answer{Outcome: stripestep.Succeeded, ObjectID: got.ID, Status: string(got.Status)}
 	var b postgres.Batch
-	stripestep.QueueFinish(&b, confirm, answer, now)
-	// The key first: its fenced finish locks it, so no takeover commits
-	// between it and the rest, and it is locked before the order, as in
-	// every transaction that fences (Store.Fence, then the order).
-	if err := r.s.Keys.QueueFinish(&b, r.claim, resp); err != nil {
+	paid, resp, err := r.queueOutcome(ctx, &b, r.o, outcome{change: ch, apply: true, answered: confirm, answer: answer}, now)
+	if err != nil {
 		return nil, err
 	}
-	if _, err := orders.QueueApply(&b, r.o, ch, now); err != nil {
-		return nil, err
-	}
-	err := postgres.Send(ctx, r.s.DB, &b)
+	err = postgres.Send(ctx, r.s.DB, &b)
 	if postgres.IsGuard(err, "") {
 		return nil, stripestep.Finish(ctx, r.s.DB, confirm, answer, now)
 	}
@@ -263,6 +223,5 @@ func (r *run) settlePaid(ctx context.Context, confirm *stripestep.Attempt, got P
 		return nil, fmt.Errorf("settle order %s: %w", confirm.OrderID, err)
 	}
 	r.o = paid
-	r.s.Logger.InfoContext(ctx, "order status changed", "order_id", paid.ID, "to", paid.Status, "payment_intent", got.ID)
 	return resp, nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
@@ -20,17 +21,17 @@ import (
 // and parameters. Errors:
 //   - a *PaymentRefusal: Stripe answered with a final refusal: a card error
 //     (402, Declined set) or another 4xx (rejected). Never retried.
-//   - ErrProviderIndeterminate (wrapped): Stripe answered 500 (or another
+//   - stripestep.ErrIndeterminate (wrapped): Stripe answered 500 (or another
 //     error it stores under the key): the request may or may not have been
 //     executed, and may be rolled forward later; resending the key replays
 //     the same error, so the caller must reconcile (RetrievePaymentIntent,
 //     SearchPaymentIntents) before any new attempt
 //     (https://docs.stripe.com/api/idempotent_requests, "including 500
 //     errors"; https://docs.stripe.com/error-low-level).
-//   - ErrProviderUnanswered (wrapped): no final answer within the retry
+//   - stripestep.ErrUnanswered (wrapped): no final answer within the retry
 //     budget; the request may have been executed. Resending the same key is
 //     safe while Stripe keeps it (24 hours).
-//   - ErrProviderCredentials (wrapped): Stripe refused our own credentials
+//   - stripestep.ErrCredentials (wrapped): Stripe refused our own credentials
 //     (401, 403) before executing anything, so nothing is stored under the
 //     key and the same request may be sent again once the key is fixed. It
 //     says nothing about the customer's payment. Never retried.
@@ -111,9 +112,8 @@ const (
 type PaymentIntentState struct {
 	// ID is "pi_…".
 	ID string
-	// Status is one of requires_payment_method, requires_confirmation,
-	// requires_action, processing, requires_capture, canceled, succeeded.
-	Status string
+	// Status is Stripe's status of it.
+	Status stripeintent.Status
 	// Amount is in the currency's minor unit; Currency lowercase ISO 4217.
 	Amount   int64
 	Currency string
@@ -134,48 +134,6 @@ type PaymentIntentState struct {
 	// Created is the creation time in Unix seconds.
 	Created int64
 }
-
-// PaymentIntent statuses (https://docs.stripe.com/payments/paymentintents/lifecycle).
-const (
-	PIRequiresPaymentMethod = "requires_payment_method"
-	PIRequiresConfirmation  = "requires_confirmation"
-	PIRequiresAction        = "requires_action"
-	PIProcessing            = "processing"
-	PIRequiresCapture       = "requires_capture"
-	PICanceled              = "canceled"
-	PISucceeded             = "succeeded"
-)
-
-// MovesMoney reports whether a PaymentIntent in status has moved, or is
-// moving, money: succeeded, processing or requires_capture. At most one
-// PaymentIntent per order may ever be in one of them (CONTRACT.md).
-func MovesMoney(status string) bool {
-	switch status {
-	case PISucceeded, PIProcessing, PIRequiresCapture:
-		return true
-	}
-	return false
-}
-
-// ErrProviderIndeterminate is wrapped by a PaymentProvider's error when
-// Stripe answered with an error it stores under the idempotency key (a 500):
-// the outcome is unknown and the key can never give another answer. It is
-// stripestep.ErrIndeterminate. See PaymentProvider.
-var ErrProviderIndeterminate = stripestep.ErrIndeterminate
-
-// ErrProviderUnanswered is wrapped by a PaymentProvider's error when no
-// final answer came within the retry budget (network errors, timeouts, 409,
-// 429, 503). It is stripestep.ErrUnanswered. See PaymentProvider.
-var ErrProviderUnanswered = stripestep.ErrUnanswered
-
-// ErrProviderCredentials is wrapped by a PaymentProvider's error when
-// Stripe refused the service's own credentials: 401 (an invalid or revoked
-// secret key, as after a rotation) or 403 (a restricted key without the
-// permission) (https://docs.stripe.com/error-codes,
-// https://docs.stripe.com/keys). Authentication comes before execution, so
-// Stripe stored nothing under the key. It is stripestep.ErrCredentials. See
-// PaymentProvider.
-var ErrProviderCredentials = stripestep.ErrCredentials
 
 // PaymentRefusal is Stripe's final refusal of one request
 // (https://docs.stripe.com/api/errors): a card error, or another 4xx.
@@ -208,10 +166,3 @@ func (e *PaymentRefusal) StepOutcome() stripestep.Outcome {
 	}
 	return stripestep.Rejected
 }
-
-// Saga steps: the step of payment_attempts and of stripestep.Key.
-const (
-	StepCreate  = stripestep.StepCreate
-	StepConfirm = stripestep.StepConfirm
-	StepCancel  = stripestep.StepCancel
-)

@@ -10,6 +10,7 @@ import (
 	"github.com/onceonly/checkout/internal/ids"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/stripeintent"
 )
 
 // ReconcileOrder asks Stripe for the state of the PaymentIntent of tenant's
@@ -38,7 +39,7 @@ func (s *Service) ReconcileOrder(ctx context.Context, tenantID, id string) (bool
 	// move money with it (requires_action, requires_payment_method,
 	// requires_confirmation: the customer's browser may have attached
 	// another payment method and stopped): only a cancel ends the wait.
-	if cancelable(pi.Status) && !MovesMoney(pi.Status) && o.RequiresActionAt != nil &&
+	if pi.Status.Cancelable() && !pi.Status.MovesMoney() && o.RequiresActionAt != nil &&
 		!s.Now().Before(o.RequiresActionAt.Add(r.cfg.ActionTimeout)) {
 		s.Logger.InfoContext(ctx, "the customer did not complete the payment's next action in time; canceling",
 			"order_id", id, "payment_intent", pi.ID, "since", o.RequiresActionAt)
@@ -46,46 +47,58 @@ func (s *Service) ReconcileOrder(ctx context.Context, tenantID, id string) (bool
 			return false, fmt.Errorf("cancel abandoned payment of order %s: %w", id, err)
 		}
 	}
-	return s.apply(ctx, r, pi)
+	return s.applyPaymentIntent(ctx, r, pi, nil)
 }
 
+// ErrStripeStep is wrapped by ApplyPaymentIntent's error when a call to
+// Stripe it makes before its transaction (closing the order's
+// PaymentIntent, refunding a stray payment) got no usable answer: nothing
+// was applied or recorded, and applying the same state again later is safe.
+var ErrStripeStep = errors.New("a call to Stripe got no usable answer")
+
 // ApplyPaymentIntent applies Stripe's state of PaymentIntent pi to the
-// order named by its metadata (order_id, tenant_id): succeeded makes it
-// paid; requires_action makes it requires_action (with next_action and
-// client_secret); requires_payment_method after a failed attempt (a
-// decline, a failed 3D Secure) makes it payment_failed with its stock
-// released; canceled makes it canceled (when the customer asked) or
-// payment_failed. Every change is monotonic (a status never goes back), so
-// applying the same or an older state again changes nothing, in any order,
-// from any process. It reports whether the order changed.
+// order named by its metadata (order_id, tenant_id): the one "apply
+// Stripe's state of a PaymentIntent" of the webhook handler and the
+// reconciler. succeeded makes the order paid; requires_action makes it
+// requires_action (with next_action and client_secret);
+// requires_payment_method after a failed attempt (a decline, a failed 3D
+// Secure) makes it payment_failed with its stock released; canceled makes
+// it canceled (when the customer asked) or payment_failed. Every change is
+// monotonic (a status never goes back), so applying the same or an older
+// state again changes nothing, in any order, from any process. It reports
+// whether the order changed.
 //
-// A change that leaves the way to paid is applied only after the
-// PaymentIntent is canceled at Stripe (closeBeforeExit), which this does
-// first, outside the transaction; Stripe refusing because it succeeded
-// meanwhile makes the order paid instead.
+// Before its transaction, outside it, it does what needs Stripe: a change
+// that leaves the way to paid is applied only after the PaymentIntent is
+// canceled at Stripe (closeBeforeExit; Stripe refusing because it
+// succeeded meanwhile makes the order paid instead), and a PaymentIntent
+// that moves money for an order that is not paid is a stray payment,
+// refunded and counted (settleStray) and applied nowhere. A PaymentIntent
+// that is not the order's recorded one (an orphan of an indeterminate
+// create) changes nothing.
 //
-// PaymentIntents that are not the order's recorded one (orphans of an
-// indeterminate create, or not ours at all) change nothing; one of them
-// moving money, or the order's own for an order that failed, is a stray
-// payment: refunded and counted (SettleStrayPayment). The reconciler uses
-// it; the webhook handler uses CloseBeforeExit, SettleStrayPayment and
-// ApplyPaymentIntentTx.
-func (s *Service) ApplyPaymentIntent(ctx context.Context, pi PaymentIntentState) (bool, error) {
+// record, when not nil, runs first inside the transaction that applies the
+// change: the webhook handler records its event in its inbox there, so that
+// commit makes the record, the order's orders.Change, its stock release and
+// its event durable together, and rollback forgets all of them. When record
+// returns false (the event was recorded before: a redelivery), nothing is
+// applied and ApplyPaymentIntent returns false. It returns ErrOrderNotFound
+// when pi's metadata names no order of the tenant (record is not called),
+// an error wrapping ErrStripeStep when Stripe did not answer a call it
+// made, and any other error when the database failed.
+func (s *Service) ApplyPaymentIntent(ctx context.Context, pi PaymentIntentState, record func(tx *gorm.DB) (first bool, err error)) (bool, error) {
 	o, err := orderOfIntent(ctx, s.DB, pi)
-	if errors.Is(err, ErrOrderNotFound) {
-		return false, nil
-	}
 	if err != nil {
 		return false, err
 	}
-	return s.apply(ctx, s.newRun(nil, "", o), pi)
+	return s.applyPaymentIntent(ctx, s.newRun(nil, "", o), pi, record)
 }
 
 // orderOfIntent loads the order PaymentIntent pi names in its metadata
 // (order_id, tenant_id, which every PaymentIntent the service creates
 // carries), through db. It returns ErrOrderNotFound when the metadata names
 // none, or an order that does not exist for that tenant.
-func orderOfIntent(ctx context.Context, db *gorm.DB, pi PaymentIntentState) (*Order, error) {
+func orderOfIntent(ctx context.Context, db *gorm.DB, pi PaymentIntentState) (*orders.Order, error) {
 	id, tenant := pi.Metadata["order_id"], pi.Metadata["tenant_id"]
 	if !ids.Valid("ord", id) || tenant == "" {
 		return nil, ErrOrderNotFound
@@ -93,67 +106,49 @@ func orderOfIntent(ctx context.Context, db *gorm.DB, pi PaymentIntentState) (*Or
 	return loadOrder(ctx, db, tenant, id)
 }
 
-// apply applies pi to the order of r, without a key.
-func (s *Service) apply(ctx context.Context, r *run, pi PaymentIntentState) (bool, error) {
+// applyPaymentIntent is ApplyPaymentIntent for the order of r, without a
+// key.
+func (s *Service) applyPaymentIntent(ctx context.Context, r *run, pi PaymentIntentState, record func(tx *gorm.DB) (bool, error)) (bool, error) {
 	o := r.o
-	if isStray(o, pi) {
-		return false, s.settleStray(ctx, o, pi)
+	var ch orders.Change
+	apply := false
+	switch {
+	case isStray(o, pi):
+		if err := s.settleStray(ctx, o, pi); err != nil {
+			return false, fmt.Errorf("settle stray payment %s: %w: %w", pi.ID, ErrStripeStep, err)
+		}
+	case o.Payment.PaymentIntentID != pi.ID:
+		// Not the order's: an orphan (the sweep cancels it), or one the
+		// saga has not recorded yet (it adopts what it finds).
+	default:
+		var err error
+		if ch, apply, err = r.changeForVerdict(ctx, &verdict{pi: &pi}); err != nil {
+			return false, err
+		}
+		if apply {
+			if ch, err = r.closeBeforeExit(ctx, ch); err != nil {
+				return false, fmt.Errorf("%w: %w", ErrStripeStep, err)
+			}
+		}
 	}
-	if o.Payment.PaymentIntentID != pi.ID {
+	if !apply && record == nil {
 		return false, nil
 	}
-	ch, ok, err := r.changeOf(ctx, &verdict{pi: &pi})
-	if err != nil || !ok {
-		return false, err
-	}
-	if ch, err = r.closeBeforeExit(ctx, ch); err != nil {
-		return false, err
-	}
 	var changed bool
-	err = postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
-		changed, err = s.applyTx(ctx, tx, o, ch, r.now())
+	err := postgres.WithTx(ctx, s.DB, func(tx *gorm.DB) error {
+		if record != nil {
+			if first, err := record(tx); err != nil || !first {
+				return err
+			}
+		}
+		if !apply {
+			return nil
+		}
+		var err error
+		changed, err = s.applyChange(ctx, tx, o, ch, r.now())
 		return err
 	})
 	return changed, err
-}
-
-// CloseBeforeExit prepares Stripe's state pi of an order's PaymentIntent
-// for ApplyPaymentIntentTx, outside any transaction: when pi is the order's
-// PaymentIntent, still open, and its state would take the order off the
-// way to paid (a failed attempt: requires_payment_method with a
-// last_payment_error), it cancels the PaymentIntent at Stripe first
-// (cancellation_reason abandoned) and returns its state afterwards:
-// canceled, with the failed attempt's codes, which fails the order, or
-// succeeded, when it was paid meanwhile (another card, a rolled-forward
-// confirm), which makes the order paid. Any other pi is returned as it is.
-// An error means Stripe or the database did not answer, and nothing was
-// applied. See closeBeforeExit for why.
-func (s *Service) CloseBeforeExit(ctx context.Context, pi PaymentIntentState) (PaymentIntentState, error) {
-	if pi.Status == PICanceled || MovesMoney(pi.Status) {
-		return pi, nil
-	}
-	o, err := orderOfIntent(ctx, s.DB, pi)
-	switch {
-	case errors.Is(err, ErrOrderNotFound):
-		return pi, nil
-	case err != nil:
-		return pi, err
-	case o.Payment.PaymentIntentID != pi.ID:
-		return pi, nil
-	}
-	r := s.newRun(nil, "", o)
-	ch, ok := r.changeFor(pi, "")
-	if !ok || !ch.To.LeavesTheWayToPaid() || !o.Status.CanMoveTo(ch.To) {
-		return pi, nil
-	}
-	got, err := r.cancel(ctx, pi.ID, CancelAbandoned, ch.FailureCode)
-	if err != nil {
-		return pi, fmt.Errorf("close the payment of order %s: %w", o.ID, err)
-	}
-	if got.Status == PICanceled && !failedAttempt(got) {
-		got.LastErrorCode, got.LastDeclineCode = pi.LastErrorCode, pi.LastDeclineCode
-	}
-	return got, nil
 }
 
 // SweepOrphans searches Stripe for the PaymentIntents of tenant's order id
@@ -191,14 +186,14 @@ func (s *Service) SweepOrphans(ctx context.Context, tenantID, id string) (int, e
 			}
 			continue
 		}
-		if pi.ID == o.Payment.PaymentIntentID || !cancelable(pi.Status) {
+		if pi.ID == o.Payment.PaymentIntentID || !pi.Status.Cancelable() {
 			continue
 		}
 		got, err := r.cancel(ctx, pi.ID, CancelDuplicate, "")
 		if err != nil {
 			return n, fmt.Errorf("cancel orphan %s of order %s: %w", pi.ID, id, err)
 		}
-		if got.Status == PICanceled {
+		if got.Status == stripeintent.Canceled {
 			n++
 		}
 	}

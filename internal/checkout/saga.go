@@ -11,6 +11,7 @@ import (
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
@@ -65,7 +66,7 @@ type run struct {
 	claim *idempotency.Claim
 	// route decides the response the key is finished with.
 	route string
-	o     *Order
+	o     *orders.Order
 	// created and confirmed count the create and confirm attempts this
 	// run wrote before it took the general path (a first execution's):
 	// they count toward MaxAttempts like the general path's own.
@@ -90,7 +91,7 @@ type waitError struct {
 
 func (e *waitError) Error() string { return e.reason }
 
-func (s *Service) newRun(c *idempotency.Claim, route string, o *Order) *run {
+func (s *Service) newRun(c *idempotency.Claim, route string, o *orders.Order) *run {
 	return &run{s: s, cfg: s.Saga.withDefaults(), claim: c, route: route, o: o}
 }
 
@@ -128,7 +129,7 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 	}
 	newAttempts := r.created
 	for {
-		as, err := stripestep.Load(ctx, r.s.DB, r.o.ID, StepCreate)
+		as, err := stripestep.Load(ctx, r.s.DB, r.o.ID, stripestep.StepCreate)
 		if err != nil {
 			return PaymentIntentState{}, nil, err
 		}
@@ -141,11 +142,11 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 		case last == nil:
 		case last.Outcome == stripestep.Succeeded && last.StripeObjectID != nil:
 			// Answered, but the run stopped before recording it on the order.
-			pi := PaymentIntentState{ID: *last.StripeObjectID, Status: PIRequiresConfirmation}
+			pi := PaymentIntentState{ID: *last.StripeObjectID, Status: stripeintent.RequiresConfirmation}
 			if last.StripeStatus != nil {
-				pi.Status = *last.StripeStatus
+				pi.Status = stripeintent.Status(*last.StripeStatus)
 			}
-			return r.record(ctx, pi)
+			return r.record(ctx, nil, pi)
 		case last.Outcome.Refused():
 			return PaymentIntentState{}, &verdict{refusal: refusalOf(last)}, nil
 		case last.Resendable(r.s.Now()):
@@ -153,7 +154,7 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 			// an answer it replays. The same key is safe while Stripe keeps it.
 			pi, v, err := r.create(ctx, last, false)
 			if pi != nil || v != nil || err != nil {
-				return deref(pi), v, err
+				return stateOrZero(pi), v, err
 			}
 			continue
 		default:
@@ -173,7 +174,7 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 			if pi, ok := adoptable(found); ok {
 				r.s.Logger.InfoContext(ctx, "adopting the PaymentIntent an indeterminate create made",
 					"order_id", r.o.ID, "payment_intent", pi.ID, "found", len(found))
-				got, v, err := r.record(ctx, pi)
+				got, v, err := r.record(ctx, nil, pi)
 				if err == nil {
 					r.cancelOrphans(ctx, found, got.ID)
 				}
@@ -185,16 +186,18 @@ func (r *run) ensureIntent(ctx context.Context) (PaymentIntentState, *verdict, e
 			return PaymentIntentState{}, nil, &waitError{reason: fmt.Sprintf("create of order %s: %d new attempts in one run", r.o.ID, newAttempts)}
 		}
 		newAttempts++
-		a := r.newAttempt(StepCreate, next, "", r.createRequest(next))
+		a := r.newAttempt(stripestep.StepCreate, next, "", r.createRequest(next))
 		pi, v, err := r.create(ctx, a, true)
 		if pi != nil || v != nil || err != nil {
-			return deref(pi), v, err
+			return stateOrZero(pi), v, err
 		}
 		// Indeterminate: loop to reconcile it.
 	}
 }
 
-func deref(pi *PaymentIntentState) PaymentIntentState {
+// stateOrZero returns *pi, or the zero state when the step found no
+// PaymentIntent (pi nil).
+func stateOrZero(pi *PaymentIntentState) PaymentIntentState {
 	if pi == nil {
 		return PaymentIntentState{}
 	}
@@ -206,8 +209,9 @@ func deref(pi *PaymentIntentState) PaymentIntentState {
 // recorded PaymentIntent is ever confirmed), else one waiting for the
 // customer, else the oldest that is not canceled.
 func adoptable(found []PaymentIntentState) (PaymentIntentState, bool) {
-	for _, rank := range []func(string) bool{MovesMoney, func(s string) bool { return s == PIRequiresAction },
-		func(s string) bool { return s != PICanceled }} {
+	for _, rank := range []func(stripeintent.Status) bool{stripeintent.Status.MovesMoney,
+		func(s stripeintent.Status) bool { return s == stripeintent.RequiresAction },
+		func(s stripeintent.Status) bool { return s != stripeintent.Canceled }} {
 		for _, pi := range found {
 			if rank(pi.Status) {
 				return pi, true
@@ -219,7 +223,7 @@ func adoptable(found []PaymentIntentState) (PaymentIntentState, bool) {
 
 func (r *run) createRequest(n int) CreateIntentRequest {
 	return CreateIntentRequest{
-		IdempotencyKey: stripestep.Key(r.o.ID, StepCreate, n),
+		IdempotencyKey: stripestep.Key(r.o.ID, stripestep.StepCreate, n),
 		Amount:         r.o.AmountTotal,
 		Currency:       r.o.Currency,
 		PaymentMethod:  r.o.PaymentMethod,
@@ -266,24 +270,29 @@ func (r *run) create(ctx context.Context, a *stripestep.Attempt, isNew bool) (*P
 		}
 	}
 	pi, err := r.s.Payments.CreatePaymentIntent(ctx, r.createRequest(a.Attempt))
-	switch res := r.answer(ctx, a, pi, err); {
+	if err == nil {
+		got, v, err := r.record(ctx, a, pi)
+		return &got, v, err
+	}
+	switch res := r.recordAnswer(ctx, a, pi, err); {
 	case res.err != nil:
 		return nil, nil, res.err
 	case res.refusal != nil:
 		return nil, &verdict{refusal: res.refusal}, nil
-	case res.indeterminate:
-		return nil, nil, nil
 	}
-	got, v, err := r.record(ctx, pi)
-	return &got, v, err
+	return nil, nil, nil // indeterminate
 }
 
-// record makes pi the order's PaymentIntent unless it has one already.
-func (r *run) record(ctx context.Context, pi PaymentIntentState) (PaymentIntentState, *verdict, error) {
-	id, err := orders.RecordIntent(ctx, r.s.DB, r.o.ID, pi.ID, pi.Status, r.now())
-	if err != nil {
-		return PaymentIntentState{}, nil, err
+// record makes pi the order's PaymentIntent unless it has one already,
+// with created's answer pi when created is not nil (phase 2 without the
+// confirm: queueIntentRecorded, sent pipelined).
+func (r *run) record(ctx context.Context, created *stripestep.Attempt, pi PaymentIntentState) (PaymentIntentState, *verdict, error) {
+	var b postgres.Batch
+	recorded := r.queueIntentRecorded(&b, created, pi, nil, r.now())
+	if err := postgres.Send(ctx, r.s.DB, &b); err != nil {
+		return PaymentIntentState{}, nil, fmt.Errorf("record payment intent of %s: %w", r.o.ID, err)
 	}
+	id := *recorded
 	r.o.Payment.PaymentIntentID = id
 	if id != pi.ID {
 		// Another run recorded another one first: this one is an orphan.
@@ -301,19 +310,14 @@ type answerResult struct {
 	err           error // unanswered (a waitError), or the database failing
 }
 
-// answer records the answer to attempt a: the PaymentIntent, a refusal, an
-// indeterminate answer (which marks the payment unknown since now), or no
-// answer (the same, unless Stripe refused our credentials: that says
-// nothing of the payment).
-func (r *run) answer(ctx context.Context, a *stripestep.Attempt, pi PaymentIntentState, callErr error) answerResult {
-	return r.recordAnswer(ctx, a, pi, callErr, true)
-}
-
 // recordAnswer records the answer (pi, callErr) to attempt a, with its
 // outcome as stripestep.OutcomeOf gives it, and returns what the saga acts
-// on. unknown says whether no final answer marks the order's payment
-// unknown (not for a cancel: it moves no money).
-func (r *run) recordAnswer(ctx context.Context, a *stripestep.Attempt, pi PaymentIntentState, callErr error, unknown bool) answerResult {
+// on: the PaymentIntent, a refusal, an indeterminate answer, or no answer.
+// An indeterminate answer or none marks the order's payment unknown since
+// now, unless a is a cancel (it moves no money) or Stripe refused our
+// credentials (that says nothing of the payment).
+func (r *run) recordAnswer(ctx context.Context, a *stripestep.Attempt, pi PaymentIntentState, callErr error) answerResult {
+	unknown := a.Step != stripestep.StepCancel
 	now := r.now()
 	var res answerResult
 	answer := stripestep.Answer{Outcome: stripestep.OutcomeOf(callErr)}
@@ -322,7 +326,7 @@ func (r *run) recordAnswer(ctx context.Context, a *stripestep.Attempt, pi Paymen
 	}
 	switch answer.Outcome {
 	case stripestep.Succeeded:
-		answer.ObjectID, answer.Status = pi.ID, pi.Status
+		answer.ObjectID, answer.Status = pi.ID, string(pi.Status)
 	case stripestep.Failed, stripestep.Rejected:
 		var refusal *PaymentRefusal
 		if !errors.As(callErr, &refusal) { // stripestep.ErrRejected: no details
@@ -330,7 +334,7 @@ func (r *run) recordAnswer(ctx context.Context, a *stripestep.Attempt, pi Paymen
 		}
 		answer.Error = refusalText(refusal)
 		if refusal.PaymentIntent != nil {
-			answer.ObjectID, answer.Status = refusal.PaymentIntent.ID, refusal.PaymentIntent.Status
+			answer.ObjectID, answer.Status = refusal.PaymentIntent.ID, string(refusal.PaymentIntent.Status)
 		}
 		res.refusal = refusal
 	case stripestep.Indeterminate:
@@ -340,7 +344,7 @@ func (r *run) recordAnswer(ctx context.Context, a *stripestep.Attempt, pi Paymen
 		}
 		res.indeterminate = true
 	case stripestep.Open:
-		if errors.Is(callErr, ErrProviderCredentials) {
+		if errors.Is(callErr, stripestep.ErrCredentials) {
 			// Refused before executing: the attempt stays open, to be sent
 			// again under its key; the payment is not unknown.
 			unknown = false

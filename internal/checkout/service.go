@@ -12,12 +12,10 @@ import (
 
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/ids"
-	"github.com/onceonly/checkout/internal/notify"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/problem"
-	"github.com/onceonly/checkout/internal/refunds"
 )
 
 // Service runs checkouts and their payment sagas. DB, Keys, Payments,
@@ -35,8 +33,9 @@ type Service struct {
 	Metrics *Metrics
 	// StrayRefunds refunds a PaymentIntent that moved money for an order
 	// that is not paid (SettleStrayPayment); nil: such a payment is only
-	// counted and logged. *payments.Client implements it.
-	StrayRefunds refunds.Stripe
+	// counted and logged. internal/api.StrayRefunds adapts
+	// *payments.Client to it.
+	StrayRefunds RefundAPI
 
 	catalog catalog // prices and currencies of first executions
 }
@@ -67,7 +66,7 @@ type CheckoutCommand struct {
 // payment_provider_unavailable (502: the key keeps its recovery point and
 // a retry resumes it) or unavailable (503).
 func (s *Service) Checkout(ctx context.Context, cmd CheckoutCommand) (resp *idempotency.Response, replayed bool, err error) {
-	switch first, err := s.beginFirst(ctx, cmd); {
+	switch first, err := s.beginFastPath(ctx, cmd); {
 	case err != nil:
 		// The claim's statement may have committed though its answer was
 		// lost (a failover at commit): end the lease this request may hold,
@@ -78,7 +77,7 @@ func (s *Service) Checkout(ctx context.Context, cmd CheckoutCommand) (resp *idem
 		return nil, false, s.translate(err)
 	case first != nil:
 		resp, err = s.executor().Continue(ctx, first.claim, func(ctx context.Context, c *idempotency.Claim) (*idempotency.Response, error) {
-			return s.newRun(c, Route, first.order).payFirst(ctx, first.create)
+			return s.newRun(c, Route, first.order).payFastPath(ctx, first.create)
 		})
 		return resp, false, err
 	}
@@ -103,7 +102,7 @@ type checkoutCommand struct {
 	in        *Request
 	inputErrs []FieldError
 	// order is the order, as Start or Resume loaded it.
-	order *Order
+	order *orders.Order
 }
 
 // Start is createOrder.
@@ -152,11 +151,11 @@ func (s *Service) Complete(ctx context.Context, keyID int64) (bool, error) {
 	return s.executor().Complete(ctx, keyID, s.Commands())
 }
 
-// createOrder is transaction 1 after a new claim: validate, reserve stock,
-// insert the order and its order.created event, advance the recovery
-// point. When stock is short it finishes the key with a stored 409 instead
+// createOrder is transaction 1 after a new claim: validate, then phase 1
+// (queueOrderCreated: the stock, the order, its order.created event) sent
+// on the claim's transaction, and the recovery point advanced. When stock is short it finishes the key with a stored 409 instead
 // and returns that as final.
-func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.Claim, in *Request, inputErrs []FieldError) (*Order, *idempotency.Response, error) {
+func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.Claim, in *Request, inputErrs []FieldError) (*orders.Order, *idempotency.Response, error) {
 	// Any error returned from here rolls the claim back: nothing is stored,
 	// and the same key can be sent again with a corrected body.
 	errs := in.validate(inputErrs)
@@ -166,38 +165,48 @@ func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.C
 		return nil, nil, err
 	}
 	if errs = append(errs, in.unknownSKUs(products)...); len(errs) > 0 {
-		return nil, nil, ValidationError(errs)
+		return nil, nil, problem.Validation(errs)
 	}
 	if errs = in.mixedCurrencies(products); len(errs) > 0 {
-		return nil, nil, ValidationError(errs)
+		return nil, nil, problem.Validation(errs)
 	}
 	o := s.newOrder(c.Scope.Tenant, in, products)
-	now := o.CreatedAt
-	// The stock first: out of stock leaves nothing to write but the key's
-	// stored 409. This path is rare (the fast path makes almost every
+	// Phase 1's batch on the claim's transaction, behind a savepoint: out
+	// of stock fails it at a guard, and leaves nothing to write but the
+	// key's stored 409. This path is rare (the fast path makes almost every
 	// order), so it takes a round trip a statement.
-	reserved, err := reserveStock(ctx, tx, want)
-	if err != nil {
+	if err := tx.SavePoint(savepointOrderCreated).Error; err != nil {
+		return nil, nil, fmt.Errorf("savepoint: %w", err)
+	}
+	var b postgres.Batch
+	if err := s.queueOrderCreated(&b, o, want, products); err != nil {
 		return nil, nil, err
 	}
-	if !reserved {
+	err = postgres.Send(ctx, tx, &b)
+	if postgres.IsGuard(err, guardOutOfStock) {
+		if err := tx.RollbackTo(savepointOrderCreated).Error; err != nil {
+			return nil, nil, fmt.Errorf("rollback to savepoint: %w", err)
+		}
 		resp := responseForError(ErrOutOfStock)
 		if err := s.Keys.Finish(ctx, tx, c, resp); err != nil {
 			return nil, nil, err
 		}
 		return nil, resp, nil
 	}
-	if err := orders.Insert(ctx, tx, o); err != nil {
-		return nil, nil, err
-	}
-	if err := outbox.Add(ctx, tx, s.event(outbox.TypeOrderCreated, o, now)); err != nil {
-		return nil, nil, err
+	if err != nil {
+		// guardCatalogChanged too: a price changed since loadProducts read
+		// it, in this transaction; the retry reads it again.
+		return nil, nil, fmt.Errorf("insert order: %w", err)
 	}
 	if err := s.Keys.Advance(ctx, tx, c, RecoveryPointOrderCreated, o.ID); err != nil {
 		return nil, nil, err
 	}
 	return o, nil, nil
 }
+
+// savepointOrderCreated is the savepoint createOrder rolls back to when
+// the stock is short.
+const savepointOrderCreated = "order_created"
 
 // wanted returns the units wanted of each well-formed sku (the same sku
 // may be on several lines), and those skus in order: only they reach the
@@ -244,13 +253,13 @@ func (in *Request) mixedCurrencies(products map[string]Product) []FieldError {
 
 // newOrder returns tenant's new order for in (valid, every sku in
 // products), pending payment, created now, with a new id.
-func (s *Service) newOrder(tenant string, in *Request, products map[string]Product) *Order {
-	o := &Order{
+func (s *Service) newOrder(tenant string, in *Request, products map[string]Product) *orders.Order {
+	o := &orders.Order{
 		ID:            ids.New("ord"),
 		Status:        orders.PendingPayment,
 		Email:         in.Email,
 		Currency:      products[in.Items[0].SKU].Currency,
-		Payment:       Payment{Provider: "stripe"},
+		Payment:       orders.Payment{Provider: "stripe"},
 		CreatedAt:     s.Now().UTC().Truncate(time.Microsecond),
 		TenantID:      tenant,
 		PaymentMethod: in.PaymentMethod,
@@ -259,14 +268,14 @@ func (s *Service) newOrder(tenant string, in *Request, products map[string]Produ
 	for _, it := range in.Items {
 		p := products[it.SKU]
 		amount := p.UnitAmount * int64(it.Quantity)
-		o.Items = append(o.Items, OrderItem{SKU: it.SKU, Quantity: it.Quantity, UnitAmount: p.UnitAmount, Amount: amount})
+		o.Items = append(o.Items, orders.OrderItem{SKU: it.SKU, Quantity: it.Quantity, UnitAmount: p.UnitAmount, Amount: amount})
 		o.AmountTotal += amount
 	}
 	return o
 }
 
 // resumedOrder loads the order of a key taken over at its recovery point.
-func (s *Service) resumedOrder(ctx context.Context, tx *gorm.DB, c *idempotency.Claim) (*Order, error) {
+func (s *Service) resumedOrder(ctx context.Context, tx *gorm.DB, c *idempotency.Claim) (*orders.Order, error) {
 	want := RecoveryPointOrderCreated
 	if c.Scope.Route == CancelRoute {
 		want = RecoveryPointCancelRequested
@@ -277,7 +286,7 @@ func (s *Service) resumedOrder(ctx context.Context, tx *gorm.DB, c *idempotency.
 	return loadOrder(ctx, tx, c.Scope.Tenant, c.OrderID)
 }
 
-func (s *Service) event(typ string, o *Order, at time.Time) outbox.Event {
+func (s *Service) event(typ string, o *orders.Order, at time.Time) outbox.Event {
 	return orders.Event(typ, o, at)
 }
 
@@ -287,15 +296,12 @@ func (s *Service) event(typ string, o *Order, at time.Time) outbox.Event {
 // into a validation_error, and anything else (the database failing, a
 // deadline) into unavailable, wrapping the cause for the log.
 func (s *Service) translate(err error) error {
-	var e *Error
 	var p *problem.Error
 	switch {
-	case errors.As(err, &e), errors.As(err, &p):
+	case errors.As(err, &p):
 		return err
 	case postgres.IsDataException(err):
-		v := ValidationError([]FieldError{{Field: "", Message: "contains characters that cannot be stored"}})
-		v.Cause = err
-		return v
+		return problem.Wrap(problem.Validation([]FieldError{{Field: "", Message: "contains characters that cannot be stored"}}), err)
 	}
 	return unavailable(err)
 }
@@ -309,19 +315,9 @@ func (s *Service) Products(ctx context.Context) ([]Product, error) {
 	return ps, nil
 }
 
-// OrderView is an order with its notifications, as GET /v1/orders/{id}
-// returns it.
-type OrderView struct {
-	*Order
-	// AmountRefunded is the sum of the order's succeeded refunds.
-	AmountRefunded int64            `json:"amount_refunded"`
-	Refunds        []refunds.Refund `json:"refunds"`
-	Notifications  []notify.View    `json:"notifications"`
-}
-
-// Order returns tenant's order id with its notifications, or
-// ErrOrderNotFound.
-func (s *Service) Order(ctx context.Context, tenantID, id string) (*OrderView, error) {
+// Order returns tenant's order id, or ErrOrderNotFound. The GET order view
+// that joins its refunds and notifications is internal/api's.
+func (s *Service) Order(ctx context.Context, tenantID, id string) (*orders.Order, error) {
 	if !ids.Valid("ord", id) {
 		return nil, ErrOrderNotFound // not even shaped like an id: no query
 	}
@@ -329,19 +325,5 @@ func (s *Service) Order(ctx context.Context, tenantID, id string) (*OrderView, e
 	if err != nil {
 		return nil, s.translate(err)
 	}
-	ns, err := notify.ForOrder(ctx, s.DB, id)
-	if err != nil {
-		return nil, s.translate(err)
-	}
-	rs, err := refunds.ForOrder(ctx, s.DB, id)
-	if err != nil {
-		return nil, s.translate(err)
-	}
-	var refunded int64
-	for _, r := range rs {
-		if r.Status == refunds.StatusSucceeded {
-			refunded += r.Amount
-		}
-	}
-	return &OrderView{Order: o, AmountRefunded: refunded, Refunds: rs, Notifications: ns}, nil
+	return o, nil
 }

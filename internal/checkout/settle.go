@@ -13,19 +13,20 @@ import (
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
 // verdictOf returns the verdict for a PaymentIntent's state, or a wait when
 // the state settles nothing yet (processing, requires_capture).
 func (r *run) verdictOf(pi PaymentIntentState) (*verdict, error) {
-	if _, ok := r.changeFor(pi, ""); !ok {
+	if _, ok := r.changeForState(pi, ""); !ok {
 		return nil, &waitError{reason: fmt.Sprintf("payment intent %s of order %s is %s", pi.ID, r.o.ID, pi.Status)}
 	}
 	return &verdict{pi: &pi}, nil
 }
 
-// changeFor returns the order change Stripe's state of the order's
+// changeForState returns the order change Stripe's state of the order's
 // PaymentIntent calls for, and false when it calls for none. cause is why
 // this service canceled pi (cancelCause), "" when it did not or pi is not
 // canceled.
@@ -38,20 +39,20 @@ func (r *run) verdictOf(pi PaymentIntentState) (*verdict, error) {
 // and anything else, or the same reason while the order is still
 // pending_payment or payment_unknown, makes it payment_failed
 // (FailurePaymentCanceled). Either way its key gets a final answer.
-func (r *run) changeFor(pi PaymentIntentState, cause string) (orders.Change, bool) {
+func (r *run) changeForState(pi PaymentIntentState, cause string) (orders.Change, bool) {
 	ch := orders.Change{PaymentIntentID: pi.ID, PaymentStatus: pi.Status}
 	switch pi.Status {
-	case PISucceeded:
+	case stripeintent.Succeeded:
 		ch.To = orders.Paid
-	case PIRequiresAction:
+	case stripeintent.RequiresAction:
 		ch.To, ch.NextAction, ch.ClientSecret = orders.RequiresAction, pi.NextAction, pi.ClientSecret
-	case PIRequiresPaymentMethod:
+	case stripeintent.RequiresPaymentMethod:
 		if !failedAttempt(pi) {
 			return ch, false // never confirmed
 		}
 		// Open for another attempt: closeBeforeExit cancels it first.
 		ch.To, ch.FailureCode, ch.DeclineCode = orders.PaymentFailed, CodeCardDeclined, firstOf(pi.LastDeclineCode, pi.LastErrorCode)
-	case PICanceled:
+	case stripeintent.Canceled:
 		switch {
 		case cause == FailureCanceled:
 			// The customer's POST /v1/orders/{id}/cancel, only ever sent
@@ -125,7 +126,7 @@ func (r *run) closeBeforeExit(ctx context.Context, ch orders.Change) (orders.Cha
 	}
 	id := r.o.Payment.PaymentIntentID
 	switch {
-	case ch.PaymentStatus == PICanceled, id == "" && ch.PaymentIntentID == "":
+	case ch.PaymentStatus == stripeintent.Canceled, id == "" && ch.PaymentIntentID == "":
 		ch.Closed = true
 		return ch, nil
 	case !r.o.Status.CanMoveTo(ch.To):
@@ -139,12 +140,12 @@ func (r *run) closeBeforeExit(ctx context.Context, ch orders.Change) (orders.Cha
 	if err != nil {
 		return ch, fmt.Errorf("close the payment of order %s before it is %s: %w", r.o.ID, ch.To, err)
 	}
-	if got.Status == PICanceled {
-		ch.PaymentIntentID, ch.PaymentStatus, ch.Closed = id, PICanceled, true
+	if got.Status == stripeintent.Canceled {
+		ch.PaymentIntentID, ch.PaymentStatus, ch.Closed = id, stripeintent.Canceled, true
 		return ch, nil
 	}
 	// Stripe refused the cancel: the PaymentIntent moved on.
-	moved, ok := r.changeFor(got, "")
+	moved, ok := r.changeForState(got, "")
 	if !ok || moved.To.LeavesTheWayToPaid() {
 		return ch, &waitError{reason: fmt.Sprintf("payment intent %s of order %s is %s and cannot be canceled", id, r.o.ID, got.Status)}
 	}
@@ -162,8 +163,8 @@ func firstOf(s ...string) string {
 	return ""
 }
 
-// changeOf returns the change a verdict calls for.
-func (r *run) changeOf(ctx context.Context, v *verdict) (orders.Change, bool, error) {
+// changeForVerdict returns the change a verdict calls for.
+func (r *run) changeForVerdict(ctx context.Context, v *verdict) (orders.Change, bool, error) {
 	if f := v.refusal; f != nil {
 		ch := orders.Change{To: orders.PaymentFailed, FailureCode: CodePaymentRejected}
 		if v.pi != nil {
@@ -175,13 +176,13 @@ func (r *run) changeOf(ctx context.Context, v *verdict) (orders.Change, bool, er
 		return ch, true, nil
 	}
 	cause := ""
-	if v.pi.Status == PICanceled {
+	if v.pi.Status == stripeintent.Canceled {
 		var err error
 		if cause, err = cancelCause(ctx, r.s.DB, r.o.ID, v.pi.ID); err != nil {
 			return orders.Change{}, false, err
 		}
 	}
-	ch, ok := r.changeFor(*v.pi, cause)
+	ch, ok := r.changeForState(*v.pi, cause)
 	return ch, ok, nil
 }
 
@@ -194,7 +195,7 @@ func (r *run) changeOf(ctx context.Context, v *verdict) (orders.Change, bool, er
 // and "" when no cancel of ours gives one (someone else canceled it: the
 // Dashboard, Stripe; or it was an orphan).
 func cancelCause(ctx context.Context, db *gorm.DB, orderID, piID string) (string, error) {
-	all, err := stripestep.Load(ctx, db, orderID, StepCancel)
+	all, err := stripestep.Load(ctx, db, orderID, stripestep.StepCancel)
 	if err != nil {
 		return "", err
 	}
@@ -221,16 +222,18 @@ func cancelCause(ctx context.Context, db *gorm.DB, orderID, piID string) (string
 	return cause, nil
 }
 
-// settle applies v (if any) to the order in one transaction, monotonically:
-// the status orders.Change, the stock given back, the event, and, when the run
-// holds a key, the key finished with the response the order's state calls
-// for. It returns that response (nil without a key).
+// settle is phase 3 on the general path: it applies v (if any) to the
+// order and, when the run holds a key, finishes the key with the response
+// the order's state calls for, in one transaction: the key locked first
+// (Store.Fence; the lock order of idempotency.Fence), then the order locked
+// and read, then the phase's batch (queueOutcome) sent on the transaction.
+// It returns that response (nil without a key).
 func (r *run) settle(ctx context.Context, v *verdict) (*idempotency.Response, error) {
 	var ch orders.Change
 	apply := false
 	if v != nil {
 		var err error
-		if ch, apply, err = r.changeOf(ctx, v); err != nil {
+		if ch, apply, err = r.changeForVerdict(ctx, v); err != nil {
 			return r.stop(ctx, err)
 		}
 		if apply {
@@ -240,58 +243,58 @@ func (r *run) settle(ctx context.Context, v *verdict) (*idempotency.Response, er
 		}
 	}
 	var resp *idempotency.Response
+	var next *orders.Order
 	now := r.now()
 	err := postgres.WithTx(ctx, r.s.DB, func(tx *gorm.DB) error {
-		resp = nil
-		if apply {
-			if _, err := r.s.applyTx(ctx, tx, r.o, ch, now); err != nil {
+		if r.claim != nil {
+			if err := r.s.Keys.Fence(ctx, tx, r.claim); err != nil {
 				return err
 			}
 		}
-		cur, err := loadOrder(ctx, tx, r.o.TenantID, r.o.ID)
+		cur, err := lockOrder(ctx, tx, r.o.TenantID, r.o.ID)
 		if err != nil {
 			return err
 		}
-		r.o = cur
-		if r.claim == nil {
-			return nil
+		var b postgres.Batch
+		if next, resp, err = r.queueOutcome(ctx, &b, cur, outcome{change: ch, apply: apply}, now); err != nil {
+			return err
 		}
-		if resp = responseFor(r.route, cur); resp == nil {
-			return nil // nothing final yet; the caller waits
-		}
-		return r.s.Keys.Finish(ctx, tx, r.claim, resp)
+		return postgres.Send(ctx, tx, &b)
 	})
+	if postgres.IsGuard(err, idempotency.GuardLeaseLost) {
+		err = idempotency.ErrLeaseLost
+	}
 	if err != nil {
 		if errors.Is(err, idempotency.ErrLeaseLost) {
 			return nil, err
 		}
 		return r.stop(ctx, err)
 	}
+	r.o = next
 	if r.claim != nil && resp == nil {
 		return r.stop(ctx, &waitError{reason: fmt.Sprintf("order %s is %s", r.o.ID, r.o.Status)})
 	}
 	return resp, nil
 }
 
-// applyTx applies ch to o inside tx through orders.Apply (the transition,
-// the lifecycle's exit rule, the event), with what goes with it here: the
-// stock given back (payment_failed, canceled). It reports whether the order
-// changed.
-func (s *Service) applyTx(ctx context.Context, tx *gorm.DB, o *Order, ch orders.Change, now time.Time) (bool, error) {
-	cur, err := orders.Apply(ctx, tx, o.ID, ch, now)
-	if err != nil || cur == nil {
+// applyChange is phase 3 without a key (the reconciler, the webhook handler
+// inside its inbox transaction, markUnknown): ch applied to o inside tx
+// through queueOutcome, the order locked and read first. It reports
+// whether the order changed.
+func (s *Service) applyChange(ctx context.Context, tx *gorm.DB, o *orders.Order, ch orders.Change, now time.Time) (bool, error) {
+	cur, err := lockOrder(ctx, tx, o.TenantID, o.ID)
+	if err != nil {
 		return false, err
 	}
-	if ch.To == orders.PaymentUnknown {
-		s.Metrics.unknown()
+	var b postgres.Batch
+	next, _, err := s.newRun(nil, "", cur).queueOutcome(ctx, &b, cur, outcome{change: ch, apply: true}, now)
+	if err != nil {
+		return false, err
 	}
-	if ch.To.LeavesTheWayToPaid() {
-		if err := releaseStock(ctx, tx, cur); err != nil {
-			return false, err
-		}
+	if err := postgres.Send(ctx, tx, &b); err != nil {
+		return false, err
 	}
-	s.Logger.InfoContext(ctx, "order status changed", "order_id", o.ID, "to", ch.To, "payment_intent", cur.Payment.PaymentIntentID)
-	return true, nil
+	return next != cur, nil
 }
 
 // stop ends a run that cannot settle now. A wait (Stripe unanswered or
@@ -307,21 +310,21 @@ func (r *run) stop(ctx context.Context, err error) (*idempotency.Response, error
 	switch {
 	case errors.Is(err, stripestep.ErrTaken), errors.Is(err, idempotency.ErrLeaseLost):
 		return nil, idempotency.ErrLeaseLost
-	case errors.Is(err, ErrProviderCredentials):
+	case errors.Is(err, stripestep.ErrCredentials):
 		// Our own key, not the customer's payment: nothing failed, nothing
 		// is stored, the stock stays reserved, and the retry resumes.
 		r.s.Logger.ErrorContext(ctx, "Stripe refused the service's credentials (401/403): check STRIPE_SECRET_KEY",
 			"order_id", r.o.ID, "err", err)
 		return nil, providerCredentials(r.o.ID, err)
-	case errors.As(err, &w), errors.Is(err, ErrProviderUnanswered), errors.Is(err, ErrProviderIndeterminate),
+	case errors.As(err, &w), errors.Is(err, stripestep.ErrUnanswered), errors.Is(err, stripestep.ErrIndeterminate),
 		errors.As(err, &refusal):
 		r.markUnknown(ctx)
-		e := paymentUnavailable(r.o.ID, err)
+		retryAfter := 0
 		if w != nil && !w.until.IsZero() {
 			// Whole seconds, rounded up: a retry sooner only gets this 502.
-			e.RetryAfter = max(1, int(math.Ceil(w.until.Sub(r.s.Now()).Seconds())))
+			retryAfter = max(1, int(math.Ceil(w.until.Sub(r.s.Now()).Seconds())))
 		}
-		return nil, e
+		return nil, paymentUnavailable(r.o.ID, err, retryAfter)
 	}
 	return nil, r.s.translate(err)
 }
@@ -337,7 +340,7 @@ func (r *run) markUnknown(ctx context.Context) {
 		return
 	}
 	err = postgres.WithTx(bg, r.s.DB, func(tx *gorm.DB) error {
-		_, err := r.s.applyTx(bg, tx, cur, orders.Change{To: orders.PaymentUnknown}, r.now())
+		_, err := r.s.applyChange(bg, tx, cur, orders.Change{To: orders.PaymentUnknown}, r.now())
 		return err
 	})
 	if err != nil {

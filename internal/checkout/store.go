@@ -70,32 +70,9 @@ func sortedSKUs(want map[string]int64) ([]string, []int64) {
 	return skus, qtys
 }
 
-// adjustStock gives delta[sku] units of each product back (a declined
-// payment's reservation).
-func adjustStock(ctx context.Context, tx *gorm.DB, delta map[string]int64) error {
-	skus, qtys := sortedSKUs(delta)
-	if err := tx.WithContext(ctx).Exec(`SELECT release_stock(?::text[], ?::bigint[])`,
-		postgres.TextArray(skus), postgres.IntArray(qtys)).Error; err != nil {
-		return fmt.Errorf("release stock: %w", err)
-	}
-	return nil
-}
-
-// reserveStock takes want's units from the stock inside tx and reports
-// whether there were enough (when not, it took nothing).
-func reserveStock(ctx context.Context, tx *gorm.DB, want map[string]int64) (bool, error) {
-	skus, qtys := sortedSKUs(want)
-	var ok bool
-	if err := tx.WithContext(ctx).Raw(`SELECT reserve_stock(?::text[], ?::bigint[])`,
-		postgres.TextArray(skus), postgres.IntArray(qtys)).Row().Scan(&ok); err != nil {
-		return false, fmt.Errorf("reserve stock: %w", err)
-	}
-	return ok, nil
-}
-
 // loadOrder returns the order id of tenant, or ErrOrderNotFound (also for
 // another tenant's order, so ids cannot be probed across tenants).
-func loadOrder(ctx context.Context, db *gorm.DB, tenantID, id string) (*Order, error) {
+func loadOrder(ctx context.Context, db *gorm.DB, tenantID, id string) (*orders.Order, error) {
 	o, err := orders.Load(ctx, db, tenantID, id)
 	if errors.Is(err, orders.ErrNotFound) {
 		return nil, ErrOrderNotFound
@@ -103,11 +80,26 @@ func loadOrder(ctx context.Context, db *gorm.DB, tenantID, id string) (*Order, e
 	return o, err
 }
 
-// releaseStock gives an order's reserved units back.
-func releaseStock(ctx context.Context, tx *gorm.DB, o *Order) error {
+// lockOrder locks the row of tenant's order id until tx ends and returns
+// the order, or ErrOrderNotFound: in a keyed transaction, only after the
+// key (idempotency.Fence, "Lock order").
+func lockOrder(ctx context.Context, tx *gorm.DB, tenantID, id string) (*orders.Order, error) {
+	if err := orders.Lock(ctx, tx, tenantID, id); err != nil {
+		if errors.Is(err, orders.ErrNotFound) {
+			return nil, ErrOrderNotFound
+		}
+		return nil, err
+	}
+	return loadOrder(ctx, tx, tenantID, id)
+}
+
+// queueRelease queues in b the return of an order's reserved units (a
+// payment that failed, an order canceled).
+func queueRelease(b *postgres.Batch, o *orders.Order) {
 	release := map[string]int64{}
 	for _, it := range o.Items {
 		release[it.SKU] += int64(it.Quantity)
 	}
-	return adjustStock(ctx, tx, release)
+	skus, qtys := sortedSKUs(release)
+	b.Queue(`SELECT release_stock(?::text[], ?::bigint[])`, []any{postgres.TextArray(skus), postgres.IntArray(qtys)}, nil)
 }

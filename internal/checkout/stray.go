@@ -11,7 +11,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/postgres"
-	"github.com/onceonly/checkout/internal/refunds"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
@@ -45,8 +45,8 @@ func StrayRefundKey(orderID, piID string, n int) string {
 // while o is not paid (nor refunded from paid), and never will be through
 // pi. An order that still waits is not stray when pi is its recorded
 // PaymentIntent, or when it has none yet (the saga adopts what it finds).
-func isStray(o *Order, pi PaymentIntentState) bool {
-	if !MovesMoney(pi.Status) {
+func isStray(o *orders.Order, pi PaymentIntentState) bool {
+	if !pi.Status.MovesMoney() {
 		return false
 	}
 	recorded := o.Payment.PaymentIntentID
@@ -69,7 +69,7 @@ func isStray(o *Order, pi PaymentIntentState) bool {
 // answer; the caller tries again (the webhook handler answers 5xx first,
 // so Stripe resends).
 func (s *Service) SettleStrayPayment(ctx context.Context, pi PaymentIntentState) error {
-	if !MovesMoney(pi.Status) {
+	if !pi.Status.MovesMoney() {
 		return nil
 	}
 	o, err := orderOfIntent(ctx, s.DB, pi)
@@ -83,7 +83,7 @@ func (s *Service) SettleStrayPayment(ctx context.Context, pi PaymentIntentState)
 }
 
 // settleStray is SettleStrayPayment for a loaded order.
-func (s *Service) settleStray(ctx context.Context, o *Order, pi PaymentIntentState) error {
+func (s *Service) settleStray(ctx context.Context, o *orders.Order, pi PaymentIntentState) error {
 	_, err := s.returnStray(ctx, o, pi)
 	return err
 }
@@ -91,30 +91,30 @@ func (s *Service) settleStray(ctx context.Context, o *Order, pi PaymentIntentSta
 // returnStray is settleStray, reporting whether the money is back with
 // the customer: pi is not stray, its authorization was canceled, or
 // refunds Stripe says succeeded cover what it charged.
-func (s *Service) returnStray(ctx context.Context, o *Order, pi PaymentIntentState) (returned bool, err error) {
+func (s *Service) returnStray(ctx context.Context, o *orders.Order, pi PaymentIntentState) (returned bool, err error) {
 	if !isStray(o, pi) {
 		return true, nil
 	}
 	log := s.Logger.With("order_id", o.ID, "order_status", o.Status, "payment_intent", pi.ID,
 		"status", pi.Status, "order_payment_intent", o.Payment.PaymentIntentID)
 	switch pi.Status {
-	case PIProcessing:
+	case stripeintent.Processing:
 		log.ErrorContext(ctx, "a PaymentIntent is moving money for an order that is not paid; refunded once it succeeds")
 		return false, nil
-	case PIRequiresCapture:
+	case stripeintent.RequiresCapture:
 		// Authorized, not captured: canceling releases the hold.
 		got, err := s.newRun(nil, "", o).cancel(ctx, pi.ID, CancelDuplicate, "")
 		if err != nil {
 			s.Metrics.stray(StrayFailed)
 			return false, fmt.Errorf("cancel stray payment %s of order %s: %w", pi.ID, o.ID, err)
 		}
-		if got.Status == PICanceled {
+		if got.Status == stripeintent.Canceled {
 			s.Metrics.stray(StrayCanceled)
 			log.ErrorContext(ctx, "money was authorized for an order that is not paid; the authorization is canceled")
 			return true, nil
 		}
 		pi = got // captured meanwhile: refund it
-		if pi.Status != PISucceeded {
+		if pi.Status != stripeintent.Succeeded {
 			return false, fmt.Errorf("stray payment %s of order %s is %s", pi.ID, o.ID, pi.Status)
 		}
 	}
@@ -162,7 +162,7 @@ func (s *Service) returnStray(ctx context.Context, o *Order, pi PaymentIntentSta
 // refunds Stripe says succeeded cover the payment (returned), and the
 // error of Stripe's call, if any.
 type strayRefund struct {
-	sent     *refunds.StripeRefund
+	sent     *RefundState
 	attempt  int
 	returned bool
 	callErr  error
@@ -182,7 +182,7 @@ const maxStrayAttempts = 3
 // (ReturnStrayPayments) finds it again; the latest attempt's status
 // follows Stripe's refund. Stripe's errors are returned in callErr (the
 // attempts written commit); the error is the database's.
-func (s *Service) refundStray(ctx context.Context, tx *gorm.DB, o *Order, pi PaymentIntentState) (strayRefund, error) {
+func (s *Service) refundStray(ctx context.Context, tx *gorm.DB, o *orders.Order, pi PaymentIntentState) (strayRefund, error) {
 	var out strayRefund
 	step := stripestep.StrayRefundStep(pi.ID)
 	for range maxStrayAttempts {
@@ -249,7 +249,7 @@ func (s *Service) refundStray(ctx context.Context, tx *gorm.DB, o *Order, pi Pay
 			}
 		}
 		out.attempt = n
-		got, err := s.StrayRefunds.CreateRefund(ctx, refunds.CreateParams{
+		got, err := s.StrayRefunds.CreateRefund(ctx, RefundParams{
 			IdempotencyKey: StrayRefundKey(o.ID, pi.ID, n), PaymentIntentID: pi.ID, Amount: amount,
 			Reason: strayRefundReason, OrderID: o.ID, TenantID: o.TenantID,
 		})

@@ -38,7 +38,7 @@ type Process struct {
 // metricsAddr that cannot be listened on is an error naming METRICS_ADDR.
 // When ctx ends while it waits, Start returns (nil, nil): the process was
 // stopped before it started.
-func Start(ctx context.Context, name string, s *config.Shared, metricsAddr string, logger *slog.Logger, tables ...string) (*Process, error) {
+func Start(ctx context.Context, name string, s *config.Shared, broker *rabbitmq.Settings, metricsAddr string, logger *slog.Logger, tables ...string) (*Process, error) {
 	deps := &Deps{}
 	p := &Process{Registry: telemetry.NewRegistry()}
 	srv, err := telemetry.Serve(metricsAddr, p.Registry, deps.Checks(tables...)...)
@@ -47,7 +47,7 @@ func Start(ctx context.Context, name string, s *config.Shared, metricsAddr strin
 	}
 	p.srv = srv
 	logger.Info("ops server listening", "addr", srv.Addr())
-	p.DB, p.Conn, err = deps.Open(ctx, s.DatabaseURL, rabbitmq.Config{URL: s.AMQPURL, Name: name, Logger: logger}, s.Names(), logger, tables...)
+	p.DB, p.Conn, err = deps.Open(ctx, s.DatabaseURL, rabbitmq.Config{URL: broker.AMQPURL, Name: name, Logger: logger}, broker.Names(), logger, tables...)
 	if err != nil {
 		p.shutdownServer()
 		if ctx.Err() != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/config"
 	"github.com/onceonly/checkout/internal/daemon"
+	"github.com/onceonly/checkout/internal/rabbitmq"
 	"github.com/onceonly/checkout/internal/telemetry"
 	"github.com/onceonly/checkout/internal/testenv"
 )
@@ -24,8 +25,8 @@ func TestStartServesReadinessWhileWaiting(t *testing.T) {
 	t.Parallel()
 	dead := strconv.Itoa(testenv.FreePort(t)) // nothing listens there
 	ops := testenv.FreeAddr(t)
-	s := &config.Shared{DatabaseURL: "postgres://postgres@127.0.0.1:" + dead + "/x?connect_timeout=1",
-		AMQPURL: "amqp://guest:guest@127.0.0.1:" + dead + "/", Exchange: "e", NotifyQueue: "q"}
+	s := &config.Shared{DatabaseURL: "postgres://postgres@127.0.0.1:" + dead + "/x?connect_timeout=1"}
+	broker := &rabbitmq.Settings{AMQPURL: "amqp://guest:guest@127.0.0.1:" + dead + "/", Exchange: "e", NotifyQueue: "q"}
 	ctx, cancel := context.WithCancel(t.Context())
 	type result struct {
 		p   *daemon.Process
@@ -33,7 +34,7 @@ func TestStartServesReadinessWhileWaiting(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		p, err := daemon.Start(ctx, "test", s, ops, telemetry.NewLogger(io.Discard, 0), "outbox")
+		p, err := daemon.Start(ctx, "test", s, broker, ops, telemetry.NewLogger(io.Discard, 0), "outbox")
 		done <- result{p, err}
 	}()
 	require.Eventually(t, func() bool {
@@ -62,6 +63,6 @@ func TestStartServesReadinessWhileWaiting(t *testing.T) {
 // an error naming METRICS_ADDR, before anything is dialed.
 func TestStartNamesABadMetricsAddr(t *testing.T) {
 	t.Parallel()
-	_, err := daemon.Start(t.Context(), "test", &config.Shared{}, "127.0.0.1:99999", telemetry.NewLogger(io.Discard, 0))
+	_, err := daemon.Start(t.Context(), "test", &config.Shared{}, &rabbitmq.Settings{}, "127.0.0.1:99999", telemetry.NewLogger(io.Discard, 0))
 	require.ErrorContains(t, err, "METRICS_ADDR")
 }

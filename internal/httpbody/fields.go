@@ -4,15 +4,9 @@ import (
 	"encoding/json"
 	"maps"
 	"slices"
-)
 
-// FieldError names one invalid member of a request body by its path
-// ("items[0].quantity"; "" for the body itself), with what is wrong in the
-// API's words. It is what a 400 validation_error lists under errors.
-type FieldError struct {
-	Field   string `json:"field"`
-	Message string `json:"message"`
-}
+	"github.com/onceonly/checkout/internal/problem"
+)
 
 // Members is a JSON object decoded one level deep, for decoding a request
 // body member by member: each wrong type is reported at its own path, and
@@ -22,16 +16,16 @@ type FieldError struct {
 type Members struct {
 	path    string
 	members map[string]json.RawMessage
-	errs    *[]FieldError
+	errs    *[]problem.FieldError
 }
 
 // Object decodes raw, the value at path ("" for the body), as a JSON
 // object. When it is not one (null included) it appends {path,
 // notObject} to errs and reports false.
-func Object(raw []byte, path, notObject string, errs *[]FieldError) (Members, bool) {
+func Object(raw []byte, path, notObject string, errs *[]problem.FieldError) (Members, bool) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &m); err != nil || m == nil {
-		*errs = append(*errs, FieldError{Field: path, Message: notObject})
+		*errs = append(*errs, problem.FieldError{Field: path, Message: notObject})
 		return Members{}, false
 	}
 	return Members{path: path, members: m, errs: errs}, true
@@ -51,7 +45,7 @@ func (o Members) Path(name string) string {
 func (o Members) Unknown(known ...string) {
 	for _, name := range slices.Sorted(maps.Keys(o.members)) {
 		if !slices.Contains(known, name) {
-			*o.errs = append(*o.errs, FieldError{Field: o.Path(name), Message: "is not a known field"})
+			*o.errs = append(*o.errs, problem.FieldError{Field: o.Path(name), Message: "is not a known field"})
 		}
 	}
 }
@@ -84,7 +78,7 @@ func (o Members) Decode(name string, dst any, message string) bool {
 		return false
 	}
 	if err := json.Unmarshal(raw, dst); err != nil || string(raw) == "null" {
-		*o.errs = append(*o.errs, FieldError{Field: o.Path(name), Message: message})
+		*o.errs = append(*o.errs, problem.FieldError{Field: o.Path(name), Message: message})
 		return false
 	}
 	return true

@@ -6,14 +6,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/checkout/internal/httpbody"
+	"github.com/onceonly/checkout/internal/problem"
 )
 
 func TestMembers(t *testing.T) {
 	t.Parallel()
-	var errs []httpbody.FieldError
+	var errs []problem.FieldError
 	_, ok := httpbody.Object([]byte(`null`), "items[0]", "must be an object", &errs)
 	require.False(t, ok)
-	require.Equal(t, []httpbody.FieldError{{Field: "items[0]", Message: "must be an object"}}, errs)
+	require.Equal(t, []problem.FieldError{{Field: "items[0]", Message: "must be an object"}}, errs)
 
 	errs = nil
 	o, ok := httpbody.Object([]byte(`{"b":1,"a":"x","Name":"y","n":null,"q":2}`), "item", "must be an object", &errs)
@@ -27,7 +28,7 @@ func TestMembers(t *testing.T) {
 	require.False(t, o.Decode("absent", &q, "must be an integer"))
 	require.Equal(t, "x", a)
 	require.Equal(t, 2, q)
-	require.Equal(t, []httpbody.FieldError{
+	require.Equal(t, []problem.FieldError{
 		{Field: "item.Name", Message: "is not a known field"}, // exact names: not "name"
 		{Field: "item.b", Message: "is not a known field"},
 		{Field: "item.n", Message: "must be a string"},

@@ -23,6 +23,15 @@ import (
 // statements. A route uses it two ways: Store.Fence first inside a
 // transaction (it locks the key), or Queue first in a batch
 // (postgres.Batch) of the writes it fences (it checks without a lock).
+//
+// Lock order. Every transaction that holds a key and writes its order
+// locks the key first and the order after it: Store.Fence (or a batch's
+// first fenced write of the key, Store.QueueFinish) before any statement
+// that locks the order's row. A takeover locks the key and then writes
+// the order, so a transaction that locked the order first and then waited
+// for the key could deadlock against it. checkout's phases keep this
+// order (checkout's TestSettleLocksTheKeyBeforeTheOrder holds a key locked
+// and fails if the settlement has locked the order meanwhile).
 type Fence struct {
 	// Scope is the key's tenant, route and key.
 	Scope Scope

@@ -30,6 +30,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/rabbitmq"
+	"github.com/onceonly/checkout/internal/sweep"
 )
 
 // ConsumerName is the inbox consumer name of the order.paid consumer.
@@ -178,19 +179,12 @@ func (s *Service) Run(ctx context.Context) error {
 }
 
 // releaseOverdue applies parked events whose wait is over, checking every
-// SequenceWait/10 (at least 100ms, at most the sender's sweep interval).
+// SequenceWait/10 (at least 100ms, at most the sender's sweep interval) on
+// sweep.Every.
 func (s *Service) releaseOverdue(ctx context.Context) error {
-	every := min(max(s.cfg.SequenceWait/10, 100*time.Millisecond), s.sender.cfg.SweepInterval)
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		if _, err := s.handler.ReleaseOverdue(ctx, s.cfg.SequenceWait); err != nil && ctx.Err() == nil {
-			s.logger.Warn("notify: release overdue parked events", "err", err)
-		}
-	}
+	interval := min(max(s.cfg.SequenceWait/10, 100*time.Millisecond), s.sender.cfg.SweepInterval)
+	return sweep.Every(ctx, interval, s.logger, "notify: release overdue parked events", func(ctx context.Context) error {
+		_, err := s.handler.ReleaseOverdue(ctx, s.cfg.SequenceWait)
+		return err
+	})
 }

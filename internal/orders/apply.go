@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/stripeintent"
 )
 
 // events maps the statuses whose reaching emits an event to its type.
@@ -29,7 +30,7 @@ type Change struct {
 	// the recorded one.
 	PaymentIntentID string
 	// PaymentStatus is Stripe's status of it ("" keeps the recorded one).
-	PaymentStatus string
+	PaymentStatus stripeintent.Status
 	// NextAction and ClientSecret are Stripe's, for requires_action only.
 	NextAction   json.RawMessage
 	ClientSecret string
@@ -72,8 +73,7 @@ var ErrNoTransition = errors.New("no transition to that status")
 // and applying the same change again later is safe.
 func Apply(ctx context.Context, tx *gorm.DB, id string, ch Change, now time.Time) (*Order, error) {
 	tx = tx.WithContext(ctx)
-	// "canceled" is Stripe's PaymentIntent status (checkout.PICanceled).
-	if ch.To.LeavesTheWayToPaid() && !ch.Closed && ch.PaymentStatus != "canceled" {
+	if ch.To.LeavesTheWayToPaid() && !ch.closes() {
 		// The lifecycle's rule, checked where every change is written: no
 		// exit while the PaymentIntent is open.
 		var cur []orderRow
@@ -144,7 +144,7 @@ func statement(id string, ch Change, now time.Time) (string, []any, error) {
 		    payment_unknown_since = CASE WHEN ? = 'payment_unknown' THEN payment_unknown_since ELSE NULL END,
 		    updated_at = ?
 		WHERE id = ? AND status = ANY(?::text[])`,
-		[]any{string(ch.To), ch.PaymentIntentID, ch.PaymentStatus,
+		[]any{string(ch.To), ch.PaymentIntentID, string(ch.PaymentStatus),
 			string(ch.To), next, string(ch.To), ch.ClientSecret,
 			ch.FailureCode, ch.DeclineCode,
 			string(ch.To), now, string(ch.To), now, id, postgres.TextArray(texts(from))}, nil

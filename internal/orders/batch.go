@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/stripeintent"
 )
 
 // The orders' statements for a batch (postgres.Batch): the checkout's fast
@@ -52,10 +55,22 @@ func QueueInsert(b *postgres.Batch, o *Order) {
 // knows no other PaymentIntent can be recorded (it holds the key): piID
 // (in Stripe status piStatus) recorded as order id's; when the order
 // records another one, the batch fails with GuardIntentTaken.
-func QueueRecordIntent(b *postgres.Batch, id, piID, piStatus string, now time.Time) {
+func QueueRecordIntent(b *postgres.Batch, id, piID string, piStatus stripeintent.Status, now time.Time) {
 	b.QueueGuarded(GuardIntentTaken,
 		recordIntentSQL+` AND (payment_intent_id IS NULL OR payment_intent_id = ?) RETURNING id`,
 		append(recordIntentArgs(id, piID, piStatus, now), piID), nil)
+}
+
+// QueueRecordFirstIntent queues in b what RecordIntent does: piID (in
+// Stripe status piStatus) recorded as order id's unless one is recorded
+// already; *recorded reads the one recorded once b is sent (the first
+// wins, so concurrent runs agree). For a batch of facts written whoever
+// holds the key.
+func QueueRecordFirstIntent(b *postgres.Batch, id, piID string, piStatus stripeintent.Status, now time.Time, recorded *string) {
+	var got string
+	b.Queue(recordIntentSQL+` RETURNING payment_intent_id`, recordIntentArgs(id, piID, piStatus, now),
+		func(r pgx.Row) error { return r.Scan(&got) })
+	b.AfterCommit(func() { *recorded = got })
 }
 
 // QueueApply queues in b what Apply does for o, which the caller has read
@@ -64,12 +79,12 @@ func QueueRecordIntent(b *postgres.Batch, id, piID, piStatus string, now time.Ti
 // is no longer in a status ch.To may be reached from, the batch fails with
 // GuardMoved. It returns o as it is once b commits (o.Changed).
 //
-// A batch cannot check that the PaymentIntent is closed, so a ch.To that
-// leaves the way to paid (payment_failed, canceled) is refused with
-// ErrPaymentOpen, ErrNoTransition one that no status reaches, and nothing
-// is queued then: those moves go through Apply.
+// A batch cannot read whether an order without a closed PaymentIntent has
+// one, so a ch.To that leaves the way to paid (payment_failed, canceled)
+// without ch.closes() is refused with ErrPaymentOpen, ErrNoTransition one
+// that no status reaches, and nothing is queued then.
 func QueueApply(b *postgres.Batch, o *Order, ch Change, now time.Time) (*Order, error) {
-	if ch.To.LeavesTheWayToPaid() {
+	if ch.To.LeavesTheWayToPaid() && !ch.closes() {
 		return nil, fmt.Errorf("order %s to %q in a batch: %w", o.ID, ch.To, ErrPaymentOpen)
 	}
 	query, args, err := statement(o.ID, ch, now)
@@ -90,6 +105,12 @@ func QueueApply(b *postgres.Batch, o *Order, ch Change, now time.Time) (*Order, 
 	}
 	return next, nil
 }
+
+// closes reports whether ch itself says the order's PaymentIntent can no
+// longer move money: Closed, or Stripe's status canceled
+// (stripeintent.Canceled). An exit (LeavesTheWayToPaid) needs it, or an order
+// without a PaymentIntent (Apply reads that).
+func (ch Change) closes() bool { return ch.Closed || ch.PaymentStatus == stripeintent.Canceled }
 
 // Changed returns a copy of o with ch applied as Apply's UPDATE applies it
 // at now: what Load would read back after it.

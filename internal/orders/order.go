@@ -17,6 +17,8 @@ import (
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
+
+	"github.com/onceonly/checkout/internal/stripeintent"
 )
 
 // ErrNotFound is returned for an order that does not exist (or is another
@@ -68,11 +70,11 @@ type OrderItem struct {
 // it, and the client_secret the customer's browser needs for it (Stripe.js
 // handleNextAction, https://docs.stripe.com/payments/3d-secure).
 type Payment struct {
-	Provider        string          `json:"provider"`
-	PaymentIntentID string          `json:"payment_intent_id,omitempty"`
-	Status          string          `json:"status,omitempty"`
-	NextAction      json.RawMessage `json:"next_action,omitempty"`
-	ClientSecret    string          `json:"client_secret,omitempty"`
+	Provider        string              `json:"provider"`
+	PaymentIntentID string              `json:"payment_intent_id,omitempty"`
+	Status          stripeintent.Status `json:"status,omitempty"`
+	NextAction      json.RawMessage     `json:"next_action,omitempty"`
+	ClientSecret    string              `json:"client_secret,omitempty"`
 }
 
 // orderRow and itemRow are the GORM models of orders and order_items.
@@ -131,7 +133,7 @@ func (r *orderRow) order() *Order {
 		o.Payment.PaymentIntentID = *r.PaymentIntentID
 	}
 	if r.PaymentStatus != nil {
-		o.Payment.Status = *r.PaymentStatus
+		o.Payment.Status = stripeintent.Status(*r.PaymentStatus)
 	}
 	if o.Status == RequiresAction {
 		// Shown only while the customer has something to do.

@@ -174,13 +174,20 @@ func TestApplyRefusesAnOpenExit(t *testing.T) {
 	_, err := orders.Apply(ctx, db, ids.New("ord"), orders.Change{To: orders.PaymentFailed}, time.Now())
 	require.True(t, errors.Is(err, orders.ErrNotFound), "%v", err)
 
-	// The batch form cannot see whether the PaymentIntent is closed: it
-	// takes no exit at all, and queues nothing.
+	// The batch form cannot read whether the order has a PaymentIntent:
+	// it takes an exit only when the change itself says the PaymentIntent
+	// is closed, and queues nothing otherwise.
 	for _, to := range []orders.Status{orders.PaymentFailed, orders.Canceled} {
 		var b postgres.Batch
-		_, err := orders.QueueApply(&b, &orders.Order{ID: ids.New("ord")}, orders.Change{To: to, PaymentStatus: "canceled"}, time.Now())
+		_, err := orders.QueueApply(&b, &orders.Order{ID: ids.New("ord")}, orders.Change{To: to, FailureCode: "card_declined"}, time.Now())
 		require.ErrorIs(t, err, orders.ErrPaymentOpen, "QueueApply to %s", to)
 		require.Zero(t, b.Len())
+		for _, closed := range []orders.Change{{To: to, PaymentStatus: "canceled"}, {To: to, Closed: true}} {
+			var b postgres.Batch
+			_, err := orders.QueueApply(&b, &orders.Order{ID: ids.New("ord")}, closed, time.Now())
+			require.NoError(t, err, "QueueApply to %s of a closed PaymentIntent", to)
+			require.NotZero(t, b.Len())
+		}
 	}
 }
 

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/stripeintent"
 )
 
 // Insert writes o, a new order (pending_payment), and its items inside
@@ -29,9 +31,14 @@ func Insert(ctx context.Context, tx *gorm.DB, o *Order) error {
 // order id's (created, or adopted after an indeterminate create) unless
 // one is recorded already, and returns the one recorded: the first wins,
 // so concurrent runs agree. The status changes nothing.
-func RecordIntent(ctx context.Context, db *gorm.DB, id, piID, piStatus string, now time.Time) (string, error) {
+func RecordIntent(ctx context.Context, db *gorm.DB, id, piID string, piStatus stripeintent.Status, now time.Time) (string, error) {
 	var recorded string
-	err := db.WithContext(ctx).Raw(recordIntentSQL+` RETURNING payment_intent_id`, recordIntentArgs(id, piID, piStatus, now)...).Scan(&recorded).Error
+	var b postgres.Batch
+	QueueRecordFirstIntent(&b, id, piID, piStatus, now, &recorded)
+	err := postgres.Send(ctx, db, &b)
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = ErrNotFound
+	}
 	if err != nil {
 		return "", fmt.Errorf("record payment intent of %s: %w", id, err)
 	}
@@ -46,8 +53,8 @@ const recordIntentSQL = `
 		    payment_unknown_since = NULL, updated_at = ?
 		WHERE id = ?`
 
-func recordIntentArgs(id, piID, piStatus string, now time.Time) []any {
-	return []any{piID, piID, piStatus, now, id}
+func recordIntentArgs(id, piID string, piStatus stripeintent.Status, now time.Time) []any {
+	return []any{piID, piID, string(piStatus), now, id}
 }
 
 // MarkUnknownSince records that the payment of order id became unknown at
@@ -177,7 +184,9 @@ func Count(ctx context.Context, db *gorm.DB, statuses ...Status) (map[Status]int
 // Balance is what a refund reads of its order. Amounts are in the
 // currency's minor unit: RefundReserved counts pending and succeeded
 // refunds, AmountRefunded succeeded ones (a CHECK keeps AmountRefunded <=
-// RefundReserved <= AmountTotal).
+// RefundReserved and AmountRefunded <= AmountTotal; RefundReserved exceeds
+// AmountTotal only while refunds in doubt outlast a refund made outside
+// the service, migrations/00018).
 type Balance struct {
 	ID              string
 	TenantID        string
@@ -213,7 +222,8 @@ func LockBalance(ctx context.Context, tx *gorm.DB, tenantID, id string) (*Balanc
 
 // Reserve adds amount (negative: gives it back) to what refunds of order
 // id hold (refund_reserved), inside tx, which holds the order's row
-// (LockBalance). The schema refuses more than the order's total.
+// (LockBalance). The caller keeps it within the order's total (the schema
+// refuses only succeeded refunds beyond it).
 func Reserve(ctx context.Context, tx *gorm.DB, id string, amount int64, now time.Time) error {
 	err := tx.WithContext(ctx).Exec(`UPDATE orders SET refund_reserved = refund_reserved + ?, updated_at = ? WHERE id = ?`,
 		amount, now, id).Error

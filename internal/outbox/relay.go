@@ -3,14 +3,12 @@ package outbox
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
 
@@ -46,13 +44,6 @@ var _ sender = (*rabbitmq.Publisher)(nil)
 
 // RelayConfig configures a Relay. Zero values get the defaults shown.
 type RelayConfig struct {
-	// ListenURL, when set, is the database URL of a dedicated connection
-	// that LISTENs on the "outbox" channel: a NOTIFY outbox wakes the relay
-	// at once. The schema sends none since migration 00003 (NOTIFY takes a
-	// cluster-wide lock at every commit that sent one, which serialized
-	// every checkout); the relay polls adaptively instead (MinPoll). Empty:
-	// no LISTEN.
-	ListenURL string
 	// PollInterval is the longest wait between polls of an idle outbox, and
 	// the wait after an error (1s).
 	PollInterval time.Duration
@@ -182,23 +173,16 @@ func NewRelay(db *gorm.DB, pub Publisher, cfg RelayConfig) (*Relay, error) {
 	return r, nil
 }
 
-// Run relays until ctx ends. It polls adaptively (MinPoll to PollInterval,
-// or at once on a NOTIFY when ListenURL is set), drains full batches back
+// Run relays until ctx ends. It polls adaptively (MinPoll to PollInterval:
+// no LISTEN/NOTIFY, whose commit-time lock serialized every checkout until
+// migration 00003 dropped the trigger), drains full batches back
 // to back, and keeps up to InFlight batches waiting for their confirms
 // while it claims the next. When ctx ends it finishes the batches in flight
-// (within BatchTimeout), stops its listener and returns nil. Database and
+// (within BatchTimeout) and returns nil. Database and
 // broker errors are logged and retried; they never end Run.
 func (r *Relay) Run(ctx context.Context) error {
-	wake := make(chan struct{}, 1)
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	if r.cfg.ListenURL != "" {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r.listen(ctx, wake)
-		}()
-	}
 	slots := make(chan struct{}, r.cfg.InFlight)
 	idle := r.cfg.MinPoll
 	var gauges time.Time
@@ -240,9 +224,6 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			timer.Stop()
 			return nil
-		case <-wake:
-			timer.Stop()
-			idle = r.cfg.MinPoll
 		case <-timer.C:
 		}
 	}
@@ -458,52 +439,6 @@ func (r *Relay) updateGauges(ctx context.Context) {
 	}
 	r.pending.Set(float64(s.Pending))
 	r.oldestPending.Set(s.Oldest)
-}
-
-// listen keeps a LISTEN outbox connection and turns each notification into a
-// non-blocking wake. It reconnects after errors; polling covers the gaps.
-func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
-	for {
-		err := r.listenOnce(ctx, wake)
-		if ctx.Err() != nil {
-			return
-		}
-		r.logger.Warn("outbox: listen failed, polling until it reconnects", "err", err)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(r.cfg.PollInterval):
-		}
-	}
-}
-
-func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
-	conn, err := pgx.Connect(ctx, r.cfg.ListenURL)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		conn.Close(cctx)
-	}()
-	if _, err := conn.Exec(ctx, "LISTEN outbox"); err != nil {
-		return err
-	}
-	for {
-		// Also wakes once right after (re)connecting, for commits missed
-		// while not listening.
-		select {
-		case wake <- struct{}{}:
-		default:
-		}
-		if _, err := conn.WaitForNotification(ctx); err != nil {
-			if errors.Is(err, context.Canceled) || ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return err
-		}
-	}
 }
 
 func truncate(s string, n int) string {

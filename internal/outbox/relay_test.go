@@ -93,7 +93,7 @@ func (f *fixture) newRelay(t *testing.T, conn *rabbitmq.Conn, reg prometheus.Reg
 	pub := rabbitmq.NewPublisher(conn, rabbitmq.PublisherConfig{Exchange: f.names.Exchange, ConfirmTimeout: 2 * time.Second})
 	t.Cleanup(func() { pub.Close() })
 	r, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{
-		ListenURL: f.dbURL, PollInterval: 200 * time.Millisecond, BatchSize: 50,
+		PollInterval: 200 * time.Millisecond, BatchSize: 50,
 		MinRetry: 50 * time.Millisecond, MaxRetry: 200 * time.Millisecond, Registerer: reg,
 	})
 	require.NoError(t, err)
@@ -326,7 +326,7 @@ func TestPoisonedRowBacksOffWithoutBlockingTheRest(t *testing.T) {
 	pub := &failingPublisher{next: rabbitmq.NewPublisher(conn, rabbitmq.PublisherConfig{Exchange: f.names.Exchange}), poison: poison}
 	reg := prometheus.NewRegistry()
 	relay, err := outbox.NewRelay(f.db, pub, outbox.RelayConfig{
-		ListenURL: f.dbURL, PollInterval: 10 * time.Millisecond, BatchSize: 7, MinRetry: 200 * time.Millisecond, MaxRetry: time.Hour, Registerer: reg,
+		PollInterval: 10 * time.Millisecond, BatchSize: 7, MinRetry: 200 * time.Millisecond, MaxRetry: time.Hour, Registerer: reg,
 	})
 	require.NoError(t, err)
 	stop := run(t, relay.Run)

@@ -37,6 +37,7 @@ import (
 	"github.com/stripe/stripe-go/v76/paymentintent"
 
 	"github.com/onceonly/checkout/internal/checkout"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
@@ -429,7 +430,7 @@ func classify(err error, write bool) (result, error) {
 // raw JSON when there is one, so that it is passed on as Stripe sent it.
 func stateOf(pi *stripe.PaymentIntent) checkout.PaymentIntentState {
 	s := checkout.PaymentIntentState{
-		ID: pi.ID, Status: string(pi.Status), Amount: pi.Amount, Currency: string(pi.Currency),
+		ID: pi.ID, Status: stripeintent.Status(pi.Status), Amount: pi.Amount, Currency: string(pi.Currency),
 		Metadata: pi.Metadata, ClientSecret: pi.ClientSecret,
 		CancellationReason: string(pi.CancellationReason), Created: pi.Created,
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
@@ -54,7 +55,7 @@ func setup(t testing.TB, cfg payments.Config) bundle {
 func createReq(t testing.TB, pm string) checkout.CreateIntentRequest {
 	t.Helper()
 	return checkout.CreateIntentRequest{
-		IdempotencyKey: stripestep.Key("ord_"+t.Name(), checkout.StepCreate, 1),
+		IdempotencyKey: stripestep.Key("ord_"+t.Name(), stripestep.StepCreate, 1),
 		Amount:         2500,
 		Currency:       "usd",
 		PaymentMethod:  pm,
@@ -114,13 +115,13 @@ func TestCreateAndConfirm(t *testing.T) {
 	tests := []struct {
 		name        string
 		pm          string
-		wantStatus  string
+		wantStatus  stripeintent.Status
 		wantDecline string
 		wantAction  bool
 	}{
-		{name: "succeeded", pm: "pm_card_visa", wantStatus: "succeeded"},
+		{name: "succeeded", pm: "pm_card_visa", wantStatus: stripeintent.Succeeded},
 		{name: "declined", pm: "pm_card_chargeDeclined", wantDecline: "generic_decline"},
-		{name: "3D Secure requires action", pm: "pm_card_authenticationRequired", wantStatus: "requires_action", wantAction: true},
+		{name: "3D Secure requires action", pm: "pm_card_authenticationRequired", wantStatus: stripeintent.RequiresAction, wantAction: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -130,10 +131,10 @@ func TestCreateAndConfirm(t *testing.T) {
 			pi, err := b.client.CreatePaymentIntent(t.Context(), req)
 			require.NoError(t, err)
 			require.Regexp(t, `^pi_`, pi.ID)
-			require.Equal(t, "requires_confirmation", pi.Status, "created unconfirmed: no money moves")
+			require.Equal(t, stripeintent.RequiresConfirmation, pi.Status, "created unconfirmed: no money moves")
 			require.Equal(t, map[string]string{"order_id": "ord_1", "tenant_id": "acme"}, pi.Metadata)
 
-			key := stripestep.Key("ord_1", checkout.StepConfirm, 1)
+			key := stripestep.Key("ord_1", stripestep.StepConfirm, 1)
 			got, err := b.client.ConfirmPaymentIntent(t.Context(), checkout.ConfirmIntentRequest{IdempotencyKey: key, PaymentIntentID: pi.ID})
 			if tt.wantDecline != "" {
 				var refusal *checkout.PaymentRefusal
@@ -264,11 +265,11 @@ func TestFinalAnswersNotRetried(t *testing.T) {
 		{name: "invalid request rejected", mutate: func(r *checkout.CreateIntentRequest) { r.Amount = 0 },
 			wantCode: "amount_too_small", wantReqs: 1},
 		// Our own key refused is not a refusal of the payment.
-		{name: "invalid api key refused", secretKey: "pk_test_wrong", wantErr: checkout.ErrProviderCredentials, wantReqs: 1},
+		{name: "invalid api key refused", secretKey: "pk_test_wrong", wantErr: stripestep.ErrCredentials, wantReqs: 1},
 		{name: "401 expired key", fault: &stripeemu.Fault{Kind: stripeemu.FaultFail, Status: 401},
-			wantErr: checkout.ErrProviderCredentials, wantReqs: 1, wantResult: "credentials_refused"},
+			wantErr: stripestep.ErrCredentials, wantReqs: 1, wantResult: "credentials_refused"},
 		{name: "403 restricted key", fault: &stripeemu.Fault{Kind: stripeemu.FaultFail, Status: 403},
-			wantErr: checkout.ErrProviderCredentials, wantReqs: 1, wantResult: "credentials_refused"},
+			wantErr: stripestep.ErrCredentials, wantReqs: 1, wantResult: "credentials_refused"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -66,7 +66,7 @@ func runContract(t *testing.T, base string) {
 		require.Regexp(t, `^pi_`, again.ID)
 
 		got, err := client.ConfirmPaymentIntent(t.Context(), checkout.ConfirmIntentRequest{
-			IdempotencyKey: stripestep.Key("ord_"+t.Name(), checkout.StepConfirm, 1), PaymentIntentID: pi.ID})
+			IdempotencyKey: stripestep.Key("ord_"+t.Name(), stripestep.StepConfirm, 1), PaymentIntentID: pi.ID})
 		require.NoError(t, err, "the confirm request shape must be accepted")
 		require.Regexp(t, `^pi_`, got.ID)
 
@@ -75,11 +75,11 @@ func runContract(t *testing.T, base string) {
 		require.Regexp(t, `^pi_`, read.ID)
 
 		orphan, err := client.CreatePaymentIntent(t.Context(), checkout.CreateIntentRequest{
-			IdempotencyKey: stripestep.Key("ord_"+t.Name(), checkout.StepCreate, 2), Amount: 2500, Currency: "usd",
+			IdempotencyKey: stripestep.Key("ord_"+t.Name(), stripestep.StepCreate, 2), Amount: 2500, Currency: "usd",
 			PaymentMethod: "pm_card_visa", OrderID: "ord_1", TenantID: "acme"})
 		require.NoError(t, err)
 		canceled, err := client.CancelPaymentIntent(t.Context(), checkout.CancelIntentRequest{
-			IdempotencyKey:  stripestep.Key("ord_"+t.Name(), checkout.StepCancel, 1),
+			IdempotencyKey:  stripestep.Key("ord_"+t.Name(), stripestep.StepCancel, 1),
 			PaymentIntentID: orphan.ID, Reason: checkout.CancelDuplicate})
 		require.NoError(t, err, "the cancel request shape must be accepted")
 		require.Regexp(t, `^pi_`, canceled.ID)
@@ -97,7 +97,7 @@ func runContract(t *testing.T, base string) {
 		pi, err := client.CreatePaymentIntent(t.Context(), createReq(t, "pm_card_visa"))
 		require.NoError(t, err)
 		_, err = client.ConfirmPaymentIntent(t.Context(), checkout.ConfirmIntentRequest{
-			IdempotencyKey: stripestep.Key("ord_"+t.Name(), checkout.StepConfirm, 1), PaymentIntentID: pi.ID})
+			IdempotencyKey: stripestep.Key("ord_"+t.Name(), stripestep.StepConfirm, 1), PaymentIntentID: pi.ID})
 		require.NoError(t, err)
 
 		p := refunds.CreateParams{IdempotencyKey: "ord_1/refund:rf_" + t.Name() + "/1", PaymentIntentID: pi.ID, Amount: 1000,

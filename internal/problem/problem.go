@@ -2,11 +2,15 @@
 // (application/problem+json): {"type","title","status","detail","code"} plus
 // extension members such as "errors" or "order_id".
 //
-// Domain packages return an *Error: a Code (codes.go) with a detail and
-// extension members, optionally wrapping its cause (Wrap). They never name
-// an HTTP status: this package's table maps each Code to its status, title
-// and Retry-After, and Write is the one place where an error becomes an
-// HTTP response. Any other error is a generic 500 that reveals nothing.
+// Domain packages return an *Error, the one style of coded error: a Code
+// (codes.go) with a detail and extension members, usually a package
+// variable made with New, optionally wrapping its cause (Wrap); a
+// validation_error is always Validation's. They never name an HTTP status
+// and never render: this package's table maps each Code to its status,
+// title and Retry-After, and Write, called by the edge (internal/api, and
+// the idempotency layer for the responses it stores), is the one place
+// where an error becomes an HTTP response. Any other error is a generic
+// 500 that reveals nothing.
 package problem
 
 import (

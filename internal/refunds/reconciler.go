@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/onceonly/checkout/internal/stripestep"
+	"github.com/onceonly/checkout/internal/sweep"
 )
 
 // PollPending asks Stripe for the state of up to limit refunds that are
@@ -44,8 +45,7 @@ func (s *Service) PollPending(ctx context.Context, olderThan time.Duration, limi
 			continue
 		}
 		// Still pending: look again after olderThan, not every round.
-		if err := s.DB.WithContext(ctx).Model(&refundRow{}).Where("id = ? AND status = ?", r.ID, StatusPending).
-			Update("updated_at", s.now()).Error; err != nil {
+		if err := touch(ctx, s.DB, r.ID, StatusPending, s.now()); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -79,8 +79,7 @@ func (s *Service) ReconcileParked(ctx context.Context, olderThan time.Duration, 
 			continue
 		}
 		if found == nil {
-			if err := s.DB.WithContext(ctx).Model(&refundRow{}).Where("id = ? AND status = ?", r.ID, StatusRequiresAttention).
-				Update("updated_at", s.now()).Error; err != nil {
+			if err := touch(ctx, s.DB, r.ID, StatusRequiresAttention, s.now()); err != nil {
 				errs = append(errs, err)
 			}
 			continue
@@ -184,30 +183,42 @@ func (s *Service) AdoptOutside(ctx context.Context) (int, error) {
 
 // RunReconciler polls pending refunds, reconciles parked ones, and adopts
 // refunds made outside the service (AdoptOutside), every interval until ctx
-// ends, then returns nil. Errors are logged and retried in the next round.
+// ends (sweep.Every), then returns nil. A round's errors are logged and
+// retried in the next round. The first round comes one interval after the
+// start, not at it: a refund is polled only once it has waited an interval
+// anyway, and a process that starts calls Stripe for nothing else (the e2e
+// tests' one-shot Stripe faults count on that).
 func (s *Service) RunReconciler(ctx context.Context, interval time.Duration) error {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		if n, err := s.PollPending(ctx, interval, 100); err != nil && ctx.Err() == nil {
-			s.Logger.Warn("refunds: poll pending refunds", "err", err)
-		} else if n > 0 {
-			s.Logger.Info("refunds: pending refunds settled by Stripe", "count", n)
-		}
-		if n, err := s.ReconcileParked(ctx, interval, 100); err != nil && ctx.Err() == nil {
-			s.Logger.Warn("refunds: reconcile parked refunds", "err", err)
-		} else if n > 0 {
-			s.Logger.Info("refunds: parked refunds found at Stripe", "count", n)
-		}
-		if n, err := s.AdoptOutside(ctx); err != nil && ctx.Err() == nil {
-			s.Logger.Warn("refunds: adopt refunds made outside the service", "err", err)
-		} else if n > 0 {
-			s.Logger.Info("refunds: refunds made outside the service adopted", "count", n)
-		}
+	first := time.NewTimer(interval)
+	defer first.Stop()
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-first.C:
 	}
+	return sweep.Every(ctx, interval, s.Logger, "refunds: reconciler", func(ctx context.Context) error {
+		return s.reconcileRound(ctx, interval)
+	})
+}
+
+// reconcileRound is one round of RunReconciler: each part runs whatever
+// the others returned, and their errors are joined.
+func (s *Service) reconcileRound(ctx context.Context, interval time.Duration) error {
+	var errs []error
+	if n, err := s.PollPending(ctx, interval, 100); err != nil {
+		errs = append(errs, fmt.Errorf("poll pending refunds: %w", err))
+	} else if n > 0 {
+		s.Logger.Info("refunds: pending refunds settled by Stripe", "count", n)
+	}
+	if n, err := s.ReconcileParked(ctx, interval, 100); err != nil {
+		errs = append(errs, fmt.Errorf("reconcile parked refunds: %w", err))
+	} else if n > 0 {
+		s.Logger.Info("refunds: parked refunds found at Stripe", "count", n)
+	}
+	if n, err := s.AdoptOutside(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("adopt refunds made outside the service: %w", err))
+	} else if n > 0 {
+		s.Logger.Info("refunds: refunds made outside the service adopted", "count", n)
+	}
+	return errors.Join(errs...)
 }

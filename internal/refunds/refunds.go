@@ -8,8 +8,11 @@
 // The guarantees (CONTRACT.md v2, "Refunds"):
 //   - An order's refunds never add up to more than it paid, whatever runs at
 //     once: the pending refund is inserted in the transaction that locks the
-//     order row and reserves its amount (orders.refund_reserved), and a CHECK
-//     constraint refuses a reservation beyond amount_total.
+//     order row and reserves its amount (orders.refund_reserved) only
+//     within amount_total; a CHECK constraint refuses succeeded refunds
+//     beyond it. A refund made outside the service (adopt) is taken in
+//     when it fits in what Stripe has not refunded, even beyond the
+//     reservations of refunds in doubt, which Stripe then refuses.
 //   - A refund is created at Stripe at most once: its row and its attempt
 //     are committed before the call, the Stripe Idempotency-Key is derived
 //     from them ("{order id}/refund:{refund id}/{attempt}"), and an
@@ -42,23 +45,6 @@ const Route = "POST /v1/orders/{id}/refunds"
 // and its first attempt are committed: the Stripe step is next.
 const RecoveryPointRefundCreated = "refund_created"
 
-// Refund statuses (ours; Stripe's pending and requires_action are pending,
-// its canceled is failed).
-const (
-	StatusPending   = "pending"
-	StatusSucceeded = "succeeded"
-	StatusFailed    = "failed"
-	// StatusRequiresAttention: the create stayed indeterminate for
-	// RetryAfter and the refund is not found at Stripe. It is never sent
-	// again under a new key (a refund cannot be canceled, so a late
-	// roll-forward of the first attempt would refund twice); its amount
-	// stays reserved, it is counted (checkout_refunds_requiring_attention)
-	// and alerted on, and ReconcileParked keeps looking for it at Stripe.
-	// Like pending, it is not settled: Stripe's refund, if it appears,
-	// moves it to pending, succeeded or failed.
-	StatusRequiresAttention = "requires_attention"
-)
-
 // Reasons Stripe accepts for a refund
 // (https://docs.stripe.com/api/refunds/create#create_refund-reason).
 var Reasons = []string{"requested_by_customer", "duplicate", "fraudulent"}
@@ -70,7 +56,7 @@ type Refund struct {
 	Amount         int64     `json:"amount"`
 	Currency       string    `json:"currency"`
 	Reason         *string   `json:"reason"`
-	Status         string    `json:"status"`
+	Status         Status    `json:"status"`
 	StripeRefundID *string   `json:"stripe_refund_id"`
 	FailureReason  *string   `json:"failure_reason,omitempty"`
 	CreatedAt      time.Time `json:"created_at"`

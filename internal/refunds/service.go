@@ -103,9 +103,25 @@ func (s *Service) retryAfter() time.Duration {
 	return s.RetryAfter
 }
 
-// Refund executes, resumes or replays the refund of orderID that req
-// identifies. in is the decoded body and inputErrs what decoding found
-// wrong with it, reported only after the stored-key rules.
+// RefundCommand is one POST /v1/orders/{id}/refunds as the gateway admitted
+// it: the key's scope, the request's fingerprint and lease owner, the order,
+// and the decoded body with what decoding found wrong with it (reported
+// only after the stored-key rules, as the contract orders).
+type RefundCommand struct {
+	// Scope names the key (its route is Route).
+	Scope idempotency.Scope
+	// Fingerprint is the request's fingerprint (idempotency.Fingerprint).
+	Fingerprint string
+	// Owner is this execution's lease token.
+	Owner string
+	// OrderID is the order to refund (the path's id).
+	OrderID string
+	// Input is the decoded body; InputErrors what decoding found wrong.
+	Input       *Request
+	InputErrors []FieldError
+}
+
+// Refund executes, resumes or replays the refund cmd names.
 //
 // It returns the final response, stored under the key (201 with the
 // refund, 409 order_not_refundable, 409 refund_exceeds_payment), and
@@ -113,9 +129,9 @@ func (s *Service) retryAfter() time.Duration {
 // idempotency_key_reused, 409 idempotency_key_in_use, 400
 // validation_error, 404 not_found, 502 payment_provider_unavailable and
 // 503 unavailable (the key keeps its recovery point; a retry resumes it).
-func (s *Service) Refund(ctx context.Context, req *idempotency.Request, orderID string, in *Request, inputErrs []FieldError) (*idempotency.Response, bool, error) {
-	resp, replayed, err := s.executor().Execute(ctx, req.Scope, req.Fingerprint, req.Owner,
-		&refundCommand{s: s, orderID: orderID, in: in, inputErrs: inputErrs})
+func (s *Service) Refund(ctx context.Context, cmd RefundCommand) (*idempotency.Response, bool, error) {
+	resp, replayed, err := s.executor().Execute(ctx, cmd.Scope, cmd.Fingerprint, cmd.Owner,
+		&refundCommand{s: s, orderID: cmd.OrderID, in: cmd.Input, inputErrs: cmd.InputErrors})
 	if err != nil {
 		return nil, false, translate(err)
 	}
@@ -171,7 +187,7 @@ func (s *Service) Commands() idempotency.Commands {
 // stored 409 instead.
 func (s *Service) create(ctx context.Context, tx *gorm.DB, c *idempotency.Claim, orderID string, in *Request, inputErrs []FieldError) (*refundRow, *idempotency.Response, error) {
 	if errs := in.validate(inputErrs); len(errs) > 0 {
-		return nil, nil, ValidationError(errs) // rolls the claim back: not stored
+		return nil, nil, problem.Validation(errs) // rolls the claim back: not stored
 	}
 	if !ids.Valid("ord", orderID) {
 		return nil, nil, ErrOrderNotFound
@@ -187,7 +203,9 @@ func (s *Service) create(ctx context.Context, tx *gorm.DB, c *idempotency.Claim,
 		}
 		return nil, resp, nil
 	}
-	left := o.AmountTotal - o.RefundReserved
+	// Below zero when a refund made outside the service was adopted while
+	// refunds of ours were in doubt (adopt): nothing is left.
+	left := max(0, o.AmountTotal-o.RefundReserved)
 	// A refunded order has something left only when Stripe failed a refund
 	// after it had succeeded: its amount is again available (CONTRACT.md),
 	// though the status never moves back.
@@ -215,8 +233,7 @@ func (s *Service) create(ctx context.Context, tx *gorm.DB, c *idempotency.Claim,
 	if err := tx.WithContext(ctx).Create(r).Error; err != nil {
 		return nil, nil, fmt.Errorf("insert refund: %w", err)
 	}
-	// The order row is locked, so no other refund reserves in between; the
-	// CHECK (refund_reserved <= amount_total) backs this in the schema.
+	// The order row is locked, so no other refund reserves in between.
 	if err := orders.Reserve(ctx, tx, o.ID, amount, now); err != nil {
 		return nil, nil, err
 	}
@@ -255,7 +272,7 @@ func (s *Service) run(ctx context.Context, c *idempotency.Claim, r *refundRow) (
 		case a.Outcome == stripestep.Open:
 			st, err := s.Stripe.CreateRefund(ctx, CreateParams{
 				IdempotencyKey: a.IdempotencyKey, PaymentIntentID: r.PaymentIntentID, Amount: r.Amount,
-				Reason: deref(r.Reason), RefundID: r.ID, OrderID: r.OrderID, TenantID: r.TenantID,
+				Reason: r.reason(), RefundID: r.ID, OrderID: r.OrderID, TenantID: r.TenantID,
 			})
 			switch outcome := stripestep.OutcomeOf(err); outcome {
 			case stripestep.Succeeded:
@@ -411,15 +428,15 @@ func park(ctx context.Context, tx *gorm.DB, r *refundRow, now time.Time) error {
 	if _, err := lockOrder(ctx, tx, "", r.OrderID); err != nil {
 		return err
 	}
-	if err := tx.WithContext(ctx).Model(&refundRow{}).Where("id = ? AND status = ?", r.ID, StatusPending).
-		Updates(map[string]any{"status": StatusRequiresAttention, "updated_at": now}).Error; err != nil {
+	if _, err := move(ctx, tx, r.ID, StatusRequiresAttention, nil, now); err != nil {
 		return fmt.Errorf("park refund %s: %w", r.ID, err)
 	}
 	return nil
 }
 
 // failUnsent fails a refund Stripe refused to create: no Stripe id, its
-// reservation released.
+// reservation released. Only a pending refund is failed here: one that
+// Stripe settled meanwhile is Apply's.
 func failUnsent(ctx context.Context, tx *gorm.DB, r *refundRow, reason string, now time.Time) error {
 	if _, err := lockOrder(ctx, tx, "", r.OrderID); err != nil {
 		return err
@@ -428,9 +445,7 @@ func failUnsent(ctx context.Context, tx *gorm.DB, r *refundRow, reason string, n
 	if err != nil || cur.Status != StatusPending {
 		return err
 	}
-	if err := tx.WithContext(ctx).Model(&refundRow{}).Where("id = ?", r.ID).Updates(map[string]any{
-		"status": StatusFailed, "failure_reason": reason, "settled_at": now, "updated_at": now,
-	}).Error; err != nil {
+	if _, err := move(ctx, tx, r.ID, StatusFailed, map[string]any{"failure_reason": reason, "settled_at": now}, now); err != nil {
 		return fmt.Errorf("fail refund %s: %w", r.ID, err)
 	}
 	return orders.Reserve(ctx, tx, r.OrderID, -r.Amount, now)
@@ -444,13 +459,6 @@ func translate(err error) error {
 		return err
 	}
 	return problem.Wrap(ErrUnavailable, err)
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
 }
 
 func boolInt(b bool) int {

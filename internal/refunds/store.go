@@ -23,7 +23,7 @@ type refundRow struct {
 	Amount           int64
 	Currency         string
 	Reason           *string
-	Status           string
+	Status           Status
 	PaymentIntentID  string
 	StripeRefundID   *string
 	StripeStatus     *string
@@ -34,6 +34,14 @@ type refundRow struct {
 }
 
 func (refundRow) TableName() string { return "refunds" }
+
+// reason is the refund's reason, "" for none.
+func (r *refundRow) reason() string {
+	if r.Reason == nil {
+		return ""
+	}
+	return *r.Reason
+}
 
 func (r *refundRow) view() Refund {
 	return Refund{

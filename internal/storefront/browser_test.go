@@ -44,6 +44,9 @@ type env struct {
 	apiLink *stack.Proxy // storefront -> api
 	shopURL string
 	browser context.Context // a chromedp context whose browser runs
+	// bin holds the stack's binaries, for a test that starts a stack of
+	// its own (other options).
+	bin string
 }
 
 func TestMain(m *testing.M) {
@@ -113,6 +116,7 @@ func start(tb *mainTB) (e *env, err error) {
 	if err != nil {
 		return nil, err
 	}
+	tb.Cleanup(shop.Wait) // after srv.Close: the Pays' calls end too
 	srv := httptest.NewServer(shop)
 	tb.Cleanup(srv.Close)
 
@@ -125,7 +129,7 @@ func start(tb *mainTB) (e *env, err error) {
 	if err := chromedp.Do(browser); err != nil { // starts the browser
 		return nil, fmt.Errorf("start chromium %s: %w", chromium, err)
 	}
-	return &env{st: st, apiLink: link, shopURL: srv.URL, browser: browser}, nil
+	return &env{st: st, apiLink: link, shopURL: srv.URL, browser: browser, bin: bin}, nil
 }
 
 // tab returns a new tab in a browser context of its own (no cookies, no

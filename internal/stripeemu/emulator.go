@@ -152,6 +152,15 @@ type storedIntent struct {
 	returnURL string
 }
 
+// paymentMethodID is the id of the PaymentIntent's payment method, "" for
+// none: what its charge records.
+func (s *storedIntent) paymentMethodID() string {
+	if s.pi.PaymentMethod == nil {
+		return ""
+	}
+	return *s.pi.PaymentMethod
+}
+
 // Option configures an Emulator.
 type Option func(*Emulator)
 

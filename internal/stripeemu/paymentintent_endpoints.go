@@ -164,7 +164,7 @@ func (e *Emulator) succeedLocked(s *storedIntent) {
 func (e *Emulator) newChargeLocked(s *storedIntent, status string) *charge {
 	ch := &charge{ID: newID("ch"), Object: "charge", Amount: s.pi.Amount, Created: e.now().Unix(),
 		Currency: s.pi.Currency, Metadata: s.pi.Metadata, PaymentIntent: s.pi.ID,
-		PaymentMethod: deref(s.pi.PaymentMethod), Status: status, apiKey: s.apiKey}
+		PaymentMethod: s.paymentMethodID(), Status: status, apiKey: s.apiKey}
 	e.charges[ch.ID] = ch
 	s.pi.LatestCharge = expandable{id: ch.ID}
 	return ch
@@ -677,12 +677,4 @@ func (e *Emulator) emitPILocked(typ string, s *storedIntent) {
 // docURL is Stripe's documentation link for an error code.
 func docURL(code string) string {
 	return "https://docs.stripe.com/error-codes/" + strings.ReplaceAll(code, "_", "-")
-}
-
-// deref returns *s, or "" for nil.
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
 }

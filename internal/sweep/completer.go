@@ -172,7 +172,7 @@ func NewCompleter(db *gorm.DB, keys *idempotency.Store, svc KeyCompleter, cfg Co
 // KeyTimeout). Errors are logged and retried in the next round; they never
 // end Run.
 func (c *Completer) Run(ctx context.Context) error {
-	return every(ctx, c.cfg.Interval, c.logger, "completer", func(ctx context.Context) error {
+	return Every(ctx, c.cfg.Interval, c.logger, "completer", func(ctx context.Context) error {
 		_, err := c.RunOnce(ctx)
 		return err
 	})

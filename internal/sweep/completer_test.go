@@ -231,7 +231,7 @@ func TestCompleterFinishesStuckCheckout(t *testing.T) {
 	require.Equal(t, http.StatusCreated, retry.status, "%s", retry.body)
 	require.Equal(t, "true", retry.header.Get(idempotency.ReplayedHeader))
 	require.Equal(t, "/v1/orders/"+s.OrderID, retry.header.Get("Location"))
-	var o checkout.Order
+	var o orders.Order
 	require.NoError(t, json.Unmarshal(retry.body, &o))
 	require.Equal(t, s.OrderID, o.ID)
 	require.Equal(t, orders.Paid, o.Status)

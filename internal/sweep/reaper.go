@@ -116,7 +116,7 @@ func NewReaper(db *gorm.DB, cfg ReaperConfig) (*Reaper, error) {
 // returns nil after the statement in flight. Errors are logged and retried
 // in the next round; they never end Run.
 func (r *Reaper) Run(ctx context.Context) error {
-	return every(ctx, r.cfg.Interval, r.logger, "reaper", func(ctx context.Context) error {
+	return Every(ctx, r.cfg.Interval, r.logger, "reaper", func(ctx context.Context) error {
 		res, err := r.RunOnce(ctx)
 		if n := res.Keys.Deleted + res.Inbox.Deleted + res.Outbox.Deleted; n > 0 {
 			r.logger.Info("reaped expired rows", "idempotency_keys", res.Keys.Deleted,

@@ -163,7 +163,7 @@ func NewReconciler(db *gorm.DB, svc OrderReconciler, cfg ReconcilerConfig) (*Rec
 // Run runs a round at once and then every Interval until ctx ends, and
 // returns nil after the round in flight. Errors are logged, never returned.
 func (r *Reconciler) Run(ctx context.Context) error {
-	return every(ctx, r.cfg.Interval, r.logger, "reconciler", func(ctx context.Context) error {
+	return Every(ctx, r.cfg.Interval, r.logger, "reconciler", func(ctx context.Context) error {
 		_, err := r.RunOnce(ctx)
 		return err
 	})

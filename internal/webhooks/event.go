@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/stripe/stripe-go/v76/webhook"
+
+	"github.com/onceonly/checkout/internal/stripeintent"
 )
 
 // DefaultTolerance is how old a Stripe-Signature timestamp may be: 300s, as
@@ -104,7 +106,7 @@ func DecodeEvent(payload []byte) (Event, error) {
 // data.object or a GET /v1/payment_intents/{id} gives it.
 type PaymentIntent struct {
 	ID       string
-	Status   string // requires_payment_method, requires_action, processing, succeeded, canceled, …
+	Status   stripeintent.Status
 	Amount   int64
 	Currency string
 	// OrderID and TenantID come from metadata[order_id] and
@@ -126,25 +128,18 @@ type PaymentIntent struct {
 // Ours reports whether the PaymentIntent names an order of a tenant.
 func (pi PaymentIntent) Ours() bool { return pi.OrderID != "" && pi.TenantID != "" }
 
-// Final reports whether the PaymentIntent's status can no longer change:
-// succeeded and canceled are terminal at Stripe
-// (https://docs.stripe.com/payments/paymentintents/lifecycle); every other
-// status can still move, e.g. requires_payment_method to succeeded when it
-// is confirmed again.
-func (pi PaymentIntent) Final() bool { return pi.Status == "succeeded" || pi.Status == "canceled" }
-
 // paymentIntentJSON is the wire form. Metadata values are decoded loosely:
 // a value that is not a string is ignored rather than failing the event.
 type paymentIntentJSON struct {
-	ID                 string          `json:"id"`
-	Object             string          `json:"object"`
-	Status             string          `json:"status"`
-	Amount             int64           `json:"amount"`
-	Currency           string          `json:"currency"`
-	Metadata           map[string]any  `json:"metadata"`
-	CancellationReason string          `json:"cancellation_reason"`
-	ClientSecret       string          `json:"client_secret"`
-	NextAction         json.RawMessage `json:"next_action"`
+	ID                 string              `json:"id"`
+	Object             string              `json:"object"`
+	Status             stripeintent.Status `json:"status"`
+	Amount             int64               `json:"amount"`
+	Currency           string              `json:"currency"`
+	Metadata           map[string]any      `json:"metadata"`
+	CancellationReason string              `json:"cancellation_reason"`
+	ClientSecret       string              `json:"client_secret"`
+	NextAction         json.RawMessage     `json:"next_action"`
 	LastPaymentError   *struct {
 		Code        string `json:"code"`
 		DeclineCode string `json:"decline_code"`

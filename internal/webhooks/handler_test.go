@@ -28,7 +28,9 @@ import (
 	"github.com/onceonly/checkout/internal/ids"
 	lifecycle "github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/outbox"
+	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/webhooks"
 )
 
@@ -69,32 +71,41 @@ func (o dbOrders) OrderStatus(ctx context.Context, tenantID, orderID string) (li
 	return lifecycle.Status(status[0]), nil
 }
 
-// CloseBeforeExit returns pi as it is: this fake has no Stripe to cancel
-// at (the API's tests cover the saga's closing).
-func (o dbOrders) CloseBeforeExit(_ context.Context, pi webhooks.PaymentIntent) (webhooks.PaymentIntent, error) {
-	return pi, nil
-}
-
 // SettleStrayPayment does nothing: this fake has no Stripe to refund at
 // (the API's tests cover stray payments).
 func (o dbOrders) SettleStrayPayment(context.Context, webhooks.PaymentIntent) error { return nil }
 
-func (o dbOrders) ApplyPaymentIntent(ctx context.Context, tx *gorm.DB, pi webhooks.PaymentIntent) (bool, error) {
-	var target, typ string
-	switch pi.Status {
-	case "succeeded":
-		target, typ = "paid", outbox.TypeOrderPaid
-	case "requires_payment_method", "canceled":
-		target, typ = "payment_failed", outbox.TypeOrderPaymentFailed
-	default:
-		return false, nil
-	}
+// ApplyPaymentIntent records the event (record) and applies pi in one
+// transaction, as the saga's does.
+func (o dbOrders) ApplyPaymentIntent(ctx context.Context, pi webhooks.PaymentIntent, record func(tx *gorm.DB) (bool, error)) (bool, error) {
 	var n int64
-	if err := tx.Raw(`SELECT count(*) FROM orders WHERE id = ? AND tenant_id = ?`, pi.OrderID, pi.TenantID).Scan(&n).Error; err != nil {
+	if err := o.db.WithContext(ctx).Raw(`SELECT count(*) FROM orders WHERE id = ? AND tenant_id = ?`, pi.OrderID, pi.TenantID).Scan(&n).Error; err != nil {
 		return false, err
 	}
 	if n == 0 {
 		return false, fmt.Errorf("order %s: %w", pi.OrderID, webhooks.ErrNotOurs)
+	}
+	var changed bool
+	err := postgres.WithTx(ctx, o.db, func(tx *gorm.DB) error {
+		first, err := record(tx)
+		if err != nil || !first {
+			return err
+		}
+		changed, err = o.apply(ctx, tx, pi)
+		return err
+	})
+	return changed, err
+}
+
+func (o dbOrders) apply(ctx context.Context, tx *gorm.DB, pi webhooks.PaymentIntent) (bool, error) {
+	var target, typ string
+	switch pi.Status {
+	case stripeintent.Succeeded:
+		target, typ = "paid", outbox.TypeOrderPaid
+	case stripeintent.RequiresPaymentMethod, stripeintent.Canceled:
+		target, typ = "payment_failed", outbox.TypeOrderPaymentFailed
+	default:
+		return false, nil
 	}
 	res := tx.Exec(`UPDATE orders SET status = ?, payment_intent_id = ?, payment_status = ?, updated_at = now()
 		WHERE id = ? AND status = 'pending_payment'`, target, pi.ID, pi.Status, pi.OrderID)
@@ -371,6 +382,31 @@ func TestFailureAfterInboxInsert(t *testing.T) {
 	require.Equal(t, "paid", b.status(ord))
 	require.Equal(t, 1, b.count(`SELECT count(*) FROM outbox`))
 	require.Equal(t, reply{200, received(webhooks.OutcomeDuplicate)}, b.send(body))
+}
+
+// stripeDownOrders is dbOrders whose apply finds Stripe not answering a
+// call it must make first (closing the PaymentIntent, refunding a stray
+// payment), as checkout.Service.ApplyPaymentIntent reports it.
+type stripeDownOrders struct{ dbOrders }
+
+func (o stripeDownOrders) ApplyPaymentIntent(context.Context, webhooks.PaymentIntent, func(*gorm.DB) (bool, error)) (bool, error) {
+	return false, fmt.Errorf("close the payment: %w: stripe 503", webhooks.ErrStripe)
+}
+
+// TestStripeDownWhileApplying: a call to Stripe the apply needs fails:
+// 502 payment_provider_unavailable, nothing recorded, so that Stripe's
+// resend applies it.
+func TestStripeDownWhileApplying(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.handler.Orders = stripeDownOrders{b.orders}
+	ord := b.order()
+	r := b.send(event("evt_down", webhooks.TypePaymentIntentCanceled,
+		webhooks.PaymentIntent{ID: "pi_down", Status: stripeintent.Canceled, OrderID: ord, TenantID: "acme"}, "2023-10-16"))
+	require.Equal(t, http.StatusBadGateway, r.status, r.body)
+	require.Contains(t, r.body, `"code":"payment_provider_unavailable"`)
+	require.Zero(t, b.count(`SELECT count(*) FROM inbox`))
+	require.Equal(t, "pending_payment", b.status(ord))
 }
 
 // TestDatabaseDown: the inbox cannot be written: 503 so that Stripe resends.

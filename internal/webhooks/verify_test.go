@@ -140,7 +140,7 @@ func TestDecodeToleratesOtherAPIVersions(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, PaymentIntent{ID: "pi_9", Status: "requires_payment_method", Amount: 2500, Currency: "usd",
 		OrderID: "ord_1", TenantID: "acme", LastErrorCode: "card_declined", LastDeclineCode: "generic_decline"}, pi)
-	require.False(t, pi.Final())
+	require.False(t, pi.Status.Final())
 
 	_, err = DecodeEvent([]byte(`{"id":"evt"}`))
 	require.True(t, errors.Is(err, ErrMalformedEvent))

@@ -77,31 +77,34 @@ func handled(typ string) bool { return slices.Contains(handledTypes, typ) }
 // event is answered 200 and ignored.
 var ErrNotOurs = errors.New("not an object of this service")
 
+// ErrStripe is wrapped by an Orders error when a call to Stripe made while
+// applying an event got no usable answer: the event is answered 502
+// payment_provider_unavailable, nothing recorded, and Stripe resends it.
+var ErrStripe = errors.New("stripe did not answer")
+
 // Orders is what the handler needs of the checkout saga.
 type Orders interface {
 	// OrderStatus returns the status of tenant's order id (CONTRACT.md's
 	// order statuses), or an error wrapping ErrNotOurs when there is none.
 	OrderStatus(ctx context.Context, tenantID, orderID string) (orders.Status, error)
 	// ApplyPaymentIntent applies Stripe's state of a PaymentIntent to the
-	// order its metadata names, inside tx, only forward: it reports
+	// order its metadata names, only forward, with all that goes with it
+	// (closing the PaymentIntent before the order leaves the way to paid,
+	// refunding a stray payment: checkout.Service.ApplyPaymentIntent). It
+	// calls record first inside the transaction that applies the change,
+	// and applies nothing when record returns false. It reports
 	// changed=false when the order is already where pi would take it or
-	// further. An error wrapping ErrNotOurs means the order is unknown; any
-	// other error rolls tx back, the inbox record with it.
-	ApplyPaymentIntent(ctx context.Context, tx *gorm.DB, pi PaymentIntent) (changed bool, err error)
-	// CloseBeforeExit is called, outside any transaction, with Stripe's
-	// current state of a PaymentIntent whose order still waits: when that
-	// state would fail the order while the PaymentIntent could still move
-	// money (a failed attempt leaves it open for another), it cancels the
-	// PaymentIntent at Stripe and returns its state afterwards (canceled,
-	// or succeeded when it was paid meanwhile); otherwise pi as it is. An
-	// order leaves the way to paid only once its PaymentIntent is closed.
-	// An error means Stripe or the database did not answer.
-	CloseBeforeExit(ctx context.Context, pi PaymentIntent) (PaymentIntent, error)
+	// further. An error wrapping ErrNotOurs means the order is unknown
+	// (record was not called); one wrapping ErrStripe means a call to Stripe
+	// failed; any other error rolled the transaction back, the record with
+	// it.
+	ApplyPaymentIntent(ctx context.Context, pi PaymentIntent, record func(tx *gorm.DB) (first bool, err error)) (changed bool, err error)
 	// SettleStrayPayment is called, outside any transaction, with the
-	// state about to be applied when it moves money: if the order it names
-	// is not paid and never will be through pi (failed, canceled, or
-	// another PaymentIntent recorded), it refunds pi (idempotently) and
-	// counts it. An error means Stripe or the database did not answer.
+	// PaymentIntent of a stray payment's refund that Stripe failed: if the
+	// order it names is not paid and never will be through pi (failed,
+	// canceled, or another PaymentIntent recorded), it refunds pi again
+	// (idempotently) and counts it. An error means Stripe or the database
+	// did not answer.
 	SettleStrayPayment(ctx context.Context, pi PaymentIntent) error
 }
 
@@ -295,67 +298,43 @@ func (h *Handler) paymentIntent(ctx context.Context, ev Event, pi PaymentIntent)
 		return "", problem.Wrap(ErrUnavailable, err)
 	}
 	state := pi
-	if !pi.Final() {
+	if !pi.Status.Final() && status.Waiting() {
 		// An order still on the way to paid (orders.Status.Waiting) waits
-		// for its payment's outcome: an event that is not final for the
-		// PaymentIntent is then checked against Stripe's current state.
-		if status.Waiting() {
-			// The event says e.g. requires_payment_method while the order
-			// still waits: the PaymentIntent may have moved on since (a later
-			// confirmation succeeded), and delivery order cannot tell. Stripe
-			// can: GET by id is strongly consistent.
-			cur, err := h.Stripe.RetrievePaymentIntent(ctx, pi.ID)
-			if err != nil {
-				return "", problem.Wrap(ErrStripeUnavailable, fmt.Errorf("retrieve %s: %w", pi.ID, err))
-			}
-			if cur.OrderID != pi.OrderID || cur.TenantID != pi.TenantID {
-				return "", problem.Wrap(ErrStripeUnavailable, fmt.Errorf("retrieve %s: metadata names order %s/%s, the event %s/%s",
-					pi.ID, cur.TenantID, cur.OrderID, pi.TenantID, pi.OrderID))
-			}
-			// A failed attempt fails the order only once the
-			// PaymentIntent can no longer move money.
-			if state, err = h.Orders.CloseBeforeExit(ctx, cur); err != nil {
-				return "", problem.Wrap(ErrStripeUnavailable, fmt.Errorf("close %s before its order fails: %w", pi.ID, err))
-			}
+		// for its payment's outcome, and an event that is not final for
+		// the PaymentIntent (e.g. requires_payment_method) may have been
+		// overtaken since (a later confirmation succeeded): delivery order
+		// cannot tell. Stripe can: GET by id is strongly consistent, and
+		// its current state is what is applied.
+		cur, err := h.Stripe.RetrievePaymentIntent(ctx, pi.ID)
+		if err != nil {
+			return "", problem.Wrap(ErrStripeUnavailable, fmt.Errorf("retrieve %s: %w", pi.ID, err))
 		}
+		if cur.OrderID != pi.OrderID || cur.TenantID != pi.TenantID {
+			return "", problem.Wrap(ErrStripeUnavailable, fmt.Errorf("retrieve %s: metadata names order %s/%s, the event %s/%s",
+				pi.ID, cur.TenantID, cur.OrderID, pi.TenantID, pi.OrderID))
+		}
+		state = cur
 	}
 
-	if state.Status == "succeeded" || state.Status == "processing" || state.Status == "requires_capture" {
-		// Money that moved for an order that is not paid is refunded
-		// before the event is recorded: a failure is a 5xx, and Stripe's
-		// resend tries again.
-		if err := h.Orders.SettleStrayPayment(ctx, state); err != nil {
-			return "", problem.Wrap(ErrStripeUnavailable, fmt.Errorf("settle stray payment %s: %w", pi.ID, err))
-		}
-	}
-
-	var outcome string
-	err = postgres.WithTx(ctx, h.DB, func(tx *gorm.DB) error {
+	duplicate := false
+	changed, err := h.Orders.ApplyPaymentIntent(ctx, state, func(tx *gorm.DB) (bool, error) {
 		first, err := inbox.Record(ctx, tx, Consumer, ev.ID)
-		if err != nil {
-			return err
-		}
-		if !first {
-			outcome = OutcomeDuplicate
-			return nil
-		}
-		changed, err := h.Orders.ApplyPaymentIntent(ctx, tx, state)
-		if err != nil {
-			return err
-		}
-		outcome = OutcomeStale
-		if changed {
-			outcome = OutcomeApplied
-		}
-		return nil
+		duplicate = err == nil && !first
+		return first, err
 	})
 	switch {
 	case errors.Is(err, ErrNotOurs):
 		return OutcomeIgnored, nil
+	case errors.Is(err, ErrStripe):
+		return "", problem.Wrap(ErrStripeUnavailable, err)
 	case err != nil:
 		return "", problem.Wrap(ErrUnavailable, err)
+	case duplicate:
+		return OutcomeDuplicate, nil
+	case changed:
+		return OutcomeApplied, nil
 	}
-	return outcome, nil
+	return OutcomeStale, nil
 }
 
 // refunds applies the refunds an event carries, all in one transaction with

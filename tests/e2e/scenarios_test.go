@@ -12,6 +12,7 @@ import (
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/stripeemu"
+	"github.com/onceonly/checkout/internal/stripestep"
 	"github.com/onceonly/checkout/internal/testenv"
 	"github.com/onceonly/checkout/tests/e2e/stack"
 )
@@ -172,7 +173,7 @@ func TestStripeTransientFailures(t *testing.T) {
 				}
 				require.True(t, r.Method != "POST" || strings.HasPrefix(r.IdempotencyKey, o.ID+"/"),
 					"every Stripe write carries a key derived from the order: %q", r.IdempotencyKey)
-				if r.IdempotencyKey != stack.StepKey(o.ID, checkout.StepCreate) {
+				if r.IdempotencyKey != stack.StepKey(o.ID, stripestep.StepCreate) {
 					continue
 				}
 				statuses = append(statuses, r.Status)

@@ -18,6 +18,7 @@ import (
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/notify/smtpsink"
 	"github.com/onceonly/checkout/internal/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
@@ -126,7 +127,7 @@ func IntentsByOrder(pis []PaymentIntent) map[string][]PaymentIntent {
 func MoneyMoving(pis []PaymentIntent) int {
 	n := 0
 	for _, pi := range pis {
-		if checkout.MovesMoney(pi.Status) {
+		if stripeintent.Status(pi.Status).MovesMoney() {
 			n++
 		}
 	}

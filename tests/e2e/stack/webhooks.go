@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/stripeemu"
+	"github.com/onceonly/checkout/internal/stripeintent"
 )
 
 // emulatorWebhookEnv is the emulator's environment for Options.Webhooks.
@@ -66,11 +68,11 @@ func (s *Stack) Webhooks() stripeemu.WebhookLog {
 // (after a failed attempt) and canceled are payment_failed; any other
 // status is not final and maps to "".
 func OrderForStripe(piStatus string) string {
-	switch piStatus {
-	case "succeeded":
-		return "paid"
-	case "requires_payment_method", "canceled":
-		return "payment_failed"
+	switch stripeintent.Status(piStatus) {
+	case stripeintent.Succeeded:
+		return string(orders.Paid)
+	case stripeintent.RequiresPaymentMethod, stripeintent.Canceled:
+		return string(orders.PaymentFailed)
 	}
 	return ""
 }
