@@ -12,9 +12,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/rabbitmq/rabbitmqtest"
+	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/tests/e2e/stack"
 )
 
@@ -208,7 +208,7 @@ func (h *history) checkMoney() {
 	for _, o := range h.orders() {
 		var moved, back int64
 		for _, pi := range byOrder[o.id] {
-			if checkout.MovesMoney(pi.Status) {
+			if stripeintent.Status(pi.Status).MovesMoney() {
 				moved += pi.Amount
 				back += refunded[pi.ID]
 			}
