@@ -489,6 +489,21 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64, outage time
 	if !stripeDownDone {
 		faults.add(stripeOutage(s), 1)
 	}
+	// Support cancels, in the Dashboard, a 3D Secure payment whose customer
+	// has not authenticated yet, once with each cancellation_reason: the
+	// order must end, canceled or payment_failed (CONTRACT.md v4).
+	for i, reason := range []string{"duplicate", "fraudulent", "requested_by_customer", "abandoned"} {
+		k := &keyState{key: fmt.Sprintf("%sdashboard-%d", prefix, i), challenged: true}
+		body := stack.TeeBody(fmt.Sprintf("dashboard%d@example.com", i), 1)
+		body.PaymentMethod = "pm_card_authenticationRequired"
+		send(k, body)
+		keys = append(keys, k)
+		if len(k.finals) == 1 && k.finals[0].Status == 202 && k.finals[0].Order != nil &&
+			stripeAPI(s, "/v1/payment_intents/"+k.finals[0].Order.Payment.PaymentIntentID+"/cancel",
+				url.Values{"cancellation_reason": {reason}}) == http.StatusOK {
+			faults.add("dashboard cancel of a 3D Secure payment ("+reason+")", 1)
+		}
+	}
 	// And support acts in the Dashboard a few times whatever the draws:
 	// refunds of paid orders, cancels of PaymentIntents still open (3D
 	// Secure ones waiting for their customer, if any).
