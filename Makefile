@@ -7,7 +7,7 @@ STRIPE_MOCK_VERSION := v0.203.0
 # staticcheck v0.8.2 (2026.2.2): a release built for the go1.26 this module uses.
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: all build test test-failover test-pgbouncer test-k8s test-race fuzz lint tools run demo chaos bench services createdb dropdb clean
+.PHONY: all build test test-model test-model-long test-failover test-pgbouncer test-k8s test-race fuzz lint tools run demo chaos bench services createdb dropdb clean
 
 all: build
 
@@ -36,6 +36,20 @@ test: tools lint
 test-failover:
 	TEST_FAILOVER=1 $(GO) test -count=1 -p 1 -timeout 25m -run 'TestCluster$$|TestRabbitMQNodeAndLeaderLoss|TestFailoverToSynchronousStandby|TestRedisMasterFailover' \
 		-v ./internal/rabbitmq/rabbitmqtest ./tests/e2e
+
+## test-model: the model test (tests/model, build tag model): CHECKS generated histories of about
+## STEPS actions from SEED against the real processes, and the defects' shrunk histories
+## (TestHistory*); a failure prints its shrunk history as a Go test (docs/testing.md). The
+## defaults fit in under 10 minutes on this 2-core machine
+test-model:
+	$(GO) vet -tags model ./tests/model
+	$(GO) test -tags model -count=1 -timeout 20m -run 'TestModel$$|TestHistory' ./tests/model \
+		-rapid.seed=$${SEED:-1} -rapid.checks=$${CHECKS:-5} -rapid.steps=$${STEPS:-15} -rapid.shrinktime=$${SHRINKTIME:-2m}
+
+## test-model-long: the same with a larger budget (about an hour here), and a random seed unless SEED is set
+test-model-long:
+	$(GO) test -tags model -count=1 -timeout 120m -run 'TestModel$$' ./tests/model \
+		-rapid.seed=$${SEED:-0} -rapid.checks=$${CHECKS:-40} -rapid.steps=$${STEPS:-40} -rapid.shrinktime=$${SHRINKTIME:-10m}
 
 ## test-pgbouncer: the e2e suite with every process behind PgBouncer in transaction pooling
 test-pgbouncer:

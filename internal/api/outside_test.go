@@ -343,3 +343,140 @@ func TestStrayPaymentRefundedByHand(t *testing.T) {
 	require.Len(t, rs, 2, "ours, failed, and the Dashboard's")
 	require.Len(t, keys, 1, "no second refund of ours")
 }
+
+// TestDashboardRefundWhileARefundIsInDoubt (CONTRACT.md v4): an API refund
+// of 3000 of a paid 5500 order gets a 500 that Stripe stores, is parked
+// requires_attention with its 3000 reserved, and support then refunds in
+// the Dashboard, 3000 or everything. Money Stripe says moved is the truth:
+// the Dashboard's refund is adopted (it fits in what Stripe had not
+// refunded, whatever our reservation says): the order is
+// partially_refunded / refunded with that amount_refunded, has one
+// order.refunded event (one email), every webhook is acknowledged, and the
+// API refunds nothing more while the refund in doubt holds its reserve.
+// Before, the adoption was refused ("3000 > 2500 left") every round: the
+// order stayed paid, no email, refund webhooks answered 503.
+func TestDashboardRefundWhileARefundIsInDoubt(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		amount int64
+		status orders.Status
+	}{
+		{"partial", 3000, orders.PartiallyRefunded},
+		{"full", 5500, orders.Refunded},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := setup(t, func(o *options) { o.webhooks = true; o.refundRetryAfter = 200 * time.Millisecond })
+			r := h.checkout("doubt-"+tc.name, hoodieBody)
+			require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+			o := decodeOrder(t, r)
+			require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultStored500, Op: stripeemu.OpRefundCreate, Count: 1}))
+			first := h.refund(o.ID, "doubt", `{"amount":3000}`)
+			require.Equal(t, http.StatusBadGateway, first.status, "%s", first.body)
+			var parked reply
+			eventually(t, "the refund in doubt is parked", func() bool {
+				parked = h.refund(o.ID, "doubt", `{"amount":3000}`)
+				return parked.status == http.StatusCreated
+			})
+			require.Equal(t, refunds.StatusRequiresAttention, decodeRefund(t, parked).Status)
+
+			_, err := h.emu.DashboardRefund(o.Payment.PaymentIntentID, tc.amount, "")
+			require.NoError(t, err)
+			eventually(t, "the Dashboard's refund reaches the order", func() bool {
+				return h.orderView(o.ID).Status == string(tc.status)
+			})
+			eventually(t, "every webhook acknowledged", func() bool {
+				for _, e := range h.emu.Webhooks().Events {
+					if e.Status != "delivered" {
+						return false
+					}
+				}
+				return true
+			})
+			v := h.orderView(o.ID)
+			require.EqualValues(t, tc.amount, v.AmountRefunded)
+			require.Len(t, v.Refunds, 2)
+			require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.refunded'`, o.ID),
+				"one order.refunded: one refund email")
+			n, err := h.api.Refunds.AdoptOutside(context.Background())
+			require.NoError(t, err, "the reconciler's round adopts nothing twice and fails on nothing")
+			require.Zero(t, n)
+			more := h.refund(o.ID, "more", `{"amount":1}`)
+			require.Equal(t, http.StatusConflict, more.status, "%s", more.body)
+			require.Len(t, h.stripeRefunds(o.Payment.PaymentIntentID), 1, "the refund in doubt never reached Stripe")
+		})
+	}
+}
+
+// TestRefundInDoubtRefusedOnceTheDashboardTookItsRoom: an API refund of
+// 3000 of a paid 5500 order goes unanswered (Stripe down: the attempt
+// stays open, 3000 reserved), and support refunds 3000, or everything, in
+// the Dashboard meanwhile, which the webhook adopts. The API's retry
+// resends the same key and Stripe refuses it: 3000 no longer fits in the
+// charge's unrefunded amount (https://docs.stripe.com/api/refunds/create).
+// Its final answer is 201 with the refund failed (stripe_rejected), and its
+// reservation is given back: after the partial one the API refunds the
+// 2500 Stripe has left, and no more; one order.refunded per refund that
+// moved money.
+func TestRefundInDoubtRefusedOnceTheDashboardTookItsRoom(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		amount int64
+		status orders.Status
+	}{
+		{"partial", 3000, orders.PartiallyRefunded},
+		{"full", 5500, orders.Refunded},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := setup(t, func(o *options) { o.webhooks = true; o.refundRetryAfter = time.Hour })
+			r := h.checkout("room-"+tc.name, hoodieBody)
+			require.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+			o := decodeOrder(t, r)
+			require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultFail, Op: stripeemu.OpRefundCreate, Status: 503}))
+			down := h.refund(o.ID, "down", `{"amount":3000}`)
+			require.Equal(t, http.StatusBadGateway, down.status, "%s", down.body)
+
+			_, err := h.emu.DashboardRefund(o.Payment.PaymentIntentID, tc.amount, "")
+			require.NoError(t, err)
+			eventually(t, "the Dashboard's refund reaches the order", func() bool {
+				return h.orderView(o.ID).Status == string(tc.status)
+			})
+			h.emu.ClearFaults()
+
+			final := h.refund(o.ID, "down", `{"amount":3000}`)
+			rf := decodeRefund(t, final)
+			require.Equal(t, refunds.StatusFailed, rf.Status)
+			require.NotNil(t, rf.FailureReason)
+			require.Equal(t, "stripe_rejected", *rf.FailureReason)
+			require.Nil(t, rf.StripeRefundID)
+			requireReplay(t, final, h.refund(o.ID, "down", `{"amount":3000}`))
+
+			v := h.orderView(o.ID)
+			require.EqualValues(t, tc.amount, v.AmountRefunded)
+			if tc.status == orders.PartiallyRefunded {
+				over := h.refund(o.ID, "over", `{"amount":2501}`)
+				require.Equal(t, http.StatusConflict, over.status, "%s", over.body)
+				rest := decodeRefund(t, h.refund(o.ID, "rest", `{}`))
+				require.EqualValues(t, 2500, rest.Amount, "what Stripe has left")
+				require.Equal(t, refunds.StatusSucceeded, rest.Status)
+				v = h.orderView(o.ID)
+				require.Equal(t, string(orders.Refunded), v.Status)
+				require.EqualValues(t, 5500, v.AmountRefunded)
+			} else {
+				more := h.refund(o.ID, "more", `{"amount":1}`)
+				require.Equal(t, http.StatusConflict, more.status, "%s", more.body)
+			}
+			var succeeded int
+			for _, at := range h.stripeRefunds(o.Payment.PaymentIntentID) {
+				if at.Status == "succeeded" {
+					succeeded++
+				}
+			}
+			require.Equal(t, succeeded, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.refunded'`, o.ID),
+				"one order.refunded per refund that moved money")
+		})
+	}
+}

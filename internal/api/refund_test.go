@@ -335,12 +335,14 @@ func TestConcurrentRefundsNeverExceedThePayment(t *testing.T) {
 }
 
 // TestRefundDatabaseRefusesOverReservation: the CHECK constraint backs the
-// row lock: a reservation beyond amount_total fails in the database itself.
+// row lock: succeeded refunds beyond amount_total fail in the database
+// itself (a reservation beyond it is allowed since migration 00018: refunds
+// in doubt may outlast a refund made outside the service).
 func TestRefundDatabaseRefusesOverReservation(t *testing.T) {
 	t.Parallel()
 	h := setup(t)
 	orderID, _ := h.paidOrder()
-	err := h.db.Exec(`UPDATE orders SET refund_reserved = amount_total + 1 WHERE id = ?`, orderID).Error
+	err := h.db.Exec(`UPDATE orders SET refund_reserved = amount_total + 1, amount_refunded = amount_total + 1 WHERE id = ?`, orderID).Error
 	require.ErrorContains(t, err, "orders_refunds_within_total")
 }
 

@@ -73,6 +73,11 @@ type Letter struct {
 	Failures int
 	// Times is how many dead-letterings were recorded while unresolved.
 	Times int
+	// AggregateID and Sequence are the event's order and its place in the
+	// order's sequence, from the body's aggregate_id and sequence ("" and 0
+	// when it has none): what Holds matches on.
+	AggregateID string
+	Sequence    int64 `gorm:"column:event_seq"`
 	// Headers are its AMQP headers as JSON.
 	Headers []byte
 	// Body is its body, byte for byte.

@@ -2,6 +2,9 @@ package deadletter
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -138,6 +141,41 @@ func (r *Recorder) Handle(ctx context.Context, d amqp.Delivery) error {
 	return nil
 }
 
+// bookkeeping are the headers that say how a message was dead-lettered
+// rather than what it is: they change from one dead-lettering to the next
+// of the same message, so contentID leaves them out.
+var bookkeeping = map[string]bool{
+	"x-death": true, "x-first-death-queue": true, "x-first-death-reason": true, "x-first-death-exchange": true,
+	"x-last-death-queue": true, "x-last-death-reason": true, "x-last-death-exchange": true, "x-delivery-count": true,
+	rabbitmq.HeaderFailures: true, rabbitmq.HeaderLastError: true, rabbitmq.HeaderDeadLetteredFrom: true,
+}
+
+// contentID is the id of a message that has no message_id: "sha256:" and
+// the hex SHA-256 of its queue, routing key, headers (as sorted JSON, less
+// the dead-lettering bookkeeping) and body, each length-prefixed. The same
+// message dead-lettered again gets the same id (its row counts up Times);
+// a different one never shares it.
+func contentID(queue, routingKey string, headers amqp.Table, body []byte) string {
+	own := make(map[string]any, len(headers))
+	for k, v := range headers {
+		if !bookkeeping[k] {
+			own[k] = v
+		}
+	}
+	h, err := json.Marshal(own) // map keys sorted: the same headers, the same bytes
+	if err != nil {
+		h = []byte(fmt.Sprintf("%v", own)) // a value JSON cannot hold; fmt prints map keys sorted
+	}
+	sum := sha256.New()
+	for _, part := range [][]byte{[]byte(queue), []byte(routingKey), h, body} {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
+		sum.Write(n[:])
+		sum.Write(part)
+	}
+	return "sha256:" + hex.EncodeToString(sum.Sum(nil))
+}
+
 // letterOf reads a delivery of the dead-letter queue dlq: the consumer's
 // headers when it dead-lettered the message (rabbitmq.HeaderDeadLetteredFrom),
 // else the broker's x-death history
@@ -173,14 +211,26 @@ func letterOf(d amqp.Delivery, dlq string) Letter {
 	if l.Queue == "" {
 		l.Queue = dlq // no history: it can only go back where it was found
 	}
-	if l.MessageID == "" {
-		l.MessageID = fmt.Sprintf("dlq-%s-%d", dlq, d.DeliveryTag) // a message without id still gets its row
-	}
 	if l.RoutingKey == "" {
 		l.RoutingKey = d.Type
 	}
 	if l.RoutingKey == "" {
 		l.RoutingKey = d.RoutingKey
+	}
+	if l.MessageID == "" {
+		// A message without id still gets its row, under an id of its
+		// content: a delivery tag would repeat after a restart and merge a
+		// different message into an old row.
+		l.MessageID = contentID(l.Queue, l.RoutingKey, d.Headers, l.Body)
+	}
+	// The event's order and sequence (CONTRACT.md, "Events": bodies carry
+	// aggregate_id and sequence); a body that is not such JSON has none.
+	var ev struct {
+		AggregateID string `json:"aggregate_id"`
+		Sequence    int64  `json:"sequence"`
+	}
+	if json.Unmarshal(d.Body, &ev) == nil && ev.AggregateID != "" && ev.Sequence > 0 {
+		l.AggregateID, l.Sequence = ev.AggregateID, ev.Sequence
 	}
 	headers, err := json.Marshal(d.Headers)
 	if err != nil || d.Headers == nil {

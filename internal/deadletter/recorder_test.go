@@ -75,3 +75,77 @@ func TestBackstopDeadLetterIsRecorded(t *testing.T) {
 	require.Equal(t, `{"id":"evt_crash"}`, string(l.Body))
 	require.Contains(t, string(l.Headers), "x-death")
 }
+
+// TestMessagesWithoutIDKeepTheirOwnRows: dead letters without a message_id
+// are recorded under an id of their content, not of their delivery tag,
+// which starts again at 1 when the Recorder restarts: a different message
+// after a restart gets its own row (its body kept), and the same message
+// again counts up its row's times.
+func TestMessagesWithoutIDKeepTheirOwnRows(t *testing.T) {
+	t.Parallel()
+	db, _ := pgtest.NewDB(t)
+	names := rabbitmqtest.NewNames(t)
+	conn := rabbitmqtest.Dial(t, rabbitmqtest.URL())
+	ch, err := conn.Channel(context.Background())
+	require.NoError(t, err)
+	require.NoError(t, rabbitmq.DeclareTopology(ch, names))
+	ch.Close()
+	pub := rabbitmq.NewPublisher(conn, rabbitmq.PublisherConfig{Exchange: ""})
+	t.Cleanup(func() { pub.Close() })
+	publish := func(body string) {
+		t.Helper()
+		require.Equal(t, []error{nil}, pub.Publish(context.Background(), []rabbitmq.Message{
+			{RoutingKey: names.NotifyDLQ, Type: "order.paid", Body: []byte(body)}}))
+	}
+	// letters waits until n dead-letterings are recorded (the sum of the
+	// rows' times) and returns the rows.
+	letters := func(n int) []deadletter.Letter {
+		t.Helper()
+		var got []deadletter.Letter
+		require.Eventually(t, func() bool {
+			got, err = deadletter.Unresolved(context.Background(), db, deadletter.Filter{})
+			require.NoError(t, err)
+			times := 0
+			for _, l := range got {
+				times += l.Times
+			}
+			return times >= n
+		}, 20*time.Second, 20*time.Millisecond, "%d dead-letterings recorded", n)
+		return got
+	}
+	// recorder starts a Recorder and returns its stop.
+	recorder := func() (stop func()) {
+		rec, err := deadletter.NewRecorder(db, conn, deadletter.RecorderConfig{Queue: names.NotifyDLQ})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- rec.Run(ctx) }()
+		var once bool
+		stop = func() {
+			if !once {
+				once = true
+				cancel()
+				require.NoError(t, <-done)
+			}
+		}
+		t.Cleanup(stop)
+		return stop
+	}
+
+	stop := recorder()
+	publish(`{"n":1}`)
+	letters(1)
+	stop()
+
+	recorder() // a restart: delivery tags start at 1 again
+	publish(`{"n":2}`)
+	publish(`{"n":3}`)
+	publish(`{"n":1}`) // the first one again
+	times := map[string]int{}
+	for _, l := range letters(4) {
+		require.NotEmpty(t, l.MessageID)
+		times[string(l.Body)] += l.Times
+	}
+	require.Equal(t, map[string]int{`{"n":1}`: 2, `{"n":2}`: 1, `{"n":3}`: 1}, times,
+		"every body recorded, the repeated one counted up in its row")
+}

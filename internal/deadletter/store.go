@@ -18,14 +18,15 @@ import (
 func record(ctx context.Context, tx *gorm.DB, l Letter, now time.Time) (first bool, err error) {
 	var inserted bool
 	err = tx.WithContext(ctx).Raw(`INSERT INTO dead_letters
-		(id, queue, message_id, routing_key, content_type, reason, last_error, failures, headers, body, first_dead_at, last_dead_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		(id, queue, message_id, routing_key, content_type, reason, last_error, failures, headers, body, aggregate_id, event_seq,
+		 first_dead_at, last_dead_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (queue, message_id) WHERE redriven_at IS NULL DO UPDATE SET
 			times = dead_letters.times + 1, reason = EXCLUDED.reason, last_error = EXCLUDED.last_error,
 			failures = EXCLUDED.failures, headers = EXCLUDED.headers, last_dead_at = EXCLUDED.last_dead_at
 		RETURNING xmax = 0`,
 		ids.New("dlt"), l.Queue, l.MessageID, l.RoutingKey, l.ContentType, string(l.Reason), l.LastError, l.Failures,
-		string(l.Headers), l.Body, now, now).Row().Scan(&inserted)
+		string(l.Headers), l.Body, l.AggregateID, l.Sequence, now, now).Row().Scan(&inserted)
 	if err != nil {
 		return false, fmt.Errorf("deadletter: record %s from %s: %w", l.MessageID, l.Queue, err)
 	}
@@ -73,4 +74,23 @@ func CountUnresolved(ctx context.Context, db *gorm.DB) (int64, error) {
 		return 0, fmt.Errorf("deadletter: count unresolved: %w", err)
 	}
 	return n, nil
+}
+
+// Holds reports, inside tx (the caller's), whether an event of aggregate
+// aggregateID with a sequence in (after, before) is dead-lettered and
+// unresolved, or was redriven less than grace ago (it is on its way through
+// its queue again): the notification consumer then keeps the aggregate's
+// later events parked, so an order's emails never overtake a dead-lettered
+// predecessor (CONTRACT.md v2, "Events"). Sequences come from the letters'
+// bodies (Letter.Sequence).
+func Holds(ctx context.Context, tx *gorm.DB, aggregateID string, after, before int64, grace time.Duration) (bool, error) {
+	var held bool
+	err := tx.WithContext(ctx).Raw(`SELECT EXISTS (SELECT 1 FROM dead_letters
+		WHERE aggregate_id = ? AND event_seq > ? AND event_seq < ?
+		  AND (redriven_at IS NULL OR redriven_at > now() - ?::interval))`,
+		aggregateID, after, before, grace.String()).Scan(&held).Error
+	if err != nil {
+		return false, fmt.Errorf("deadletter: holds %s before #%d: %w", aggregateID, before, err)
+	}
+	return held, nil
 }

@@ -3,6 +3,8 @@ package docs
 import (
 	"encoding/json"
 	"fmt"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -37,6 +39,10 @@ var stdImports = map[string]string{
 	"time": "time", "signal": "os/signal", "syscall": "syscall",
 }
 
+// declarations matches a snippet of top-level declarations: the body of
+// a file without its package clause.
+var declarations = regexp.MustCompile(`^(?://[^\n]*\n|\s)*(func|type|var|const) `)
+
 // pkgUse is a package name followed by a selector in a snippet.
 var pkgUse = regexp.MustCompile(`\b([a-z]\w*)\.[A-Za-z_]`)
 
@@ -48,7 +54,9 @@ var pkgUse = regexp.MustCompile(`\b([a-z]\w*)\.[A-Za-z_]`)
 //
 // with the imports of the packages it names (the standard ones in
 // stdImports and the module's own, by name) added: so it can use ctx, and
-// must use every variable it declares, as code a reader pastes would.
+// must use every variable it declares, as code a reader pastes would. A
+// snippet of top-level declarations (a test to paste into tests/model) is
+// parsed, not compiled: the package it belongs to is not named.
 func TestSnippetsCompile(t *testing.T) {
 	m := loadIndex(t)
 	abs, err := filepath.Abs(root)
@@ -68,6 +76,14 @@ func TestSnippetsCompile(t *testing.T) {
 			}
 			name := fmt.Sprintf("%s_%d", strings.NewReplacer("/", "_", ".", "_", "-", "_").Replace(p.path), b.line)
 			src := b.text
+			if declarations.MatchString(src) {
+				// Declarations to paste into a package of the module
+				// (a test of tests/model): parsed, not type-checked here.
+				if _, err := parser.ParseFile(token.NewFileSet(), fmt.Sprintf("%s:%d", p.path, b.line+1), "package snippet\n"+src, 0); err != nil {
+					t.Errorf("the snippet at %s:%d does not parse: %v", p.path, b.line, err)
+				}
+				continue
+			}
 			if !strings.HasPrefix(strings.TrimSpace(src), "package ") && !strings.Contains(src, "\npackage ") {
 				src = wrapSnippet(t, m, p.path, b)
 			}

@@ -113,6 +113,10 @@ const admitStatement = `WITH cur AS (
 )
 SELECT applied_seq, parked_max FROM cur`
 
+// Hold tells ReleaseOverdue, inside tx, whether to keep aggregateID's
+// parked event seq (its cursor at applied) parked although it is overdue.
+type Hold func(ctx context.Context, tx *gorm.DB, aggregateID string, applied, seq int64) (bool, error)
+
 // ReleaseOverdue lets go, inside tx, of the events consumer has parked for
 // longer than wait: for up to limit aggregates whose lowest parked event is
 // overdue, it moves the cursor past the missing predecessors to that event
@@ -121,9 +125,12 @@ SELECT applied_seq, parked_max FROM cur`
 // given up on (their events may still arrive, late).
 //
 // Aggregates whose cursor another transaction holds are skipped (FOR UPDATE
-// SKIP LOCKED): a consumer is applying their events right now. Commit and
-// rollback mean what they mean for Admit.
-func ReleaseOverdue(ctx context.Context, tx *gorm.DB, consumer string, wait time.Duration, limit int) (apply []Sequenced, skipped int64, err error) {
+// SKIP LOCKED): a consumer is applying their events right now. So are those
+// hold (nil: none) keeps: it is asked, inside tx, about the aggregate, its
+// cursor (applied) and its lowest overdue parked event (seq), and returns
+// true to keep that event parked past the wait. Commit and rollback mean
+// what they mean for Admit.
+func ReleaseOverdue(ctx context.Context, tx *gorm.DB, consumer string, wait time.Duration, limit int, hold Hold) (apply []Sequenced, skipped int64, err error) {
 	tx = tx.WithContext(ctx)
 	var aggregates []string
 	err = tx.Raw(`SELECT aggregate_id FROM inbox_parked
@@ -154,6 +161,15 @@ func ReleaseOverdue(ctx context.Context, tx *gorm.DB, consumer string, wait time
 			continue // released meanwhile
 		}
 		ev := first[0]
+		if hold != nil {
+			held, err := hold(ctx, tx, agg, applied[0], ev.Seq)
+			if err != nil {
+				return nil, 0, fmt.Errorf("inbox: hold %s: %w", agg, err)
+			}
+			if held {
+				continue
+			}
+		}
 		if err := tx.Exec(`DELETE FROM inbox_parked WHERE consumer = ? AND aggregate_id = ? AND seq = ?`,
 			consumer, agg, ev.Seq).Error; err != nil {
 			return nil, 0, fmt.Errorf("inbox: unpark %s: %w", ev.MessageID, err)

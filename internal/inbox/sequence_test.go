@@ -85,7 +85,7 @@ func releaseOverdue(t *testing.T, db *gorm.DB, wait time.Duration) ([]inbox.Sequ
 	var skipped int64
 	require.NoError(t, postgres.WithTx(context.Background(), db, func(tx *gorm.DB) error {
 		var err error
-		evs, skipped, err = inbox.ReleaseOverdue(context.Background(), tx, "c", wait, 10)
+		evs, skipped, err = inbox.ReleaseOverdue(context.Background(), tx, "c", wait, 10, nil)
 		return err
 	}))
 	return evs, skipped

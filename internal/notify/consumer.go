@@ -15,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"gorm.io/gorm"
 
+	"github.com/onceonly/checkout/internal/deadletter"
 	"github.com/onceonly/checkout/internal/ids"
 	"github.com/onceonly/checkout/internal/inbox"
 	"github.com/onceonly/checkout/internal/orders"
@@ -479,8 +480,20 @@ SELECT count(*) FROM notified`)
 	return b.String(), args
 }
 
+// holdBehindDeadLetter keeps an order's parked event parked while one of
+// its predecessors is a dead letter not yet redriven, or redriven less than
+// wait ago (on its way again): that predecessor is known, not lost, so
+// waiting longer would not help the order but releasing would send its
+// emails out of order (a refund email before the paid one).
+func holdBehindDeadLetter(wait time.Duration) inbox.Hold {
+	return func(ctx context.Context, tx *gorm.DB, orderID string, applied, seq int64) (bool, error) {
+		return deadletter.Holds(ctx, tx, orderID, applied, seq, wait)
+	}
+}
+
 // ReleaseOverdue applies the events parked for longer than wait, each
-// after the predecessors it was waiting for are given up on (counted in
+// after the predecessors it was waiting for are given up on, unless one of
+// them is an unresolved dead letter (holdBehindDeadLetter) (counted in
 // checkout_notify_sequence_events_total{result="released_after_wait"} and
 // checkout_notify_sequence_skipped_total). An event that can no longer be
 // applied (its order is gone) is dropped with a log line, so it cannot hold
@@ -491,7 +504,7 @@ func (c *Consumer) ReleaseOverdue(ctx context.Context, wait time.Duration) (int,
 	created := 0
 	err := postgres.WithTx(ctx, c.db, func(tx *gorm.DB) error {
 		var err error
-		released, skipped, err = inbox.ReleaseOverdue(ctx, tx, ConsumerName, wait, 100)
+		released, skipped, err = inbox.ReleaseOverdue(ctx, tx, ConsumerName, wait, 100, holdBehindDeadLetter(wait))
 		if err != nil {
 			return err
 		}

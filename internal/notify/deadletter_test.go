@@ -119,3 +119,64 @@ func TestFailingHandlerIsDeadLetteredRecordedAndRedrivenOnce(t *testing.T) {
 	require.Equal(t, 1, f.sink.Len(), "one email")
 	require.Len(t, f.notifications(t, orderID), 1)
 }
+
+// TestRefundWaitsForItsDeadLetteredPaidEvent (CONTRACT.md v2: a refund
+// email never precedes that order's paid email): the order's paid event
+// fails its handler five times and is dead-lettered; its refund event
+// comes next and is parked. However overdue it is, it stays parked while
+// the paid event is an unresolved dead letter: no refund email. Once the
+// paid event is redriven and handled, both go, the paid email first, one
+// of each. Before, the refund was released after NOTIFY_SEQUENCE_WAIT and
+// its email went out first.
+func TestRefundWaitsForItsDeadLetteredPaidEvent(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	orderID, _, created, paid, refunded := f.orderEvents(t)
+	svc, err := notify.NewService(f.db, f.conn, &notify.SMTPMailer{Addr: f.sink.Addr()}, notify.Config{
+		Queue: f.names.NotifyQueue, DeadLetterQueue: f.names.NotifyDLQ, FailureLimit: f.names.DeliveryLimit,
+		Sender: f.senderConfig(), Registerer: prometheus.NewRegistry(),
+		SequenceWait: time.Hour, // releases are this test's own calls below
+	})
+	require.NoError(t, err)
+	var broken atomic.Bool
+	notify.SetServiceAfterInbox(svc, func() error {
+		if broken.Load() {
+			return &pgconn.PgError{Code: "23514", Message: "bug in the worker"}
+		}
+		return nil
+	})
+	run(t, svc.Run)
+	rec, err := deadletter.NewRecorder(f.db, f.conn, deadletter.RecorderConfig{Queue: f.names.NotifyDLQ})
+	require.NoError(t, err)
+	run(t, rec.Run)
+
+	f.publish(t, created)
+	waitFor(t, func() bool {
+		return f.count(t, `SELECT count(*) FROM inbox_sequences WHERE aggregate_id = ? AND applied_seq = 1`, orderID) == 1
+	}, "order.created applied")
+	broken.Store(true)
+	f.publish(t, paid)
+	waitFor(t, func() bool { return f.count(t, `SELECT count(*) FROM dead_letters`) == 1 }, "order.paid dead-lettered")
+	broken.Store(false)
+	f.publish(t, refunded)
+	waitFor(t, func() bool {
+		return f.count(t, `SELECT count(*) FROM inbox_parked WHERE message_id = ?`, refunded.MessageID) == 1
+	}, "order.refunded parked behind order.paid")
+
+	// Every parked event is overdue for a wait of 0: the refund stays.
+	released, err := f.newConsumer(t).ReleaseOverdue(context.Background(), 0)
+	require.NoError(t, err)
+	require.Zero(t, released, "held behind the dead-lettered paid event")
+	require.Empty(t, f.notifications(t, orderID), "no refund email before the paid one")
+
+	pub := rabbitmq.NewPublisher(f.conn, rabbitmq.PublisherConfig{Exchange: ""})
+	t.Cleanup(func() { pub.Close() })
+	n, err := deadletter.Redrive(context.Background(), f.db, pub, deadletter.Filter{}, time.Now)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	waitFor(t, func() bool { return len(f.kinds(t, orderID)) == 2 }, "both emails sent")
+	require.Equal(t, []string{notify.KindOrderPaid, notify.KindOrderRefunded}, f.kinds(t, orderID))
+	require.Len(t, f.notifications(t, orderID), 2, "one of each")
+	require.Equal(t, 2, f.sink.Len())
+	require.Equal(t, 0, f.count(t, `SELECT count(*) FROM inbox_parked`))
+}

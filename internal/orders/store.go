@@ -184,7 +184,9 @@ func Count(ctx context.Context, db *gorm.DB, statuses ...Status) (map[Status]int
 // Balance is what a refund reads of its order. Amounts are in the
 // currency's minor unit: RefundReserved counts pending and succeeded
 // refunds, AmountRefunded succeeded ones (a CHECK keeps AmountRefunded <=
-// RefundReserved <= AmountTotal).
+// RefundReserved and AmountRefunded <= AmountTotal; RefundReserved exceeds
+// AmountTotal only while refunds in doubt outlast a refund made outside
+// the service, migrations/00018).
 type Balance struct {
 	ID              string
 	TenantID        string
@@ -220,7 +222,8 @@ func LockBalance(ctx context.Context, tx *gorm.DB, tenantID, id string) (*Balanc
 
 // Reserve adds amount (negative: gives it back) to what refunds of order
 // id hold (refund_reserved), inside tx, which holds the order's row
-// (LockBalance). The schema refuses more than the order's total.
+// (LockBalance). The caller keeps it within the order's total (the schema
+// refuses only succeeded refunds beyond it).
 func Reserve(ctx context.Context, tx *gorm.DB, id string, amount int64, now time.Time) error {
 	err := tx.WithContext(ctx).Exec(`UPDATE orders SET refund_reserved = refund_reserved + ?, updated_at = ? WHERE id = ?`,
 		amount, now, id).Error

@@ -210,12 +210,13 @@ func (s *Service) ApplyStripeRefund(ctx context.Context, st StripeRefund) (bool,
 
 // ErrRefundBeyondReserve is returned by Apply for a refund made outside
 // the service (the Dashboard) whose amount does not fit in what the order
-// has left to refund beside the refunds it holds: one of ours was
-// reserved but is not yet at Stripe (Stripe then refuses ours for the
-// amount, which gives the reservation back). Nothing is changed; applying
-// the refund again later (the webhook's resend, the reconciler's next
-// round) adopts it.
-var ErrRefundBeyondReserve = errors.New("a refund made outside the service exceeds what the order has left to refund")
+// paid less the refunds Stripe holds for it by our records (succeeded or
+// pending with a Stripe id). Stripe never accepts such a refund
+// (https://docs.stripe.com/api/refunds/create), so our records are behind
+// Stripe's: a failure of one of them not applied yet. Nothing is changed;
+// applying the refund again later (the webhook's resend, the reconciler's
+// next round), once that failure is applied, adopts it.
+var ErrRefundBeyondReserve = errors.New("a refund made outside the service exceeds what the order paid less the refunds Stripe holds")
 
 // adopt makes st, a Stripe refund none of our refunds is bound to, a refund
 // of the order whose PaymentIntent it refunds, inside tx (the order's row
@@ -230,7 +231,10 @@ var ErrRefundBeyondReserve = errors.New("a refund made outside the service excee
 // refund starts pending, with no idempotency key, its amount reserved
 // against what the order may still refund; Apply then moves it as Stripe
 // says (succeeded: amount_refunded, the status, order.refunded and its
-// email). It returns the refund's id and the order's balance, ErrNotOurs
+// email). It is adopted even when the order's reservations (refunds still
+// in doubt) leave less than st.Amount: Stripe's refund fits in what the
+// order paid less what Stripe holds refunded, or Stripe would not have
+// made it. It returns the refund's id and the order's balance, ErrNotOurs
 // for anything else, or ErrRefundBeyondReserve.
 func adopt(ctx context.Context, tx *gorm.DB, st StripeRefund, now time.Time) (string, *orders.Balance, error) {
 	notOurs := fmt.Errorf("stripe refund %s: %w", st.ID, ErrNotOurs)
@@ -256,8 +260,19 @@ func adopt(ctx context.Context, tx *gorm.DB, st StripeRefund, now time.Time) (st
 	if len(known) > 0 {
 		return known[0], o, nil
 	}
-	if left := o.AmountTotal - o.RefundReserved; st.Amount > left {
-		return "", nil, fmt.Errorf("stripe refund %s of order %s: %d > %d left: %w", st.ID, o.ID, st.Amount, left, ErrRefundBeyondReserve)
+	// Money Stripe says moved is the truth: Stripe accepted st within the
+	// charge's unrefunded amount, so it fits in what the order paid less
+	// the refunds Stripe holds, whatever our reservations for refunds still
+	// in doubt say. Those may then no longer fit (refund_reserved above
+	// amount_total, so the API refunds nothing more): if sent again, Stripe
+	// refuses them, and they fail and give their reservation back.
+	held, err := heldAtStripe(ctx, tx, o)
+	if err != nil {
+		return "", nil, err
+	}
+	if left := o.AmountTotal - held; st.Amount > left {
+		return "", nil, fmt.Errorf("stripe refund %s of order %s: %d > %d paid and not refunded at Stripe: %w",
+			st.ID, o.ID, st.Amount, left, ErrRefundBeyondReserve)
 	}
 	r := &refundRow{
 		ID: ids.New("rf"), OrderID: o.ID, TenantID: o.TenantID, Amount: st.Amount, Currency: o.Currency,
@@ -274,4 +289,20 @@ func adopt(ctx context.Context, tx *gorm.DB, st StripeRefund, now time.Time) (st
 	}
 	o.RefundReserved += st.Amount
 	return r.ID, o, nil
+}
+
+// heldAtStripe is the sum, in minor units, of the refunds of order o's
+// PaymentIntent that Stripe holds by our records: bound to a Stripe refund
+// and pending or succeeded (failed ones gave the money back; pending and
+// requires_attention ones without a Stripe id are in doubt). The caller's
+// tx holds the order's row.
+func heldAtStripe(ctx context.Context, tx *gorm.DB, o *orders.Balance) (int64, error) {
+	var held int64
+	err := tx.WithContext(ctx).Model(&refundRow{}).Select("COALESCE(SUM(amount), 0)").
+		Where("order_id = ? AND payment_intent_id = ? AND stripe_refund_id IS NOT NULL AND status IN ?",
+			o.ID, *o.PaymentIntentID, []Status{StatusPending, StatusSucceeded}).Scan(&held).Error
+	if err != nil {
+		return 0, fmt.Errorf("sum refunds of order %s held at Stripe: %w", o.ID, err)
+	}
+	return held, nil
 }

@@ -8,8 +8,11 @@
 // The guarantees (CONTRACT.md v2, "Refunds"):
 //   - An order's refunds never add up to more than it paid, whatever runs at
 //     once: the pending refund is inserted in the transaction that locks the
-//     order row and reserves its amount (orders.refund_reserved), and a CHECK
-//     constraint refuses a reservation beyond amount_total.
+//     order row and reserves its amount (orders.refund_reserved) only
+//     within amount_total; a CHECK constraint refuses succeeded refunds
+//     beyond it. A refund made outside the service (adopt) is taken in
+//     when it fits in what Stripe has not refunded, even beyond the
+//     reservations of refunds in doubt, which Stripe then refuses.
 //   - A refund is created at Stripe at most once: its row and its attempt
 //     are committed before the call, the Stripe Idempotency-Key is derived
 //     from them ("{order id}/refund:{refund id}/{attempt}"), and an

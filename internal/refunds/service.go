@@ -203,7 +203,9 @@ func (s *Service) create(ctx context.Context, tx *gorm.DB, c *idempotency.Claim,
 		}
 		return nil, resp, nil
 	}
-	left := o.AmountTotal - o.RefundReserved
+	// Below zero when a refund made outside the service was adopted while
+	// refunds of ours were in doubt (adopt): nothing is left.
+	left := max(0, o.AmountTotal-o.RefundReserved)
 	// A refunded order has something left only when Stripe failed a refund
 	// after it had succeeded: its amount is again available (CONTRACT.md),
 	// though the status never moves back.
@@ -231,8 +233,7 @@ func (s *Service) create(ctx context.Context, tx *gorm.DB, c *idempotency.Claim,
 	if err := tx.WithContext(ctx).Create(r).Error; err != nil {
 		return nil, nil, fmt.Errorf("insert refund: %w", err)
 	}
-	// The order row is locked, so no other refund reserves in between; the
-	// CHECK (refund_reserved <= amount_total) backs this in the schema.
+	// The order row is locked, so no other refund reserves in between.
 	if err := orders.Reserve(ctx, tx, o.ID, amount, now); err != nil {
 		return nil, nil, err
 	}

@@ -4,7 +4,11 @@
 // and restart of the api, the dispatcher and the worker, and cut or stalled
 // connections to Postgres, Redis and RabbitMQ, and Stripe's own semantics:
 // 500s stored under the idempotency key (replayed to every retry), some of
-// them rolled forward (executed anyway). From the start, the mail server is
+// them rolled forward (executed anyway). Outside actors and time act too
+// (CONTRACT.md v4): the worker is restarted five times with a backlog in its
+// queue, support cancels open PaymentIntents (each cancellation_reason) and
+// refunds paid ones in Stripe's Dashboard, and Stripe is down, GETs
+// included, for longer than PAYMENT_UNKNOWN_AFTER. From the start, the mail server is
 // down for -mail-outage (5m, longer than the four minutes after which the
 // sender used to give an email up): it answers 451 to every message for the
 // first half, and refuses connections for the second. Then it turns the faults off, lets
@@ -13,7 +17,9 @@
 // most one money-moving PaymentIntent per order (read from the emulator's
 // own state), the order's status equal to Stripe's, one order per key, one
 // email per paid order and no notification failed, every 201 a client saw
-// is a paid order, no key left unfinished, no outbox row unpublished. It prints a table and, as its last line,
+// is a paid order, no key left unfinished, no outbox row unpublished,
+// every order in a final status, each paid order's amount_refunded equal to
+// what Stripe refunded of it, no event in the dead-letter queue. It prints a table and, as its last line,
 // "chaos: R requests, F faults, V violations", and exits 1 on a violation.
 //
 //	go run ./tests/chaos -n 2000
@@ -26,14 +32,22 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/onceonly/checkout/internal/orders"
+	"github.com/onceonly/checkout/internal/rabbitmq/rabbitmqtest"
 	"github.com/onceonly/checkout/internal/stripeemu"
 	"github.com/onceonly/checkout/tests/e2e/stack"
 )
@@ -210,6 +224,12 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64, outage time
 		// The emulator delivers its signed webhooks to the api; the
 		// webhook faults below duplicate, reorder, delay and drop them.
 		Webhooks: true,
+		// A Stripe outage longer than PAYMENT_UNKNOWN_AFTER (stripeOutage)
+		// moves orders to payment_unknown within the run.
+		Env: map[string]map[string]string{
+			"api":    {"PAYMENT_UNKNOWN_AFTER": unknownAfter.String()},
+			"worker": {"PAYMENT_UNKNOWN_AFTER": unknownAfter.String()},
+		},
 	})
 	fmt.Fprintf(os.Stderr, "chaos: stack up (logs in %s); %d checkouts, %d clients\n", logDir, n, clients)
 
@@ -329,9 +349,19 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64, outage time
 			r.Fatalf("restart %s: %v", p.Name, err)
 		}
 	}
+	var backlogDone, stripeDownDone bool
 	for started.Load() < int64(n) && ctx.Err() == nil {
 		time.Sleep(time.Duration(200+rng.IntN(500)) * time.Millisecond)
-		switch k := rng.IntN(18); k {
+		k := rng.IntN(20)
+		// Each of these happens at least once, halfway through at the
+		// latest.
+		switch half := started.Load() >= int64(n/2); {
+		case half && !backlogDone:
+			k = 15
+		case half && !stripeDownDone:
+			k = 16
+		}
+		switch k {
 		case 0:
 			s.Fault(stripeemu.Fault{Kind: stripeemu.FaultFail, Count: 1 + rng.IntN(3), Status: []int{500, 503, 429}[rng.IntN(3)]})
 			faults.add("stripe 5xx/429", 1)
@@ -422,8 +452,67 @@ func chaos(r *runner, n, clients int, dupShare float64, seed uint64, outage time
 				RollForward: stripeemu.RollForwardAfter(time.Duration(1000+rng.IntN(2000)) * time.Millisecond)})
 			s.Fault(stripeemu.Fault{Kind: stripeemu.FaultDecline, Op: stripeemu.OpPIConfirm, Count: 1})
 			faults.add("stripe declined retry behind a stored 500 rolled forward", 1)
+		case 15:
+			// A worker restarted five times with a backlog: deliveries
+			// handed back unprocessed must not count toward the
+			// dead-letter limit (CONTRACT.md v4).
+			workerLayer()
+			workerBacklog(r, s)
+			backlogDone = true
+			faults.add("worker restarted 5 times with a backlog", 1)
+		case 16:
+			// Stripe down, GETs included, for longer than
+			// PAYMENT_UNKNOWN_AFTER: orders in flight become
+			// payment_unknown and are reconciled once it is back.
+			faults.add(stripeOutage(s), 1)
+			stripeDownDone = true
+		case 18:
+			if reason, ok := dashboardCancel(s, rng); ok {
+				faults.add("dashboard cancel ("+reason+")", 1)
+			}
+		case 19:
+			if dashboardRefund(s, rng) {
+				faults.add("dashboard refund", 1)
+			}
 		default:
 			// Quiet period.
+		}
+	}
+
+	// A short run may start every key before the halfway mark: the
+	// backlog and the outage happen anyway, while clients still retry.
+	if !backlogDone {
+		workerLayer()
+		workerBacklog(r, s)
+		faults.add("worker restarted 5 times with a backlog", 1)
+	}
+	if !stripeDownDone {
+		faults.add(stripeOutage(s), 1)
+	}
+	// Support cancels, in the Dashboard, a 3D Secure payment whose customer
+	// has not authenticated yet, once with each cancellation_reason: the
+	// order must end, canceled or payment_failed (CONTRACT.md v4).
+	for i, reason := range []string{"duplicate", "fraudulent", "requested_by_customer", "abandoned"} {
+		k := &keyState{key: fmt.Sprintf("%sdashboard-%d", prefix, i), challenged: true}
+		body := stack.TeeBody(fmt.Sprintf("dashboard%d@example.com", i), 1)
+		body.PaymentMethod = "pm_card_authenticationRequired"
+		send(k, body)
+		keys = append(keys, k)
+		if len(k.finals) == 1 && k.finals[0].Status == 202 && k.finals[0].Order != nil &&
+			stripeAPI(s, "/v1/payment_intents/"+k.finals[0].Order.Payment.PaymentIntentID+"/cancel",
+				url.Values{"cancellation_reason": {reason}}) == http.StatusOK {
+			faults.add("dashboard cancel of a 3D Secure payment ("+reason+")", 1)
+		}
+	}
+	// And support acts in the Dashboard a few times whatever the draws:
+	// refunds of paid orders, cancels of PaymentIntents still open (3D
+	// Secure ones waiting for their customer, if any).
+	for range 3 {
+		if dashboardRefund(s, rng) {
+			faults.add("dashboard refund", 1)
+		}
+		if reason, ok := dashboardCancel(s, rng); ok {
+			faults.add("dashboard cancel ("+reason+")", 1)
 		}
 	}
 
@@ -661,7 +750,7 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*vi
 			if f.Status != k.finals[0].Status || string(f.Body) != string(k.finals[0].Body) {
 				sameAnswer.examples = append(sameAnswer.examples, fmt.Sprintf("%s: %s vs %s", k.key, k.finals[0], f))
 			}
-			if f.Status == 201 && (f.Order == nil || f.Order.ID != row.orderID || row.orderStatus != "paid") {
+			if f.Status == 201 && (f.Order == nil || f.Order.ID != row.orderID || !orders.Status(row.orderStatus).PaidOnce()) {
 				seen201.examples = append(seen201.examples, fmt.Sprintf("%s: 201 for order %v, key's order %s is %q", k.key, f.Order, row.orderID, row.orderStatus))
 			}
 		}
@@ -684,12 +773,12 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*vi
 			}
 		}
 		switch {
-		case row.orderStatus == "paid" && (mine == nil || mine.Status != "succeeded"):
+		case orders.Status(row.orderStatus).PaidOnce() && (mine == nil || mine.Status != "succeeded"):
 			asStripe.examples = append(asStripe.examples, fmt.Sprintf("%s: order %s paid, its PaymentIntent %v", k.key, row.orderID, mine))
-		case row.orderStatus != "paid" && stack.MoneyMoving(pis) > 0:
+		case !orders.Status(row.orderStatus).PaidOnce() && stack.MoneyMoving(pis) > 0:
 			asStripe.examples = append(asStripe.examples, fmt.Sprintf("%s: order %s is %s but money moved", k.key, row.orderID, row.orderStatus))
 		}
-		if row.orderStatus == "paid" {
+		if orders.Status(row.orderStatus).PaidOnce() {
 			ids := stack.MessageIDsFor(msgs, row.orderID)
 			if len(ids) != 1 {
 				oneEmail.examples = append(oneEmail.examples, fmt.Sprintf("order %s: %d emails (distinct Message-IDs)", row.orderID, len(ids)))
@@ -713,8 +802,14 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*vi
 	if n := s.Count(`SELECT count(*) FROM (SELECT order_id FROM idempotency_keys WHERE order_id IS NOT NULL GROUP BY order_id HAVING count(*) > 1) d`); n > 0 {
 		oneOrder.examples = append(oneOrder.examples, fmt.Sprintf("%d orders shared by keys", n))
 	}
-	if paid := s.Count(`SELECT count(*) FROM orders WHERE status = 'paid'`); len(msgs)-len(resends) != paid {
-		oneEmail.examples = append(oneEmail.examples, fmt.Sprintf("%d emails (%d resends) for %d paid orders", len(msgs), len(resends), paid))
+	paidEmails := 0
+	for _, m := range msgs {
+		if strings.HasSuffix(m.Subject, " is paid") {
+			paidEmails++
+		}
+	}
+	if paid := s.Count(`SELECT count(*) FROM orders WHERE status = ANY($1)`, paidOnce()); paidEmails-len(resends) != paid {
+		oneEmail.examples = append(oneEmail.examples, fmt.Sprintf("%d paid emails (%d resends) for %d paid orders", paidEmails, len(resends), paid))
 	}
 	if n := s.Count(`SELECT count(*) FROM idempotency_keys WHERE recovery_point <> 'finished'`); n > 0 {
 		finished.examples = append(finished.examples, fmt.Sprintf("%d keys unfinished in Postgres", n))
@@ -727,11 +822,11 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*vi
 	// have been refunded in full.
 	refunded := map[string]int64{}
 	for _, rf := range s.Refunds() {
-		if rf.Status != "failed" && rf.Status != "canceled" {
+		if rf.Status == "succeeded" {
 			refunded[rf.PaymentIntent] += rf.Amount
 		}
 	}
-	unpaid, err := s.DB.Query(context.Background(), `SELECT id, status FROM orders WHERE status NOT IN ('paid', 'partially_refunded', 'refunded')`)
+	unpaid, err := s.DB.Query(context.Background(), `SELECT id, status FROM orders WHERE NOT status = ANY($1)`, paidOnce())
 	if err != nil {
 		panic(err)
 	}
@@ -763,7 +858,32 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*vi
 		noneFailed.examples = append(noneFailed.examples, fmt.Sprintf("%d notifications not sent (%d failed)", n,
 			s.Count(`SELECT count(*) FROM notifications WHERE status = 'failed'`)))
 	}
-	return []*violation{oneCharge, asStripe, noMoney, orphans, oneOrder, oneEmail, noneFailed, seen201, sameAnswer, finished, unpublished, settled, quiet}, resends, canceledOrphans
+	// Every order ends (CONTRACT.md v4: a Dashboard cancel too); a paid
+	// one shows what Stripe refunded of it, the Dashboard's refunds
+	// included; no healthy event is dead-lettered.
+	final := inv("every order in a final status")
+	waiting := make([]string, 0, len(orders.Waiting()))
+	for _, st := range orders.Waiting() {
+		waiting = append(waiting, string(st))
+	}
+	if n := s.Count(`SELECT count(*) FROM orders WHERE status = ANY($1)`, waiting); n > 0 {
+		final.examples = append(final.examples, fmt.Sprintf("%d orders still on the way to paid", n))
+	}
+	asRefunded := inv("amount_refunded equals Stripe's refunds")
+	asRefunded.examples = refundsAsStripe(s, refunded)
+	deadLetters := inv("no event dead-lettered")
+	if n, err := queueDepth(s.Names.NotifyDLQ); err != nil || n > 0 {
+		deadLetters.examples = append(deadLetters.examples, fmt.Sprintf("%s: %d messages (%v)", s.Names.NotifyDLQ, n, err))
+	}
+	// The worker records what it takes off the dead-letter queue in
+	// dead_letters (where the table exists).
+	if s.Count(`SELECT count(*) FROM pg_tables WHERE tablename = 'dead_letters'`) > 0 {
+		if n := s.Count(`SELECT count(*) FROM dead_letters`); n > 0 {
+			deadLetters.examples = append(deadLetters.examples, fmt.Sprintf("%d events recorded in dead_letters", n))
+		}
+	}
+	return []*violation{oneCharge, asStripe, noMoney, orphans, oneOrder, oneEmail, noneFailed, seen201, sameAnswer, finished, unpublished, settled, quiet,
+		final, asRefunded, deadLetters}, resends, canceledOrphans
 }
 
 // customer3DS plays the customer of a 202 requires_action answer: the 3D
@@ -783,4 +903,167 @@ func customer3DS(s *stack.Stack, res stack.Result, succeed bool, answers *tally)
 	} else {
 		answers.add("(3D Secure failed)", 1)
 	}
+}
+
+// unknownAfter is the stack's PAYMENT_UNKNOWN_AFTER: short, so that the
+// run's Stripe outage outlasts it.
+const unknownAfter = 5 * time.Second
+
+// stripeOutage takes Stripe down, every request GETs included answered
+// 503, for longer than PAYMENT_UNKNOWN_AFTER, then brings it back, and
+// returns the fault's label. Other faults injected before are cleared
+// with it.
+func stripeOutage(s *stack.Stack) string {
+	d := unknownAfter + 3*time.Second
+	s.Fault(stripeemu.Fault{Kind: stripeemu.FaultFail, Status: 503})
+	time.Sleep(d)
+	s.ClearFaults()
+	return fmt.Sprintf("stripe outage %s (PAYMENT_UNKNOWN_AFTER %s)", d, unknownAfter)
+}
+
+// workerBacklog stops the worker while the clients go on paying, so that
+// events wait in its queue, then starts it and kills it at once five
+// times, as a crash loop or a rolling redeploy does, and starts it for
+// good. Each start takes deliveries (NOTIFY_PREFETCH) that the kill hands
+// back unprocessed.
+func workerBacklog(r *runner, s *stack.Stack) {
+	s.Worker.Stop()
+	time.Sleep(2 * time.Second)
+	for range 5 {
+		if err := s.Worker.Start(); err != nil {
+			r.Fatalf("start worker: %v", err)
+		}
+		s.Worker.Kill()
+	}
+	if err := s.Worker.Start(); err != nil {
+		r.Fatalf("start worker: %v", err)
+	}
+}
+
+// stripeAPI calls Stripe's API at the emulator as the Dashboard does:
+// with the account's secret key and no idempotency key of ours. It returns
+// Stripe's status; a refusal (a PaymentIntent no longer cancelable, a
+// refund over what is left) is part of the run.
+func stripeAPI(s *stack.Stack, path string, form url.Values) int {
+	req, err := http.NewRequest(http.MethodPost, s.EmulatorURL+path, strings.NewReader(form.Encode()))
+	if err != nil {
+		return 0
+	}
+	req.Header.Set("Authorization", "Bearer sk_test_123")
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// dashboardCancel cancels, as support does in the Dashboard, a
+// PaymentIntent still open (on its way to paid), with one of Stripe's
+// cancellation reasons: POST /v1/payment_intents/{id}/cancel
+// (https://docs.stripe.com/api/payment_intents/cancel). The order must
+// follow through the same lifecycle (CONTRACT.md v4).
+func dashboardCancel(s *stack.Stack, rng *rand.Rand) (string, bool) {
+	var open []stack.PaymentIntent
+	for _, pi := range s.PaymentIntents() {
+		switch pi.Status {
+		case "requires_payment_method", "requires_confirmation", "requires_action":
+			open = append(open, pi)
+		}
+	}
+	if len(open) == 0 {
+		return "", false
+	}
+	pi := open[rng.IntN(len(open))]
+	reason := []string{"duplicate", "fraudulent", "requested_by_customer", "abandoned"}[rng.IntN(4)]
+	return reason, stripeAPI(s, "/v1/payment_intents/"+pi.ID+"/cancel", url.Values{"cancellation_reason": {reason}}) == http.StatusOK
+}
+
+// dashboardRefund refunds, as support does in the Dashboard, part of a
+// succeeded PaymentIntent: POST /v1/refunds with payment_intent and amount
+// (https://docs.stripe.com/api/refunds/create). The order must show it
+// and count it against what the API may still refund (CONTRACT.md v4).
+func dashboardRefund(s *stack.Stack, rng *rand.Rand) bool {
+	var paid []stack.PaymentIntent
+	for _, pi := range s.PaymentIntents() {
+		if pi.Status == "succeeded" {
+			paid = append(paid, pi)
+		}
+	}
+	if len(paid) == 0 {
+		return false
+	}
+	pi := paid[rng.IntN(len(paid))]
+	amount := 100 + rng.Int64N(max(pi.Amount/2, 1))
+	return stripeAPI(s, "/v1/refunds", url.Values{"payment_intent": {pi.ID}, "amount": {strconv.FormatInt(amount, 10)}}) == http.StatusOK
+}
+
+// paidOnce lists the statuses of an order that was paid: paid, or refunded
+// from paid (orders.Status.PaidOnce), for a query's ANY($1).
+func paidOnce() []string {
+	var out []string
+	for _, st := range orders.All() {
+		if st.PaidOnce() {
+			out = append(out, string(st))
+		}
+	}
+	return out
+}
+
+// refundsAsStripe compares, for every order paid once, the
+// amount_refunded of GET /v1/orders/{id} with what Stripe refunded of its
+// PaymentIntent (refunded, succeeded refunds by PaymentIntent), the
+// Dashboard's refunds included, and lists the orders where they differ.
+func refundsAsStripe(s *stack.Stack, refunded map[string]int64) []string {
+	q, err := s.DB.Query(context.Background(), `SELECT id, payment_intent_id FROM orders WHERE status = ANY($1)`, paidOnce())
+	if err != nil {
+		panic(err)
+	}
+	type row struct{ id, pi string }
+	var rows []row
+	for q.Next() {
+		var r row
+		if err := q.Scan(&r.id, &r.pi); err != nil {
+			panic(err)
+		}
+		rows = append(rows, r)
+	}
+	q.Close()
+	var out []string
+	for _, r := range rows {
+		req, _ := http.NewRequest(http.MethodGet, s.APIURL+"/v1/orders/"+r.id, nil)
+		req.Header.Set("Authorization", "Bearer sk_test_acme")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			out = append(out, fmt.Sprintf("order %s: %v", r.id, err))
+			continue
+		}
+		var o struct {
+			AmountRefunded int64 `json:"amount_refunded"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&o)
+		resp.Body.Close()
+		if err != nil || o.AmountRefunded != refunded[r.pi] {
+			out = append(out, fmt.Sprintf("order %s: amount_refunded %d, Stripe refunded %d (%v)", r.id, o.AmountRefunded, refunded[r.pi], err))
+		}
+	}
+	return out
+}
+
+// queueDepth returns how many messages queue holds (a passive declare on
+// the shared broker).
+func queueDepth(queue string) (int, error) {
+	conn, err := amqp.Dial(rabbitmqtest.URL())
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	return q.Messages, err
 }
