@@ -201,6 +201,7 @@ func (c *Client) do(ctx context.Context, method, path, key string, in, out any) 
 		call.StatusCode = a.status
 		call.Replayed = a.header.Get("Idempotent-Replayed") == "true"
 		call.Location = a.header.Get("Location")
+		call.RequestID = a.header.Get("X-Request-Id")
 		if a.err == nil && a.status >= 200 && a.status < 300 {
 			if out != nil {
 				if err := json.Unmarshal(a.body, out); err != nil {

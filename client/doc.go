@@ -48,6 +48,37 @@
 // 9457 problem (code, status, detail, Retry-After), the same Call fields,
 // and the transport or context error that ended the retries, if any.
 //
+// # Errors
+//
+// Each final problem code belongs to one family with a sentinel error for
+// errors.Is: ErrPaymentDeclined (402), ErrOutOfStock, ErrKeyReused,
+// ErrInvalidRequest, ErrUnauthorized, ErrNotFound, ErrOrderState (the
+// order's status forbids a cancel or refund), ErrInternal; the transient
+// ones (retrying stopped before a final answer) are ErrKeyInUse and
+// ErrUnavailable. errors.As gives the *Error with its code, its order and
+// Call.RequestID, the X-Request-Id the service logged the request under.
+//
+// # 3D Secure and the order's outcome
+//
+// A card that asks for 3D Secure makes CreateCheckout answer 202 with the
+// order requires_action: send the customer to
+// Order.Payment.NextAction.RedirectToURL.URL. Set CheckoutRequest.ReturnURL
+// (an absolute http or https URL of yours) to have Stripe send the customer
+// back there afterwards, with payment_intent in the query; without it
+// NextAction.Type is "use_stripe_sdk", which a page completes with
+// Stripe.js's handleNextAction and Payment.ClientSecret. Either way the order settles on the service's side
+// (Stripe's webhook, or its reconciler); WaitOrder follows it until its
+// status is Settled.
+//
+// # Getting the module
+//
+// The module path github.com/onceonly/checkout is not published, so go get
+// cannot fetch it. Either fork the whole service with gonew
+// (docs/fork.md), or keep a checkout of it and point your go.mod there:
+//
+//	require github.com/onceonly/checkout v0.0.0
+//	replace github.com/onceonly/checkout => ../checkout
+//
 // # Why the types are written, not generated
 //
 // The types follow api/openapi.yaml by hand rather than through a generator

@@ -97,6 +97,11 @@ type Call struct {
 	// Location is the final answer's Location header, e.g.
 	// "/v1/orders/ord_…" on a 201 or 202 checkout.
 	Location string
+	// RequestID is the final answer's X-Request-Id: the id under which the
+	// service logged the request (it echoes one the caller sent, or makes
+	// one). Quote it when asking the operator about a call; "" when no
+	// answer came.
+	RequestID string
 }
 
 // Error is a call that did not succeed: a final error answer, or the last
@@ -129,6 +134,98 @@ type Error struct {
 // attempts all got transient answers.
 var ErrTooManyAttempts = errors.New("client: too many attempts")
 
+// The sentinel errors, one per family of problem codes, for errors.Is: an
+// *Error is each one its code (or, for an answer without a problem body,
+// its status) belongs to, as families maps them. errors.As gives the
+// *Error itself, with the code, the order and the request id.
+var (
+	// ErrPaymentDeclined: 402 card_declined or payment_rejected. Final for
+	// the key: the order (Error.OrderID) is payment_failed, nothing was
+	// charged; a new purchase needs a new key.
+	ErrPaymentDeclined = errors.New("client: payment declined")
+	// ErrOutOfStock: 409 out_of_stock. Final for the key.
+	ErrOutOfStock = errors.New("client: out of stock")
+	// ErrKeyReused: 422 idempotency_key_reused, the key was used for
+	// another request (another body or route). Final: a caller bug.
+	ErrKeyReused = errors.New("client: idempotency key reused for another request")
+	// ErrKeyInUse: 409 idempotency_key_in_use, the key's first request
+	// still runs. Transient: the client retries it; seen only when
+	// retrying stopped.
+	ErrKeyInUse = errors.New("client: idempotency key in use")
+	// ErrInvalidRequest: 400 validation_error (Error.Errors),
+	// malformed_json, idempotency_key_missing or _invalid, 405, 413, 415,
+	// 431. Final: the request must change.
+	ErrInvalidRequest = errors.New("client: invalid request")
+	// ErrUnauthorized: 401 unauthorized, an unknown API key.
+	ErrUnauthorized = errors.New("client: unauthorized")
+	// ErrNotFound: 404 not_found, an unknown order or another tenant's.
+	ErrNotFound = errors.New("client: not found")
+	// ErrOrderState: 409 order_not_cancelable, order_not_refundable or
+	// refund_exceeds_payment: the order's status (or what is left of its
+	// payment, Error.AmountRefundable) does not allow the command. Final
+	// for the key; GetOrder shows the order.
+	ErrOrderState = errors.New("client: the order's state does not allow it")
+	// ErrUnavailable: 429 rate_limited, 503 unavailable or
+	// payment_provider_unavailable, 502, 504, or no answer at all.
+	// Transient: the operation is still open; call again later with
+	// Error.IdempotencyKey.
+	ErrUnavailable = errors.New("client: service unavailable")
+	// ErrInternal: 500 internal, the service's unknown error (logged there
+	// under Error.RequestID).
+	ErrInternal = errors.New("client: internal error")
+)
+
+// families maps each problem code to its sentinel: the one place a code
+// gets its family.
+var families = map[Code]error{
+	CodeCardDeclined:               ErrPaymentDeclined,
+	CodePaymentRejected:            ErrPaymentDeclined,
+	CodeOutOfStock:                 ErrOutOfStock,
+	CodeIdempotencyKeyReused:       ErrKeyReused,
+	CodeIdempotencyKeyInUse:        ErrKeyInUse,
+	CodeValidationError:            ErrInvalidRequest,
+	CodeMalformedJSON:              ErrInvalidRequest,
+	CodeIdempotencyKeyMissing:      ErrInvalidRequest,
+	CodeIdempotencyKeyInvalid:      ErrInvalidRequest,
+	CodeUnsupportedMediaType:       ErrInvalidRequest,
+	CodePayloadTooLarge:            ErrInvalidRequest,
+	CodeHeadersTooLarge:            ErrInvalidRequest,
+	CodeMethodNotAllowed:           ErrInvalidRequest,
+	CodeUnauthorized:               ErrUnauthorized,
+	CodeNotFound:                   ErrNotFound,
+	CodeOrderNotCancelable:         ErrOrderState,
+	CodeOrderNotRefundable:         ErrOrderState,
+	CodeRefundExceedsPayment:       ErrOrderState,
+	CodeRateLimited:                ErrUnavailable,
+	CodeUnavailable:                ErrUnavailable,
+	CodePaymentProviderUnavailable: ErrUnavailable,
+	CodeInternal:                   ErrInternal,
+	// invalid_signature and malformed_event answer Stripe's webhook
+	// deliveries, which this client does not send.
+}
+
+// family is the sentinel of e: its code's, or for an answer without a
+// known code (a gateway's page, no answer) its status's.
+func (e *Error) family() error {
+	if f, ok := families[e.Code]; ok {
+		return f
+	}
+	switch {
+	case e.StatusCode == 0 && e.Transport != nil, transient(e.StatusCode, ""):
+		return ErrUnavailable
+	case e.StatusCode >= 500:
+		return ErrInternal
+	}
+	return nil
+}
+
+// Is reports whether target is e's sentinel (ErrPaymentDeclined, …), so
+// errors.Is(err, client.ErrOutOfStock) needs no errors.As.
+func (e *Error) Is(target error) bool {
+	f := e.family()
+	return f != nil && f == target
+}
+
 // Error describes the answer, its code and the attempts.
 func (e *Error) Error() string {
 	var b strings.Builder
@@ -147,6 +244,9 @@ func (e *Error) Error() string {
 	fmt.Fprintf(&b, " (after %d attempt", e.Attempts)
 	if e.Attempts != 1 {
 		b.WriteString("s")
+	}
+	if e.RequestID != "" {
+		fmt.Fprintf(&b, "; request %s", e.RequestID)
 	}
 	if e.Stopped != nil {
 		fmt.Fprintf(&b, "; stopped: %v", e.Stopped)

@@ -57,7 +57,9 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	f.reqs = append(f.reqs, seen{r.Method, r.URL.Path, r.Header.Get("Idempotency-Key"), r.Header.Get("Authorization"), string(b)})
 	rep := f.script[min(len(f.reqs), len(f.script))-1]
+	n := len(f.reqs)
 	f.mu.Unlock()
+	w.Header().Set("X-Request-Id", "req_"+strconv.Itoa(n))
 	if rep.drop {
 		conn, _, err := w.(http.Hijacker).Hijack()
 		require.NoError(f.t, err)
@@ -209,7 +211,7 @@ func TestFinalAnswersAreReturnedAtOnce(t *testing.T) {
 			if tc.status < 300 {
 				require.NoError(t, err)
 				require.Equal(t, client.Call{IdempotencyKey: "k-1", Attempts: 1, Replayed: tc.replayed, StatusCode: tc.status,
-					Location: "/v1/orders/ord_0123456789abcdef0123456789abcdef"}, r.Call)
+					Location: "/v1/orders/ord_0123456789abcdef0123456789abcdef", RequestID: "req_1"}, r.Call)
 				return
 			}
 			var e *client.Error

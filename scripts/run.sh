@@ -5,7 +5,7 @@
 # the worker (:9092) and the storefront (http://127.0.0.1:8081). Logs go to
 # tmp/<name>.log and, prefixed, here. PORT_OFFSET=N adds N to each of those
 # ports, for a second stack beside the first on one machine (give it names
-# of its own on the shared services too: README, "Run it"). The ports are on
+# of its own on the shared services too: docs/run.md, "Without Docker"). The ports are on
 # 127.0.0.1 only (nothing there asks for a password: the api's development
 # keys, the emulator's fault endpoint); CHECKOUT_HOST_IP=0.0.0.0 puts them on
 # every interface, as it does for docker compose.

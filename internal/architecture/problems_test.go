@@ -5,13 +5,30 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 )
 
-const problemImport = "github.com/onceonly/checkout/internal/problem"
+// problemImport is internal/problem's import path, under the module path
+// go.mod declares (a fork made by gonew has another).
+var problemImport = modulePath() + "/internal/problem"
+
+// modulePath returns the module path of the go.mod at the module's root.
+func modulePath() string {
+	b, err := os.ReadFile(filepath.Join("..", "..", "go.mod"))
+	if err != nil {
+		panic(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if path, ok := strings.CutPrefix(strings.TrimSpace(line), "module "); ok {
+			return strings.Trim(strings.TrimSpace(path), `"`)
+		}
+	}
+	panic("go.mod has no module line")
+}
 
 // TestOneErrorModel holds every non-test Go file outside internal/problem
 // to the error model (internal/problem's doc): a package returns a coded

@@ -1,4 +1,5 @@
-// Package checkout is the checkout state machine: catalog, stock and the
+// Package checkout runs a checkout through its phases (the order
+// lifecycle they move along is orders.Status): catalog, stock and the
 // phases that turn one idempotent POST /v1/checkouts into exactly one
 // order and at most one PaymentIntent that moves money, however often it is
 // retried or interrupted, whatever Stripe answers.

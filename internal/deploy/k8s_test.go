@@ -476,7 +476,7 @@ func TestDeploymentWiring(t *testing.T) {
 				c := d.Spec.Template.Spec.Containers[0]
 				env := effectiveEnv(t, objs, c)
 				// cache_describe: pgx sends every statement unnamed, which any
-				// PgBouncer in transaction pooling passes (README, "PgBouncer").
+				// PgBouncer in transaction pooling passes (docs/operations.md, "PgBouncer").
 				require.Equal(t, "postgres://checkout-db-pooler-rw:5432/checkout?sslmode=require&default_query_exec_mode=cache_describe", env["DATABASE_URL"], name)
 				require.Equal(t, "secret:checkout-db-app/password", env["PGPASSWORD"], name)
 				require.Equal(t, "/readyz", c.ReadinessProbe.HTTPGet.Path, name)

@@ -33,7 +33,8 @@ type Command interface {
 	Resume(ctx context.Context, tx *gorm.DB, c *Claim) error
 	// Run drives the command from c's recovery point to its final
 	// response, which it stores with Store.Finish in the transaction of
-	// its last writes (every write fenced by c: Store.Fence, Fence.Holds).
+	// its last writes (every write fenced by c: Store.Fence in a transaction, Fence.Queue
+	// in a batch).
 	// An error leaves the key unfinished at its recovery point, for a
 	// retry or the completer to resume; ErrLeaseLost means another owner
 	// has it.

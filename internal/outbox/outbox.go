@@ -54,7 +54,7 @@ type Event struct {
 	AggregateID string `json:"aggregate_id,omitempty"`
 	// Sequence numbers the events of one aggregate 1, 2, 3, … in the order
 	// their transactions commit; Add assigns it. Consumers that must apply
-	// an aggregate's events in order use it (see inbox.Sequencer): the
+	// an aggregate's events in order use it (see inbox.Admit): the
 	// relay publishes with several processes and retries, so the broker's
 	// order is not the commit order.
 	Sequence int64 `json:"sequence,omitempty"`

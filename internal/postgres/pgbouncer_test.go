@@ -19,7 +19,7 @@ import (
 // in transaction pooling (here 2 server connections for 16 clients), pgx's
 // default exec mode fails: it prepares a named statement on one server
 // connection and later executes it on another. With
-// default_query_exec_mode=cache_describe (README, "PgBouncer") every
+// default_query_exec_mode=cache_describe (docs/operations.md, "PgBouncer") every
 // statement is sent unnamed with its parse, and every query succeeds.
 func TestPgBouncerTransactionPoolingNeedsUnnamedStatements(t *testing.T) {
 	t.Parallel()

@@ -195,8 +195,8 @@ func declareDLQ(ch *amqp.Channel, n Names) error {
 //     missing (the notification queue dead-letters at most once).
 //   - A classic DLQ holds messages: they are poison events an operator must
 //     look at, so nothing is moved or deleted and the error wraps
-//     ErrPermanent, naming the queue and its count (README, "Running in
-//     production", says how to move them aside).
+//     ErrPermanent, naming the queue and its count (docs/operations.md,
+//     "Running in production", says how to move them aside).
 func MigrateDLQ(conn *amqp.Connection, n Names, logger *slog.Logger) error {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -225,7 +225,7 @@ func MigrateDLQ(conn *amqp.Connection, n Names, logger *slog.Logger) error {
 	}
 	if q.Messages > 0 {
 		return fmt.Errorf("%w: dead-letter queue %s is not a quorum queue (%v) and holds %d messages: "+
-			"move them aside and delete it (README, \"Running in production\"), then restart",
+			"move them aside and delete it (docs/operations.md, \"Running in production\"), then restart",
 			ErrPermanent, n.NotifyDLQ, ae.Reason, q.Messages)
 	}
 	if _, err := ch.QueueDelete(n.NotifyDLQ, false, true, false); err != nil {

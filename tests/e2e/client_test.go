@@ -249,3 +249,39 @@ func TestClientWaitsOutRateLimit(t *testing.T) {
 	require.Equal(t, 1, s.Orders())
 	require.Len(t, s.PaymentIntents(), 1)
 }
+
+// TestClientWaitOrderFollowsA3DSecureOrder: a checkout with a card that
+// asks for 3D Secure answers 202 requires_action; the customer passes the
+// challenge at the emulator, and WaitOrder follows the order until the
+// webhook has made it paid: one order, one charge, one email. A declined
+// card is errors.Is ErrPaymentDeclined, with the api's request id.
+func TestClientWaitOrderFollowsA3DSecureOrder(t *testing.T) {
+	t.Parallel()
+	s := setup(t, stack.Options{})
+	ctx := testCtx(t, 60*time.Second)
+	c, _, _ := newAPIClient(t, s.APIURL)
+
+	req := teeCheckout("wait@example.com", 1)
+	req.PaymentMethod = "pm_card_authenticationRequired"
+	r, err := c.CreateCheckout(ctx, "", req)
+	require.NoError(t, err)
+	require.Equal(t, 202, r.StatusCode)
+	require.Equal(t, client.OrderRequiresAction, r.Order.Status)
+	require.NotEmpty(t, r.RequestID, "the api's X-Request-Id")
+
+	s.Authenticate(r.Order.Payment.PaymentIntentID, true)
+	settled, err := c.WaitOrder(ctx, r.Order.ID)
+	require.NoError(t, err)
+	require.Equal(t, client.OrderPaid, settled.Order.Status)
+	requireOnce(t, s, r.IdempotencyKey, &stack.Order{ID: r.Order.ID})
+
+	req = teeCheckout("declined@example.com", 1)
+	req.PaymentMethod = "pm_card_chargeDeclined"
+	_, err = c.CreateCheckout(ctx, "", req)
+	require.ErrorIs(t, err, client.ErrPaymentDeclined)
+	var e *client.Error
+	require.ErrorAs(t, err, &e)
+	require.Equal(t, client.CodeCardDeclined, e.Code)
+	require.NotEmpty(t, e.RequestID)
+	require.Equal(t, "payment_failed", s.OrderStatus(e.OrderID))
+}

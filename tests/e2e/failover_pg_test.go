@@ -46,7 +46,7 @@ type answer struct {
 //
 // It logs what a client sees: the promotion time, how long and with which
 // answers the clients saw errors, and the time to the first 201 after the
-// promotion (README, "What a PostgreSQL failover costs a client").
+// promotion (docs/operations.md, "What a PostgreSQL failover costs a client").
 //
 // It runs in make test-failover (TEST_FAILOVER=1). It fails without what it
 // proves; the two checks, run by hand:

@@ -43,8 +43,8 @@ func requireFailover(t *testing.T) {
 //
 // At the end no event is lost and none applied twice: every order paid is
 // emailed exactly once, with one PaymentIntent, and the outbox is empty.
-// The publish and consume gaps around each kill are logged (README,
-// "Running in production").
+// The publish and consume gaps around each kill are logged
+// (docs/operations.md, "Running in production").
 //
 // With a single-node AMQP_URL the processes never leave node 1 and step 1
 // fails (no order emailed while it is down); with a classic notification

@@ -22,7 +22,7 @@ import (
 // DEDUP_FAILURE_MODEs every key ends paid with one order and one
 // PaymentIntent, and the api answers again once the replica has taken
 // over. What the clients saw during the failover window is logged
-// (README, "Running in production").
+// (docs/operations.md, "Running in production").
 func TestRedisMasterFailover(t *testing.T) {
 	requireFailover(t)
 	for _, mode := range []string{"closed", "open"} {

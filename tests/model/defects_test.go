@@ -5,8 +5,8 @@ package model
 import "testing"
 
 // The histories below are the issue's defects as the model reaches them,
-// shrunk by hand from generated ones (docs/testing.md, "Reintroducing the
-// defects"). Each fails on the code before its fix.
+// shrunk by hand from generated ones (docs/testing.md, "What it found, and
+// reintroducing the defects"). Each fails on the code before its fix.
 
 // TestHistoryKeyFinishedAfterTTL: Stripe refuses our key for longer than
 // IDEMPOTENCY_TTL; once it is back the key finishes, and its replay must

@@ -45,20 +45,22 @@ type TB interface {
 var Binaries = []string{"api", "dispatcher", "worker", "stripe-emulator", "smtp-sink", "migrate"}
 
 // ModuleRoot returns the directory of the checkout module's go.mod, found
-// from the working directory upwards.
+// from the working directory upwards: the first go.mod beside a cmd/api
+// (whatever the module path, which a fork made by gonew changes).
 func ModuleRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err
 	}
 	for {
-		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil &&
-			strings.Contains(string(b), "module github.com/onceonly/checkout\n") {
+		_, errMod := os.Stat(filepath.Join(dir, "go.mod"))
+		_, errAPI := os.Stat(filepath.Join(dir, "cmd", "api", "main.go"))
+		if errMod == nil && errAPI == nil {
 			return dir, nil
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return "", fmt.Errorf("go.mod of github.com/onceonly/checkout not found above the working directory")
+			return "", fmt.Errorf("go.mod of the checkout module (with cmd/api) not found above the working directory")
 		}
 		dir = parent
 	}
@@ -139,7 +141,7 @@ type Options struct {
 }
 
 // PgBouncerParams are the DATABASE_URL query parameters the processes need
-// behind PgBouncer in transaction pooling (README, "PgBouncer"): pgx's
+// behind PgBouncer in transaction pooling (docs/operations.md, "PgBouncer"): pgx's
 // default mode prepares named statements on one server connection and
 // executes them later on whichever the pooler hands out, where they do not
 // exist; cache_describe sends each statement unnamed, parse to execute in
