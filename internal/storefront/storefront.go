@@ -84,7 +84,8 @@ type Config struct {
 	// Transport sends the requests to the API (default
 	// http.DefaultTransport).
 	Transport http.RoundTripper
-	// Logger logs failures (default: none).
+	// Logger logs each request (method, path, route, status, duration) and
+	// failures (default: none).
 	Logger *slog.Logger
 }
 
@@ -195,8 +196,32 @@ func staticFiles(dir fs.FS) http.Handler {
 // ServeHTTP serves the routes of the package documentation.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
-	s.mux.ServeHTTP(w, r)
+	start := time.Now()
+	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+	s.mux.ServeHTTP(rec, r)
+	// One line per request, as the api logs them. The path only: a return
+	// from 3D Secure carries the PaymentIntent's client secret in its query.
+	s.logger.LogAttrs(r.Context(), slog.LevelInfo, "http request",
+		slog.String("method", r.Method), slog.String("path", r.URL.Path),
+		slog.String("route", r.Pattern), slog.Int("status", rec.status),
+		slog.Int64("duration_ms", time.Since(start).Milliseconds()))
 }
+
+// statusRecorder is a ResponseWriter that remembers the status written, for
+// the request log.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+// WriteHeader records code and writes it.
+func (w *statusRecorder) WriteHeader(code int) {
+	w.status = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap gives http.ResponseController the writer underneath.
+func (w *statusRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // render writes page with data, or a 500.
 func (s *Server) render(w http.ResponseWriter, status int, page string, data any) {
