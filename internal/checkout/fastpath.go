@@ -82,7 +82,7 @@ func (s *Service) beginFirst(ctx context.Context, cmd CheckoutCommand) (*firstOr
 	claim := s.Keys.QueueClaimNew(&b, scope, cmd.Fingerprint, cmd.Owner, RecoveryPointOrderCreated, o.ID)
 	queueReserve(&b, want, products)
 	orders.QueueInsert(&b, o)
-	if err := outbox.Queue(&b, s.event(outbox.TypeOrderCreated, o, o.CreatedAt)); err != nil {
+	if err := outbox.Queue(ctx, &b, s.event(outbox.TypeOrderCreated, o, o.CreatedAt)); err != nil {
 		return nil, err
 	}
 	stripestep.QueueInsert(&b, create)
@@ -252,7 +252,7 @@ func (r *run) settlePaid(ctx context.Context, confirm *stripestep.Attempt, got P
 	if err := r.s.Keys.QueueFinish(&b, r.claim, resp); err != nil {
 		return nil, err
 	}
-	if _, err := orders.QueueApply(&b, r.o, ch, now); err != nil {
+	if _, err := orders.QueueApply(ctx, &b, r.o, ch, now); err != nil {
 		return nil, err
 	}
 	err := postgres.Send(ctx, r.s.DB, &b)

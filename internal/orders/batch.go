@@ -1,6 +1,7 @@
 package orders
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -68,7 +69,7 @@ func QueueRecordIntent(b *postgres.Batch, id, piID, piStatus string, now time.Ti
 // leaves the way to paid (payment_failed, canceled) is refused with
 // ErrPaymentOpen, ErrNoTransition one that no status reaches, and nothing
 // is queued then: those moves go through Apply.
-func QueueApply(b *postgres.Batch, o *Order, ch Change, now time.Time) (*Order, error) {
+func QueueApply(ctx context.Context, b *postgres.Batch, o *Order, ch Change, now time.Time) (*Order, error) {
 	if ch.To.LeavesTheWayToPaid() {
 		return nil, fmt.Errorf("order %s to %q in a batch: %w", o.ID, ch.To, ErrPaymentOpen)
 	}
@@ -84,7 +85,7 @@ func QueueApply(b *postgres.Batch, o *Order, ch Change, now time.Time) (*Order, 
 	}
 	b.QueueGuarded(GuardMoved, query+` RETURNING id`, args, nil)
 	if event != nil {
-		if err := outbox.Queue(b, *event); err != nil {
+		if err := outbox.Queue(ctx, b, *event); err != nil {
 			return nil, err
 		}
 	}

@@ -178,7 +178,7 @@ func TestApplyRefusesAnOpenExit(t *testing.T) {
 	// takes no exit at all, and queues nothing.
 	for _, to := range []orders.Status{orders.PaymentFailed, orders.Canceled} {
 		var b postgres.Batch
-		_, err := orders.QueueApply(&b, &orders.Order{ID: ids.New("ord")}, orders.Change{To: to, PaymentStatus: "canceled"}, time.Now())
+		_, err := orders.QueueApply(t.Context(), &b, &orders.Order{ID: ids.New("ord")}, orders.Change{To: to, PaymentStatus: "canceled"}, time.Now())
 		require.ErrorIs(t, err, orders.ErrPaymentOpen, "QueueApply to %s", to)
 		require.Zero(t, b.Len())
 	}
@@ -195,7 +195,7 @@ func TestQueueApply(t *testing.T) {
 	now := time.Now().UTC().Truncate(time.Microsecond)
 
 	var b postgres.Batch
-	paid, err := orders.QueueApply(&b, o, orders.Change{To: orders.Paid, PaymentIntentID: "pi_1", PaymentStatus: "succeeded"}, now)
+	paid, err := orders.QueueApply(t.Context(), &b, o, orders.Change{To: orders.Paid, PaymentIntentID: "pi_1", PaymentStatus: "succeeded"}, now)
 	require.NoError(t, err)
 	require.NoError(t, postgres.Send(ctx, db, &b))
 	got, err := orders.Load(ctx, db, "acme", o.ID)
@@ -209,7 +209,7 @@ func TestQueueApply(t *testing.T) {
 	// Paid again: it moved; the statement queued before it is undone too.
 	var again postgres.Batch
 	again.Queue(`UPDATE orders SET email = 'x@example.com' WHERE id = ?`, []any{o.ID}, nil)
-	_, err = orders.QueueApply(&again, o, orders.Change{To: orders.RequiresAction, PaymentStatus: "requires_action"}, now)
+	_, err = orders.QueueApply(t.Context(), &again, o, orders.Change{To: orders.RequiresAction, PaymentStatus: "requires_action"}, now)
 	require.NoError(t, err)
 	require.True(t, postgres.IsGuard(postgres.Send(ctx, db, &again), orders.GuardMoved))
 	after, err := orders.Load(ctx, db, "acme", o.ID)
@@ -221,7 +221,7 @@ func TestQueueApply(t *testing.T) {
 	// requires_action shows Stripe's next action, as Load does.
 	pending := newOrder(t, db, orders.PendingPayment, "pi_2")
 	var ra postgres.Batch
-	next, err := orders.QueueApply(&ra, pending, orders.Change{To: orders.RequiresAction, PaymentStatus: "requires_action",
+	next, err := orders.QueueApply(t.Context(), &ra, pending, orders.Change{To: orders.RequiresAction, PaymentStatus: "requires_action",
 		NextAction: []byte(`{"type":"redirect_to_url"}`), ClientSecret: "pi_2_secret"}, now)
 	require.NoError(t, err)
 	require.NoError(t, postgres.Send(ctx, db, &ra))

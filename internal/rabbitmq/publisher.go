@@ -26,6 +26,9 @@ type Message struct {
 	Body []byte
 	// Timestamp is the AMQP timestamp property (optional).
 	Timestamp time.Time
+	// Headers are the AMQP headers (optional), e.g. the W3C traceparent
+	// the relay sends along (internal/tracing).
+	Headers amqp.Table
 }
 
 // Errors a publish result can wrap.
@@ -211,6 +214,7 @@ func (p *Publisher) Send(ctx context.Context, msgs []Message) (wait func() []err
 			ContentType:  contentType,
 			DeliveryMode: amqp.Persistent,
 			Timestamp:    m.Timestamp,
+			Headers:      m.Headers,
 			Body:         m.Body,
 		})
 		if err == nil && (dc == nil || dc.DeliveryTag != tag) {
