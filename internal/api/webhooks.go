@@ -9,7 +9,9 @@ import (
 
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/orders"
+	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/refunds"
+	"github.com/onceonly/checkout/internal/tracing"
 	"github.com/onceonly/checkout/internal/webhooks"
 )
 
@@ -33,8 +35,15 @@ func (o webhookOrders) OrderStatus(ctx context.Context, tenantID, orderID string
 	return v.Status, nil
 }
 
-// ApplyPaymentIntent applies pi with checkout.Service.ApplyPaymentIntentTx.
+// ApplyPaymentIntent applies pi with checkout.Service.ApplyPaymentIntentTx,
+// and links the webhook's span (a trace of its own: Stripe's event is its
+// cause) to the order's checkout trace.
 func (o webhookOrders) ApplyPaymentIntent(ctx context.Context, tx *gorm.DB, pi webhooks.PaymentIntent) (bool, error) {
+	tp, err := outbox.TraceParentOf(ctx, tx, pi.OrderID)
+	if err != nil {
+		return false, err
+	}
+	tracing.LinkTo(ctx, tp)
 	changed, err := o.svc.ApplyPaymentIntentTx(ctx, tx, toState(pi))
 	if errors.Is(err, checkout.ErrOrderNotFound) {
 		return false, fmt.Errorf("order %s of %s: %w", pi.OrderID, pi.TenantID, webhooks.ErrNotOurs)

@@ -18,6 +18,7 @@ import (
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/problem"
 	"github.com/onceonly/checkout/internal/refunds"
+	"github.com/onceonly/checkout/internal/tracing"
 )
 
 // Service runs checkouts and their payment sagas. DB, Keys, Payments,
@@ -116,9 +117,18 @@ func (x *checkoutCommand) Start(ctx context.Context, tx *gorm.DB, c *idempotency
 	return final, err
 }
 
-// Resume loads the order of a key taken over at order_created.
+// Resume loads the order of a key taken over at order_created, and links
+// the span of whoever resumes it (the completer, a client's retry) to the
+// order's checkout trace.
 func (x *checkoutCommand) Resume(ctx context.Context, tx *gorm.DB, c *idempotency.Claim) (err error) {
 	x.order, err = x.s.resumedOrder(ctx, tx, c)
+	if err == nil {
+		tp, terr := outbox.TraceParentOf(ctx, tx, c.OrderID)
+		if terr != nil {
+			return terr
+		}
+		tracing.LinkTo(ctx, tp)
+	}
 	return err
 }
 
