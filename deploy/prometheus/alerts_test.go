@@ -43,4 +43,3 @@ func TestAlertRules(t *testing.T) {
 		}
 	}
 }
-
