@@ -107,7 +107,7 @@ func TestComposeMatchesTheContract(t *testing.T) {
 			// CONTRACT.md (v3) Clients: the shop of one tenant, by the api's service name.
 			service: "storefront", ports: []uint32{8081}, command: []string{"storefront"}, target: "dev",
 			env: map[string]string{"STOREFRONT_ADDR": ":8081", "STOREFRONT_TENANT_KEY": "sk_test_acme", "API_URL": "http://api:8080",
-				"TRACE_UI_URL": "http://localhost:16686"},
+				"TRACE_UI_URL": "http://localhost:16686", "OTEL_EXPORTER_OTLP_ENDPOINT": otlpEndpoint},
 			dependsOn: map[string]string{"api": "service_healthy"},
 			readyURL:  "http://127.0.0.1:8081/healthz",
 		},

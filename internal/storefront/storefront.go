@@ -51,7 +51,10 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/onceonly/checkout/client"
+	"github.com/onceonly/checkout/internal/tracing"
 )
 
 //go:embed web
@@ -77,6 +80,11 @@ type Config struct {
 	Transport http.RoundTripper
 	// Logger logs failures (default: none).
 	Logger *slog.Logger
+	// TraceUI is the base URL of a trace UI (env TRACE_UI_URL, e.g.
+	// Jaeger's http://localhost:16686): when set and the process traces
+	// (internal/tracing), each Pay's answer links to its trace at
+	// TraceUI/trace/{trace id}, the click's span and the API's under it.
+	TraceUI string
 }
 
 // readWait bounds a page's reads from the API (products, an order): a page
@@ -98,6 +106,7 @@ const DefaultCheckoutWait = 10 * time.Second
 type Server struct {
 	api      *client.Client
 	logger   *slog.Logger
+	traceUI  string
 	sessions *sessions
 	pages    map[string]*template.Template
 	mux      *http.ServeMux
@@ -137,7 +146,7 @@ func New(cfg Config) (*Server, error) {
 		m.Write([]byte("storefront session cookies"))
 		secret = m.Sum(nil)
 	}
-	s := &Server{api: api, logger: cfg.Logger, sessions: &sessions{secret: secret, byID: map[string]*session{}},
+	s := &Server{api: api, logger: cfg.Logger, traceUI: cfg.TraceUI, sessions: &sessions{secret: secret, byID: map[string]*session{}},
 		pages: map[string]*template.Template{}, mux: http.NewServeMux()}
 	funcs := template.FuncMap{"money": money}
 	for _, page := range []string{"products", "cart", "checkout", "order", "message"} {
@@ -386,6 +395,9 @@ type PayResult struct {
 	OrderURL string `json:"order_url,omitempty"`
 	// APIKey is the Idempotency-Key sent to the API.
 	APIKey string `json:"api_key"`
+	// TraceURL is this Pay's trace in the trace UI (Config.TraceUI), when
+	// one is configured and the Pay was traced.
+	TraceURL string `json:"trace_url,omitempty"`
 	// Attempts are the requests sent to the API for this Pay.
 	Attempts []Attempt `json:"attempts"`
 }
@@ -424,7 +436,11 @@ func (s *Server) pay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key := apiKey(sessionID, "checkout", in.Key)
-	ctx, log := withAttemptLog(r.Context())
+	// One span per Pay, parent of the API calls it makes (their
+	// traceparent), so that the trace runs from the click to the email.
+	ctx, span := tracing.Start(r.Context(), "storefront pay", trace.WithSpanKind(trace.SpanKindServer))
+	defer span.End()
+	ctx, log := withAttemptLog(ctx)
 	res, err := s.api.CreateCheckout(ctx, key, client.CheckoutRequest{
 		Email: in.Email, Items: in.Items, PaymentMethod: in.PaymentMethod,
 		// Constant for the purchase: it is part of the key's fingerprint.
@@ -432,6 +448,9 @@ func (s *Server) pay(w http.ResponseWriter, r *http.Request) {
 	})
 	out := s.payResult(err, res)
 	out.APIKey, out.Attempts = key, log.list()
+	if sc := span.SpanContext(); s.traceUI != "" && sc.IsSampled() {
+		out.TraceURL = strings.TrimRight(s.traceUI, "/") + "/trace/" + sc.TraceID().String()
+	}
 	if out.OrderID != "" {
 		pi := ""
 		if res != nil {

@@ -21,7 +21,7 @@ function load() {
   try { return JSON.parse(sessionStorage.getItem(STORE)); } catch { return null; }
 }
 
-// purchase is {key, request, pays, apiKey, attempts: [{pay, n, status, code, replayed, error}]};
+// purchase is {key, request, pays, apiKey, attempts: [{pay, trace, n, status, code, replayed, error}]};
 // request is the body of every Pay, set at the first one.
 let purchase = load();
 if (!purchase || !purchase.key) {
@@ -74,6 +74,15 @@ function render() {
       const td = document.createElement("td");
       td.textContent = text;
       tr.append(td);
+    }
+    if (a.trace) {
+      // The Pay's trace (TRACE_UI_URL): the click, the API and, later, the email.
+      const link = document.createElement("a");
+      link.href = a.trace;
+      link.target = "_blank";
+      link.className = "trace-link";
+      link.textContent = "#" + a.pay;
+      tr.firstChild.replaceChildren(link);
     }
     tr.dataset.status = a.status;
     tr.dataset.replayed = a.replayed;
@@ -129,7 +138,7 @@ $("pay-form").addEventListener("submit", async (ev) => {
     out = { outcome: "unknown", message: "No answer from the shop. Press Pay again: it is safe.", attempts: [] };
   }
   inFlight--;
-  for (const a of out.attempts || []) purchase.attempts.push({ pay, ...a });
+  for (const a of out.attempts || []) purchase.attempts.push({ pay, trace: out.trace_url, ...a });
   if (out.api_key) purchase.apiKey = out.api_key;
   if (out.outcome === "invalid" && inFlight === 0) unlock();
   save();
