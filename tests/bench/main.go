@@ -25,11 +25,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -51,6 +53,9 @@ type config struct {
 	dur                                   time.Duration
 	largeKeys                             int
 	only                                  map[string]bool
+	// merge keeps, from the record in outDir/latest.json, every figure the
+	// sections of this record (-only) did not measure.
+	merge bool
 }
 
 // want reports whether section runs (-only, for working on one part; the
@@ -103,6 +108,7 @@ func main() {
 	flag.StringVar(&c.baseline, "baseline", "", "directory of another build's binaries (scripts/bench.sh BASELINE=<rev>): the 16-client checkout of both, alternately, in each run")
 	flag.StringVar(&c.outDir, "out", "bench/results", "where latest.json and the dated copy go")
 	flag.IntVar(&c.largeKeys, "large-keys", 5_000_000, "idempotency keys in the large-table database")
+	flag.BoolVar(&c.merge, "merge", false, "with -only: keep the figures of the sections not run from the last record (outDir/latest.json)")
 	only := flag.String("only", "", "comma-separated sections to run, for development: curve,naive,spread,replay,paced,broker,large,gin,pgbench,ab,tracing")
 	flag.Parse()
 	if *only != "" {
@@ -805,6 +811,40 @@ func finite(runs []map[string]float64) []map[string]float64 {
 	return out
 }
 
+// record is what -merge reads of the last record.
+type record struct {
+	Date    string                `json:"date"`
+	Figures map[string]float64    `json:"figures"`
+	Spread  map[string][2]float64 `json:"spread"`
+}
+
+func readRecord(path string) (record, error) {
+	var r record
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return r, err
+	}
+	return r, json.Unmarshal(b, &r)
+}
+
+// mergeFigures returns prev's figures with those this record measured
+// laid over them: a figure is measured when it is a number (not -1) other
+// than 0, or the error count of a measured point. A ratio of a section not run is NaN (-1) or
+// 0, and keeps prev's value.
+func mergeFigures(prev, med map[string]float64) map[string]float64 {
+	out := maps.Clone(prev)
+	if out == nil {
+		out = map[string]float64{}
+	}
+	for k, v := range med {
+		base, isErrors := strings.CutSuffix(k, "_errors")
+		if v != -1 && (v != 0 || isErrors && med[base+"_per_s"] > 0) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
 func median(xs []float64) float64 {
 	s := append([]float64{}, xs...)
 	sort.Float64s(s)
@@ -823,6 +863,14 @@ func report(c *config, runs []map[string]float64, before, after string, took tim
 		}
 		med[k] = round(median(xs))
 	}
+	var prev record
+	if c.merge {
+		var err error
+		if prev, err = readRecord(filepath.Join(c.outDir, "latest.json")); err != nil {
+			return fmt.Errorf("merge: %w", err)
+		}
+		med = mergeFigures(prev.Figures, med)
+	}
 	out := map[string]any{
 		"date":          time.Now().UTC().Format(time.RFC3339),
 		"command":       "make bench",
@@ -840,6 +888,10 @@ func report(c *config, runs []map[string]float64, before, after string, took tim
 		"large_keys":    c.largeKeys,
 		"nproc":         nproc(),
 		"curve_clients": curveClients,
+	}
+	if c.merge {
+		out["merged_into"] = prev.Date
+		out["command"] = "bin/bench -merge -only " + strings.Join(slices.Sorted(maps.Keys(c.only)), ",")
 	}
 	fmt.Printf("\nmedian of %d runs, %gs per point (%s)\n\n", c.runs, c.dur.Seconds(), after)
 	spread := map[string][2]float64{}
@@ -860,6 +912,10 @@ func report(c *config, runs []map[string]float64, before, after string, took tim
 			lo, hi = min(lo, r[t.key]), max(hi, r[t.key])
 		}
 		spread[t.key] = [2]float64{round(lo), round(hi)}
+		if old, ok := prev.Spread[t.key]; ok && c.merge && (math.IsNaN(lo) || math.IsInf(lo, 0) || lo == 0) {
+			spread[t.key] = old // not measured by this record: the last one's
+			lo, hi = old[0], old[1]
+		}
 		out[t.key] = v
 		out["targets"].(map[string]string)[t.key] = fmt.Sprintf("%s %g", op, t.bound)
 		out["met"].(map[string]bool)[t.key] = met

@@ -31,7 +31,7 @@ func plotCurves(med map[string]float64, path string) error {
 		p.Y.Label.Text = ylabel
 		p.X.Scale = plot.LogScale{}
 		p.X.Tick.Marker = plot.ConstantTicks(clientTicks())
-		p.Legend.Top = true
+		p.Legend.Top, p.Legend.Left = true, true
 		p.Add(plotter.NewGrid())
 		for _, s := range series {
 			var xys plotter.XYs

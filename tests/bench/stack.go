@@ -74,10 +74,11 @@ func (p *proc) start() error {
 	return fmt.Errorf("%s not ready at %s (log: %s)", p.name, p.ready, p.log)
 }
 
-// args lets the bench binary run itself as the bare gin server.
+// args lets the bench binary run itself as the bare gin server or the
+// naive checkout.
 func (p *proc) args() []string {
-	if p.name == "gin" {
-		return []string{"gin"}
+	if p.name == "gin" || p.name == "naive" {
+		return []string{p.name}
 	}
 	return nil
 }
