@@ -90,7 +90,9 @@ func attr(sp sdktrace.ReadOnlySpan, key string) any {
 // parent is the relay's publish span (through the AMQP headers), whose
 // parent is the API span that wrote the outbox row (through its
 // traceparent column), up to the request's server span and the client's
-// span that sent the traceparent. Not parallel: it installs the process's
+// span that sent the traceparent. Stripe's webhook about the order's
+// PaymentIntent starts a trace of its own, linked to the checkout's. Not
+// parallel: it installs the process's
 // tracer provider.
 func TestOneCheckoutIsOneTrace(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
@@ -194,4 +196,26 @@ func TestOneCheckoutIsOneTrace(t *testing.T) {
 	}
 	require.Equal(t, 1, inboxRecords, "the inbox insert is the consume span's child")
 	require.Len(t, byID.named("checkout.events publish"), 2, "both events of the checkout are published in its trace")
+
+	// Stripe's webhook about the PaymentIntent: a trace of its own, linked
+	// to the checkout's.
+	var pi string
+	require.NoError(t, h.db.Raw(`SELECT payment_intent_id FROM orders`).Scan(&pi).Error)
+	_, payload := h.event("payment_intent.succeeded", pi)
+	webhookOutcome(t, h.deliverSigned(payload))
+	var linked bool
+	require.Eventually(t, func() bool {
+		for _, sp := range rec.Ended() {
+			if sp.Name() != "POST /v1/webhooks/stripe" {
+				continue
+			}
+			require.NotEqual(t, clientTrace, sp.SpanContext().TraceID().String(), "the webhook's own trace")
+			for _, l := range sp.Links() {
+				linked = linked || l.SpanContext.TraceID().String() == clientTrace
+			}
+			return true
+		}
+		return false
+	}, 10*time.Second, 10*time.Millisecond)
+	require.True(t, linked, "the webhook's span links to the order's checkout trace")
 }
