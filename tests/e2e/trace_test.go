@@ -1,11 +1,18 @@
 package e2e
 
 import (
+	"context"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/checkout/tests/e2e/stack"
@@ -68,4 +75,47 @@ func TestOneTraceFromPostToSMTPSend(t *testing.T) {
 	require.Equal(t, []string{"checkout-worker: smtp send", "checkout-worker: notify.order_paid process",
 		"checkout-dispatcher: checkout.events publish"}, chain[:3])
 	require.Contains(t, chain, "checkout-api: POST /v1/checkouts")
+
+	// The docs' picture of this trace (docs/tracing.md): with
+	// UPDATE_SCREENSHOTS=1 written to docs/tracing/, otherwise to a
+	// temporary directory, so that every run renders it.
+	dir := t.TempDir()
+	if os.Getenv("UPDATE_SCREENSHOTS") == "1" {
+		dir = filepath.Join("..", "..", "docs", "tracing")
+		require.NoError(t, os.MkdirAll(dir, 0o755))
+	}
+	// The email's span is exported once sent; take the trace as it is now.
+	page := stack.Waterfall("One checkout, one trace: POST /v1/checkouts to the SMTP send", otlp.Trace(traceID))
+	shot := screenshot(t, page)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "checkout-trace.png"), shot, 0o644))
+}
+
+// screenshot renders page in headless Chromium (Debian's, or $CHROMIUM:
+// .ci/run installs it) and returns the whole page as a PNG.
+func screenshot(t *testing.T, page string) []byte {
+	t.Helper()
+	chromium := os.Getenv("CHROMIUM")
+	if chromium == "" {
+		var err error
+		chromium, err = exec.LookPath("chromium")
+		require.NoError(t, err, "chromium renders the trace's picture (apt-get install chromium)")
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		io.WriteString(w, page)
+	}))
+	t.Cleanup(srv.Close)
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(chromium), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck, chromedp.WindowSize(1240, 800))
+	defer cancelAlloc()
+	ctx, cancel := chromedp.NewContext(alloc)
+	defer cancel()
+	require.NoError(t, chromedp.Do(ctx), "start chromium %s", chromium)
+	// Navigate returns once the page has loaded; it has no scripts.
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(srv.URL)))
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	require.NoError(t, err)
+	require.NotEmpty(t, png)
+	return png
 }

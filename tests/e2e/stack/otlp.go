@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"time"
 
 	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/protobuf/proto"
@@ -22,6 +23,8 @@ type Span struct {
 	ParentSpanID string
 	// Links are the trace ids the span links to.
 	Links []string
+	// Start and End are when the span ran.
+	Start, End time.Time
 }
 
 // OTLPReceiver is an in-process OpenTelemetry collector for the tests: it
@@ -71,7 +74,8 @@ func (r *OTLPReceiver) export(w http.ResponseWriter, req *http.Request) {
 		for _, ss := range rs.GetScopeSpans() {
 			for _, sp := range ss.GetSpans() {
 				s := Span{Service: service, Name: sp.GetName(), TraceID: hex.EncodeToString(sp.GetTraceId()),
-					SpanID: hex.EncodeToString(sp.GetSpanId()), ParentSpanID: hex.EncodeToString(sp.GetParentSpanId())}
+					SpanID: hex.EncodeToString(sp.GetSpanId()), ParentSpanID: hex.EncodeToString(sp.GetParentSpanId()),
+					Start: time.Unix(0, int64(sp.GetStartTimeUnixNano())), End: time.Unix(0, int64(sp.GetEndTimeUnixNano()))}
 				for _, l := range sp.GetLinks() {
 					s.Links = append(s.Links, hex.EncodeToString(l.GetTraceId()))
 				}
