@@ -16,7 +16,10 @@ import (
 
 	"github.com/onceonly/checkout/internal/notify"
 	"github.com/onceonly/checkout/internal/outbox"
+	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/rabbitmq"
+	"github.com/onceonly/checkout/internal/stripeemu"
+	"github.com/onceonly/checkout/internal/sweep"
 	"github.com/onceonly/checkout/internal/tracing"
 )
 
@@ -218,4 +221,47 @@ func TestOneCheckoutIsOneTrace(t *testing.T) {
 		return false
 	}, 10*time.Second, 10*time.Millisecond)
 	require.True(t, linked, "the webhook's span links to the order's checkout trace")
+}
+
+// TestCompleterLinksToTheCheckoutTrace: a checkout left at order_created
+// (Stripe unavailable: 502) is finished by the completer in a trace of its
+// own, whose span links to the checkout's trace. Not parallel: it installs
+// the process's tracer provider.
+func TestCompleterLinksToTheCheckoutTrace(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	t.Cleanup(tracing.Install(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))))
+	h := setup(t, func(o *options) {
+		o.stripe = &payments.Config{Timeout: time.Second, MaxElapsed: 100 * time.Millisecond}
+	})
+	require.NoError(t, h.emu.Inject(stripeemu.Fault{Kind: stripeemu.FaultFail, Op: stripeemu.OpPICreate, Status: 503}))
+	const clientTrace = "5bf92f3577b34da6a3ce929d0e0e4737"
+	req, err := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/checkouts", strings.NewReader(teeBody))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer sk_test_acme")
+	req.Header.Set("Idempotency-Key", "trace-completer")
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("traceparent", "00-"+clientTrace+"-00f067aa0ba902b8-01")
+	r := h.send(req)
+	require.Equal(t, http.StatusBadGateway, r.status, "%s", r.body)
+
+	h.emu.ClearFaults()
+	require.NoError(t, h.db.Exec(`UPDATE idempotency_keys SET lease_expires_at = now() - interval '1 hour'`).Error)
+	c, err := sweep.NewCompleter(h.db, h.api.KeyStore, h.api.Service, sweep.CompleterConfig{Grace: time.Millisecond})
+	require.NoError(t, err)
+	round, err := c.RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, sweep.Round{Completed: 1}, round)
+
+	var completes []sdktrace.ReadOnlySpan
+	for _, sp := range rec.Ended() {
+		if sp.Name() == "completer complete" {
+			completes = append(completes, sp)
+		}
+	}
+	require.Len(t, completes, 1)
+	sp := completes[0]
+	require.NotEqual(t, clientTrace, sp.SpanContext().TraceID().String(), "a trace of its own")
+	require.False(t, sp.Parent().IsValid(), "a root")
+	require.Len(t, sp.Links(), 1)
+	require.Equal(t, clientTrace, sp.Links()[0].SpanContext.TraceID().String(), "linked to the checkout's trace")
 }
