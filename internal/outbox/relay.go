@@ -433,12 +433,19 @@ func (r *Relay) finish(b *batch) (err error) {
 	failed := 0
 	for i, perr := range errs {
 		rw := b.rows[i]
-		if span := b.spans[i]; span != nil {
+		span := b.spans[i]
+		if span != nil {
 			tracing.End(span, perr)
 			b.spans[i] = nil
 		}
 		if perr == nil {
-			r.lag.Observe(confirmedAt.Sub(rw.OccurredAt).Seconds())
+			// With the publish span's trace as the exemplar: a slow
+			// bucket leads to the checkout whose event waited.
+			ctx := b.ctx
+			if span != nil {
+				ctx = trace.ContextWithSpan(ctx, span)
+			}
+			tracing.Observe(ctx, r.lag, confirmedAt.Sub(rw.OccurredAt).Seconds())
 			continue
 		}
 		failed++

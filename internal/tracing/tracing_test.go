@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -92,4 +94,23 @@ func TestTraceParentRoundTrip(t *testing.T) {
 	ro := consume.(sdktrace.ReadOnlySpan)
 	require.Equal(t, writer.SpanContext().TraceID(), ro.SpanContext().TraceID())
 	require.Equal(t, publish.SpanContext().SpanID(), ro.Parent().SpanID())
+}
+
+// TestObserveKeepsTheTraceAsExemplar: a latency observed inside a sampled
+// span carries its trace id as the bucket's exemplar; one outside carries
+// none.
+func TestObserveKeepsTheTraceAsExemplar(t *testing.T) {
+	t.Cleanup(tracing.Install(sdktrace.NewTracerProvider()))
+	hist := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "h", Buckets: []float64{1, 2}})
+	ctx, span := tracing.Start(context.Background(), "request")
+	tracing.Observe(ctx, hist, 0.5)
+	span.End()
+	tracing.Observe(context.Background(), hist, 1.5)
+
+	var m dto.Metric
+	require.NoError(t, hist.Write(&m))
+	buckets := m.GetHistogram().GetBucket()
+	require.Equal(t, "trace_id", buckets[0].GetExemplar().GetLabel()[0].GetName())
+	require.Equal(t, span.SpanContext().TraceID().String(), buckets[0].GetExemplar().GetLabel()[0].GetValue())
+	require.Nil(t, buckets[1].GetExemplar())
 }
