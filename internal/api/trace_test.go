@@ -165,13 +165,18 @@ func TestOneCheckoutIsOneTrace(t *testing.T) {
 		}
 	}
 	require.Positive(t, redisSpans, "the Redis lease")
+	leases := byID.named("idempotency.lease")
+	require.Len(t, leases, 1, "the lease is one span")
+	names, root := byID.chain(leases[0])
+	require.Equal(t, clientSpan, root.String())
+	require.Equal(t, []string{"idempotency.lease", "POST /v1/checkouts"}, names)
 	require.NotEmpty(t, append(byID.named("postgres.batch"), byID.named("postgres.tx")...), "the database work")
 	for _, name := range []string{"stripe create", "stripe confirm"} {
 		calls := byID.named(name)
 		require.Len(t, calls, 1, name)
 		require.NotEmpty(t, attr(calls[0], "stripe.idempotency_key"), name)
 		require.EqualValues(t, 1, attr(calls[0], "stripe.attempt"), name)
-		names, root := byID.chain(calls[0])
+		names, root = byID.chain(calls[0])
 		require.Equal(t, clientSpan, root.String(), "%s under the request: %v", name, names)
 		var requests int
 		for _, sp := range byID {
@@ -185,7 +190,7 @@ func TestOneCheckoutIsOneTrace(t *testing.T) {
 	// After the commit: publish, consume, inbox insert, SMTP send.
 	sends := byID.named("smtp send")
 	require.Len(t, sends, 1)
-	names, root := byID.chain(sends[0])
+	names, root = byID.chain(sends[0])
 	require.Equal(t, clientSpan, root.String(), "the email's chain reaches the client: %v", names)
 	require.Equal(t, []string{"smtp send", "notify.order_paid process", "checkout.events publish"}, names[:3])
 	require.Contains(t, names, "POST /v1/checkouts")
