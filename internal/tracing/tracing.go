@@ -48,6 +48,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // ScopeName is the instrumentation scope of the spans this module starts
@@ -164,6 +165,11 @@ func Install(tp trace.TracerProvider) (restore func()) {
 	otel.SetTracerProvider(tp)
 	enabled.Store(true)
 	return func() {
+		if !wasEnabled {
+			// The global default delegates, once set, to the first
+			// provider installed for good: a no-op one really is off.
+			prev = noop.NewTracerProvider()
+		}
 		otel.SetTracerProvider(prev)
 		enabled.Store(wasEnabled)
 	}
