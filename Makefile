@@ -7,7 +7,7 @@ STRIPE_MOCK_VERSION := v0.203.0
 # staticcheck v0.8.2 (2026.2.2): a release built for the go1.26 this module uses.
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: all build test test-failover test-pgbouncer test-race fuzz lint tools run demo chaos bench services createdb clean
+.PHONY: all build test test-failover test-pgbouncer test-k8s test-race fuzz lint tools run demo chaos bench services createdb dropdb clean
 
 all: build
 
@@ -41,6 +41,16 @@ test-failover:
 test-pgbouncer:
 	E2E_PGBOUNCER=1 $(GO) test -count=1 -timeout 20m ./tests/e2e
 
+## test-k8s: deploy/k8s applied to a real kube-apiserver and etcd (tests/k8sapply), both overlays,
+## install then upgrade; the two servers are built once from the Go module proxy, at the release
+## tests/k8sapply/go.mod pins, into K8S_BIN_DIR (a first build takes many CPU-minutes)
+K8S_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" { print $$2 }' tests/k8sapply/go.mod)
+K8S_BIN_DIR ?= $(GOBIN)/k8s-$(K8S_VERSION)
+test-k8s: $(K8S_BIN_DIR)/kube-apiserver
+	cd tests/k8sapply && K8S_BIN_DIR=$(K8S_BIN_DIR) $(GO) test -count=1 -timeout 10m ./...
+$(K8S_BIN_DIR)/kube-apiserver:
+	cd tests/k8sapply && $(GO) build -trimpath -o $(K8S_BIN_DIR)/ k8s.io/kubernetes/cmd/kube-apiserver go.etcd.io/etcd/server/v3
+
 ## test-race: the same with the race detector (slower)
 test-race: tools
 	PATH="$(GOBIN):$$PATH" $(GO) test -count=1 -race -timeout 20m ./...
@@ -64,6 +74,10 @@ services:
 ## createdb: create the database DATABASE_URL names (default: checkout on 127.0.0.1) when it is missing
 createdb:
 	@$(GO) run ./scripts/createdb
+
+## dropdb: drop the database DATABASE_URL names (make run's; stop make run first)
+dropdb:
+	@$(GO) run ./scripts/createdb -drop
 
 ## run: the whole stack on this machine (Stripe emulator, SMTP sink, api, dispatcher, worker); Ctrl-C stops it
 run: build createdb

@@ -15,6 +15,19 @@
 // same operation again later without paying twice. A key made per attempt
 // would turn a lost answer into a second order and a second charge.
 //
+// # How long a key is kept
+//
+// The service keeps a key's final answer (a 2xx, a 402, or a 409 other than
+// idempotency_key_in_use) and replays it for its
+// IDEMPOTENCY_TTL (default 24 hours) counted from that final answer, however
+// long the operation took to get one: a Stripe outage, a rotated Stripe key
+// or a refund parked for REFUND_RETRY_AFTER only delay the start of that
+// window. After it the key may be used as new, so a caller must not retry
+// an operation that has had its final answer more than IDEMPOTENCY_TTL ago.
+// A key that has had no final answer (only transient answers) never
+// expires: calling again with it, however much later, resumes the
+// operation and never starts a second one (CONTRACT.md, Retention).
+//
 // # What is retried
 //
 // Exactly the transient answers, which the service stores under no key:

@@ -5,7 +5,12 @@
 # the worker (:9092) and the storefront (http://127.0.0.1:8081). Logs go to
 # tmp/<name>.log and, prefixed, here. PORT_OFFSET=N adds N to each of those
 # ports, for a second stack beside the first on one machine (give it names
-# of its own on the shared services too: README, "Run it").
+# of its own on the shared services too: README, "Run it"). The ports are on
+# 127.0.0.1 only (nothing there asks for a password: the api's development
+# keys, the emulator's fault endpoint); CHECKOUT_HOST_IP=0.0.0.0 puts them on
+# every interface, as it does for docker compose.
+# `scripts/run.sh --plan` prints what it would start, and the demo line, and
+# starts nothing.
 # Ctrl-C (or SIGTERM, or SIGHUP) stops everything: each process runs in a
 # session of its own, out of the terminal's reach, and this script alone stops
 # them. A process that dies (kill -9 it to see a crash recovered) leaves the
@@ -81,6 +86,12 @@ if ! [[ $offset =~ ^[0-9]{1,5}$ ]] || (( offset > 50000 )); then
   echo "[run] PORT_OFFSET=$offset: want a whole number from 0 to 50000" >&2
   exit 2
 fi
+# Where the processes listen (bind) and where they and the demo reach each
+# other (reach): an address of every interface is reached on loopback.
+host_ip=${CHECKOUT_HOST_IP:-127.0.0.1}
+bind=$host_ip reach=$host_ip
+[[ $host_ip == *:* ]] && bind="[$host_ip]" reach="[$host_ip]"
+[[ $host_ip == 0.0.0.0 || $host_ip == :: ]] && reach=127.0.0.1
 emu_port=$((12111 + offset)) smtp_port=$((1025 + offset)) sink_port=$((8025 + offset))
 api_port=$((8080 + offset)) dispatcher_port=$((9091 + offset)) worker_port=$((9092 + offset))
 shop_port=$((8081 + offset))
@@ -89,20 +100,20 @@ shop_port=$((8081 + offset))
 # STRIPE_API_BASE (Stripe's test mode) or SMTP_ADDR (a mail catcher of their
 # own) is kept.
 declare -A own_env=(
-  [stripe-emulator]="STRIPE_EMULATOR_ADDR=:$emu_port"
-  [smtp-sink]="SMTP_SINK_ADDR=127.0.0.1:$smtp_port SMTP_SINK_HTTP_ADDR=127.0.0.1:$sink_port"
-  [api]="HTTP_ADDR=:$api_port"
-  [dispatcher]="METRICS_ADDR=:$dispatcher_port"
-  [worker]="METRICS_ADDR=:$worker_port"
-  [storefront]="STOREFRONT_ADDR=:$shop_port API_URL=http://127.0.0.1:$api_port"
+  [stripe-emulator]="STRIPE_EMULATOR_ADDR=$bind:$emu_port"
+  [smtp-sink]="SMTP_SINK_ADDR=127.0.0.1:$smtp_port SMTP_SINK_HTTP_ADDR=$bind:$sink_port"
+  [api]="HTTP_ADDR=$bind:$api_port"
+  [dispatcher]="METRICS_ADDR=$bind:$dispatcher_port"
+  [worker]="METRICS_ADDR=$bind:$worker_port"
+  [storefront]="STOREFRONT_ADDR=$bind:$shop_port API_URL=http://$reach:$api_port"
 )
-export STRIPE_API_BASE=${STRIPE_API_BASE:-http://127.0.0.1:$emu_port}
+export STRIPE_API_BASE=${STRIPE_API_BASE:-http://$reach:$emu_port}
 export SMTP_ADDR=${SMTP_ADDR:-127.0.0.1:$smtp_port}
 
 # The emulator delivers its signed webhooks to the api (POST
 # /v1/webhooks/stripe); both use the same signing secret.
 export STRIPE_WEBHOOK_SECRET=${STRIPE_WEBHOOK_SECRET:-whsec_test_checkout}
-export STRIPE_EMULATOR_WEBHOOK_URL=${STRIPE_EMULATOR_WEBHOOK_URL:-http://127.0.0.1:$api_port/v1/webhooks/stripe}
+export STRIPE_EMULATOR_WEBHOOK_URL=${STRIPE_EMULATOR_WEBHOOK_URL:-http://$reach:$api_port/v1/webhooks/stripe}
 
 # The command that restarts a process by hand runs in another terminal, which
 # has none of this environment: it carries every configuration variable set
@@ -126,26 +137,44 @@ while read -r var; do
     restart_env+="$var=$(shq "${!var}") "
   fi
 done < <(compgen -e | sort)
+# The demo line for another terminal: the stack's addresses when they are not
+# the demo's defaults, and the database the stack uses (DATABASE_URL and
+# libpq's PG* variables, which the demo's pgx reads too) when set: without
+# them the demo reads the outbox of another database.
+demo_env=
+if (( offset > 0 )) || [ "$reach" != 127.0.0.1 ]; then
+  demo_env="API=http://$reach:$api_port SINK=http://$reach:$sink_port EMU=http://$reach:$emu_port "
+fi
+while read -r var; do
+  if [[ $var == DATABASE_URL || $var =~ ^PG[A-Z_]+$ ]] && [ -n "${!var}" ]; then
+    demo_env+="$var=$(shq "${!var}") "
+  fi
+done < <(compgen -e | sort)
+demo="${demo_env}make demo"
+if [ "${1:-}" = --plan ]; then
+  trap - INT TERM HUP EXIT # nothing started, nothing to stop
+  for name in stripe-emulator smtp-sink api dispatcher worker storefront; do
+    echo "[plan] $name: env ${restart_env}${own_env[$name]} $root/bin/$name"
+  done
+  echo "[plan] demo: $demo"
+  exit 0
+fi
 start stripe-emulator stripe-emulator
 start smtp-sink smtp-sink
-wait_http stripe-emulator "http://127.0.0.1:$emu_port/healthz"
+wait_http stripe-emulator "http://$reach:$emu_port/healthz"
 start api api
-wait_http api "http://127.0.0.1:$api_port/readyz"   # the api applies the migrations (MIGRATE_ON_START)
+wait_http api "http://$reach:$api_port/readyz"   # the api applies the migrations (MIGRATE_ON_START)
 start dispatcher dispatcher
 start worker worker
-wait_http dispatcher "http://127.0.0.1:$dispatcher_port/readyz"
-wait_http worker "http://127.0.0.1:$worker_port/readyz"
+wait_http dispatcher "http://$reach:$dispatcher_port/readyz"
+wait_http worker "http://$reach:$worker_port/readyz"
 start storefront storefront
-wait_http storefront "http://127.0.0.1:$shop_port/healthz"
-demo="make demo"
-if (( offset > 0 )); then
-  demo="API=http://127.0.0.1:$api_port SINK=http://127.0.0.1:$sink_port EMU=http://127.0.0.1:$emu_port make demo"
-fi
+wait_http storefront "http://$reach:$shop_port/healthz"
 cat <<MSG
-[run] stack is up. Shop at http://127.0.0.1:$shop_port (the emails it sends: http://127.0.0.1:$sink_port/messages).
+[run] stack is up. Shop at http://$reach:$shop_port (the emails it sends: http://$reach:$sink_port/messages).
 Or try, in another terminal:
   $demo
-  curl -si -X POST localhost:$api_port/v1/checkouts -H 'Authorization: Bearer sk_test_acme' \\
+  curl -si -X POST $reach:$api_port/v1/checkouts -H 'Authorization: Bearer sk_test_acme' \\
     -H 'Idempotency-Key: my-first-key' -H 'Content-Type: application/json' \\
     -d '{"email":"buyer@example.com","items":[{"sku":"sku_tee","quantity":2}],"payment_method":"pm_card_visa"}'
 MSG

@@ -18,6 +18,9 @@ type config struct {
 	DatabaseURL string
 	// PostgresPort is CHECKOUT_POSTGRES_PORT, compose's published port.
 	PostgresPort string
+	// Color is false when NO_COLOR is set (https://no-color.org): no bold
+	// step titles, even on a terminal.
+	Color bool
 }
 
 func loadConfig(getenv func(string) string) config {
@@ -34,6 +37,7 @@ func loadConfig(getenv func(string) string) config {
 		Emulator:     strings.TrimSuffix(or("EMU", "http://127.0.0.1:12111"), "/"),
 		DatabaseURL:  getenv("DATABASE_URL"),
 		PostgresPort: or("CHECKOUT_POSTGRES_PORT", "15432"),
+		Color:        getenv("NO_COLOR") == "",
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -73,4 +75,80 @@ func TestDatabaseFollowsTheStack(t *testing.T) {
 
 	_, err := detectSink(ctx, "http://127.0.0.1:1")
 	require.ErrorContains(t, err, "Set SINK")
+}
+
+// TestComposeEnvGivesThePorts (issue 34): with CHECKOUT_POSTGRES_PORT in the
+// .env beside docker-compose.yml, as README suggests, the demo reads the
+// outbox from the port compose published, from the repository's root or a
+// folder below it; the environment wins, as it does for compose; and the
+// file's other variables are not the demo's.
+func TestComposeEnvGivesThePorts(t *testing.T) {
+	t.Parallel()
+	repo := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(repo, "docker-compose.yml"), []byte("name: checkout\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(repo, ".env"),
+		[]byte("# moved off a port in use\nCHECKOUT_POSTGRES_PORT=\"25433\"\nAPI=http://127.0.0.1:1\n"), 0o644))
+	below := filepath.Join(repo, "cmd", "demo")
+	require.NoError(t, os.MkdirAll(below, 0o755))
+	compose := mailpit{"http://127.0.0.1:8025"}
+
+	for _, tc := range []struct {
+		name, dir string
+		env       map[string]string
+		wantDB    string
+	}{
+		{"from .env", repo, nil, "postgres://postgres@127.0.0.1:25433/checkout?sslmode=disable"},
+		{"from .env, below the root", below, nil, "postgres://postgres@127.0.0.1:25433/checkout?sslmode=disable"},
+		{"the environment wins", repo, map[string]string{"CHECKOUT_POSTGRES_PORT": "35433"},
+			"postgres://postgres@127.0.0.1:35433/checkout?sslmode=disable"},
+		{"no compose file above", t.TempDir(), nil, "postgres://postgres@127.0.0.1:15432/checkout?sslmode=disable"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			getenv, err := withComposeEnv(func(k string) string { return tc.env[k] }, tc.dir)
+			require.NoError(t, err)
+			cfg := loadConfig(getenv)
+			db, _ := cfg.databaseURL(compose)
+			require.Equal(t, tc.wantDB, db)
+			require.Equal(t, "http://127.0.0.1:8080", cfg.API, "API is not compose's: the .env's is not read")
+		})
+	}
+
+	bad := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(bad, "docker-compose.yml"), nil, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(bad, ".env"), []byte("CHECKOUT_POSTGRES_PORT=\"25433\n"), 0o644))
+	_, err := withComposeEnv(func(string) string { return "" }, bad)
+	require.ErrorContains(t, err, ".env")
+}
+
+// TestNoEscapeCodesOffTerminal (issue 36): `make demo > demo.log`, or into a
+// pipe, writes the step titles without the terminal's bold codes.
+func TestNoEscapeCodesOffTerminal(t *testing.T) {
+	t.Parallel()
+	mailpitSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, `{"Version":"v1.27.11"}`)
+	}))
+	t.Cleanup(mailpitSrv.Close)
+	file, err := os.Create(filepath.Join(t.TempDir(), "demo.log"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = file.Close() })
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close(); _ = w.Close() })
+
+	for name, out := range map[string]io.Writer{"a file": file, "a pipe": w} {
+		require.False(t, isTerminal(out), name)
+		cfg := loadConfig(func(k string) string { return map[string]string{"SINK": mailpitSrv.URL}[k] })
+		d, err := newDemo(context.Background(), cfg, out)
+		require.NoError(t, err)
+		d.step("a checkout")
+	}
+	require.NoError(t, w.Close())
+	piped, err := io.ReadAll(r)
+	require.NoError(t, err)
+	written, err := os.ReadFile(file.Name())
+	require.NoError(t, err)
+	for name, b := range map[string][]byte{"a file": written, "a pipe": piped} {
+		require.Contains(t, string(b), "== 1. a checkout\n", name)
+		require.NotContains(t, string(b), "\033", name)
+	}
 }

@@ -13,10 +13,14 @@
 //	              make run's cmd/smtp-sink (GET /messages) or compose's
 //	              Mailpit (its /api/v1), told apart by asking
 //	EMU           the Stripe emulator, default http://127.0.0.1:12111
+//	NO_COLOR      set: no bold step titles (they are bold only on a terminal)
 //	DATABASE_URL  the stack's database, for the outbox; default by the stack
 //	              the sink says it is: make run's
 //	              postgres://postgres@127.0.0.1:5432/checkout, compose's
 //	              postgres://postgres@127.0.0.1:${CHECKOUT_POSTGRES_PORT:-15432}/checkout
+//
+// CHECKOUT_POSTGRES_PORT, when the environment does not set it, comes from the
+// .env beside docker-compose.yml, as compose takes it.
 package main
 
 import (
@@ -32,7 +36,14 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Getenv, os.Stdout); err != nil {
+	getenv := os.Getenv
+	if wd, err := os.Getwd(); err == nil {
+		if getenv, err = withComposeEnv(os.Getenv, wd); err != nil {
+			fmt.Fprintln(os.Stderr, "demo:", err)
+			os.Exit(1)
+		}
+	}
+	if err := run(ctx, getenv, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}

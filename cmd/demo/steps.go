@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"golang.org/x/term"
 
 	"github.com/onceonly/checkout/client"
 	"github.com/onceonly/checkout/internal/outbox"
@@ -25,6 +26,9 @@ type demo struct {
 	api  *client.Client
 	sink sink
 	n    int // the last step's number
+	// bold, unbold are the terminal's escape codes for a step's title, ""
+	// when out is no terminal (a file, a pipe: escape codes there are noise).
+	bold, unbold string
 
 	order string // the paid order of the first checkout
 }
@@ -39,6 +43,9 @@ func newDemo(ctx context.Context, cfg config, out io.Writer) (*demo, error) {
 		return nil, err
 	}
 	d := &demo{cfg: cfg, out: out, api: api, sink: s}
+	if cfg.Color && isTerminal(out) {
+		d.bold, d.unbold = "\033[1m", "\033[0m"
+	}
 	d.printf("stack: %s; api %s, emails at %s, Stripe emulator %s\n", s.Name(), cfg.API, cfg.Sink, cfg.Emulator)
 	return d, nil
 }
@@ -46,7 +53,13 @@ func newDemo(ctx context.Context, cfg config, out io.Writer) (*demo, error) {
 // step prints the title of the next step.
 func (d *demo) step(format string, args ...any) {
 	d.n++
-	fmt.Fprintf(d.out, "\n\033[1m== %d. %s\033[0m\n", d.n, fmt.Sprintf(format, args...))
+	fmt.Fprintf(d.out, "\n%s== %d. %s%s\n", d.bold, d.n, fmt.Sprintf(format, args...), d.unbold)
+}
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(interface{ Fd() uintptr })
+	return ok && term.IsTerminal(int(f.Fd()))
 }
 
 func (d *demo) printf(format string, args ...any) { fmt.Fprintf(d.out, format, args...) }

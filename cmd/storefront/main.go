@@ -14,7 +14,9 @@
 //
 // A bad value stops it at start with an error naming the variable. It
 // serves GET /healthz besides the shop, logs JSON to stdout, and on SIGTERM
-// or SIGINT lets requests in flight finish (up to 20s) and exits 0.
+// or SIGINT lets requests in flight finish (up to 20s), then the calls to
+// the API that Pays started (each bounded by the client's retry policy,
+// also when their browser went away), and exits 0.
 package main
 
 import (
@@ -97,6 +99,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("serve: %w", err)
 	}
+	// The Pays' calls to the API outlive their requests (a browser that
+	// went away): let each end and settle its purchase.
+	shop.Wait()
 	logger.Info("storefront stopped")
 	return nil
 }

@@ -8,7 +8,9 @@
 // has created the schema.
 //
 // `worker requeue-notifications [-order ID]` sends failed notifications
-// again (see requeue) and exits.
+// again (see requeue) and exits; `worker redrive-dead-letters [-id ID]
+// [-message ID]` sends recorded dead letters through their queue again
+// (see redrive) and exits.
 package main
 
 import (
@@ -29,6 +31,7 @@ import (
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/config"
 	"github.com/onceonly/checkout/internal/daemon"
+	"github.com/onceonly/checkout/internal/deadletter"
 	"github.com/onceonly/checkout/internal/idempotency"
 	"github.com/onceonly/checkout/internal/notify"
 	"github.com/onceonly/checkout/internal/payments"
@@ -218,7 +221,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	defer tracing.Flush(stopTracing, logger)
 
-	proc, err := daemon.Start(ctx, "worker", &s.Shared, s.MetricsAddr, logger, "notifications", "inbox")
+	proc, err := daemon.Start(ctx, "worker", &s.Shared, s.MetricsAddr, logger, "notifications", "inbox", "dead_letters")
 	if err != nil || proc == nil {
 		return err // nil: stopped while waiting for dependencies
 	}
@@ -232,10 +235,13 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err != nil {
 		return err
 	}
+	names := s.Names()
 	notifier, err := notify.NewService(db, conn, mailer, notify.Config{
-		Queue:        s.NotifyQueue,
-		Prefetch:     s.Prefetch,
-		SequenceWait: s.SequenceWait,
+		Queue:           names.NotifyQueue,
+		DeadLetterQueue: names.NotifyDLQ,
+		FailureLimit:    names.DeliveryLimit,
+		Prefetch:        s.Prefetch,
+		SequenceWait:    s.SequenceWait,
 		Sender: notify.SenderConfig{
 			From:          s.SMTPFrom,
 			Concurrency:   s.SMTPConns,
@@ -245,6 +251,15 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		},
 		Logger:     logger,
 		Registerer: reg,
+	})
+	if err != nil {
+		return err
+	}
+
+	// What the notification consumer gives up on is recorded, counted and
+	// alerted on, for `worker redrive-dead-letters`.
+	deadLetters, err := deadletter.NewRecorder(db, conn, deadletter.RecorderConfig{
+		Queue: names.NotifyDLQ, Logger: logger.With("loop", "dead-letters"), Registerer: reg,
 	})
 	if err != nil {
 		return err
@@ -302,6 +317,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	// One line per background loop; each returns after its work in flight.
 	err = daemon.RunLoops(ctx, s.ShutdownTimeout, logger,
 		notifier.Run,
+		deadLetters.Run,
 		completer.Run,
 		reconciler.Run,
 		reaper.Run,

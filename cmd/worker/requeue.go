@@ -15,10 +15,13 @@ import (
 // usage is the worker's command line.
 const usage = `usage:
   worker                                   run the background work (the default)
-  worker requeue-notifications [-order ID] send failed notifications again`
+  worker requeue-notifications [-order ID] send failed notifications again
+  worker redrive-dead-letters [-id ID] [-message ID]
+                                           send recorded dead letters through their queue again`
 
 // dispatch runs the command args name: none runs the worker (run);
-// "requeue-notifications" requeues failed notifications (requeue).
+// "requeue-notifications" requeues failed notifications (requeue);
+// "redrive-dead-letters" sends recorded dead letters again (redrive).
 func dispatch(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	if len(args) == 0 {
 		return run(ctx, getenv, stdout)
@@ -26,6 +29,8 @@ func dispatch(ctx context.Context, args []string, getenv func(string) string, st
 	switch args[0] {
 	case "requeue-notifications":
 		return requeue(ctx, args[1:], getenv, stdout)
+	case "redrive-dead-letters":
+		return redrive(ctx, args[1:], getenv, stdout)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprintln(stdout, usage)
 		return nil

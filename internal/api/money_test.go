@@ -137,7 +137,7 @@ func TestStrayPaymentRefunded(t *testing.T) {
 	require.Equal(t, 1, h.strayTotal(checkout.StrayRefunded), "counted once")
 	for _, rq := range h.emu.Requests() {
 		if rq.Op == stripeemu.OpRefundCreate {
-			require.Equal(t, checkout.StrayRefundKey(id, pi.ID), rq.IdempotencyKey)
+			require.Equal(t, checkout.StrayRefundKey(id, pi.ID, 1), rq.IdempotencyKey)
 		}
 	}
 }

@@ -785,7 +785,7 @@ func TestRefundSettledByWebhook(t *testing.T) {
 // TestChargeRefundedSettlesARefundWhoseAnswerWasLost: a refund's create is
 // answered with a stored 500 and Stripe rolls it forward a moment later,
 // succeeded at once, so Stripe sends refund.created and charge.refunded
-// but no refund.updated. charge.refunded in the API version since
+// but no refund.updated; refund.created comes late. charge.refunded in the API version since
 // 2022-11-15 embeds no refunds: the handler lists the PaymentIntent's
 // refunds at Stripe and settles ours from that, with no retry of the
 // request, no poller and no completer running. One refund at Stripe.
@@ -797,6 +797,9 @@ func TestChargeRefundedSettlesARefundWhoseAnswerWasLost(t *testing.T) {
 		RollForward: stripeemu.RollForwardAfter(300 * time.Millisecond)}))
 	first := h.refund(orderID, "lost-answer", `{"amount":700}`)
 	require.Equal(t, http.StatusBadGateway, first.status, "%s", first.body)
+	// refund.created, which would settle it by itself, comes late: the
+	// next event is the roll-forward's (the create answered 502 at once).
+	require.NoError(t, h.emu.InjectWebhookFault(stripeemu.HookFault{Kind: stripeemu.HookDelay, Count: 1, Delay: time.Minute}))
 
 	eventually(t, "charge.refunded settles the refund", func() bool {
 		v := h.orderView(orderID)

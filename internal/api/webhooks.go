@@ -120,7 +120,8 @@ func (w webhookRefunds) ApplyRefund(ctx context.Context, tx *gorm.DB, r webhooks
 	}
 	changed, err := w.svc.ApplyRefund(ctx, tx, refunds.StripeRefund{
 		ID: r.ID, PaymentIntentID: r.PaymentIntentID, Amount: r.Amount, Currency: r.Currency,
-		Status: r.Status, FailureReason: r.FailureReason, Metadata: md,
+		Status: r.Status, FailureReason: r.FailureReason, Metadata: md, Reason: r.Reason,
+		OrderID: r.IntentOrderID, TenantID: r.IntentTenantID,
 	})
 	if errors.Is(err, refunds.ErrNotOurs) {
 		return false, fmt.Errorf("%w: %w", webhooks.ErrNotOurs, err)
@@ -139,7 +140,7 @@ func (w webhookRefunds) RefundsOf(ctx context.Context, pi string) ([]webhooks.Re
 	out := make([]webhooks.Refund, len(list))
 	for i, st := range list {
 		out[i] = webhooks.Refund{ID: st.ID, Status: st.Status, Amount: st.Amount, Currency: st.Currency,
-			PaymentIntentID: st.PaymentIntentID, FailureReason: st.FailureReason}
+			PaymentIntentID: st.PaymentIntentID, FailureReason: st.FailureReason, Reason: st.Reason}
 		out[i].SetMetadata(st.Metadata)
 	}
 	return out, nil

@@ -32,6 +32,7 @@ var owners = map[string]string{
 	"inbox_parked":     "internal/inbox",
 	"inbox_sequences":  "internal/inbox",
 	"notifications":    "internal/notify",
+	"dead_letters":     "internal/deadletter",
 }
 
 // debts are the places that still name another package's table, as

@@ -16,9 +16,10 @@ import (
 // TestCancelCause reads why this service canceled a PaymentIntent from the
 // cancel attempts of the step log: the customer's cancel whatever else was
 // written (also one written before cancels carried a cause), else the
-// first cause written for that PaymentIntent, and nothing for a
-// PaymentIntent no cancel of ours names, an orphan's cancel, or a cancel
-// written without a cause.
+// first cause written for that PaymentIntent, the timeout for an abandoned
+// cancel written before cancels carried a cause, and nothing for a
+// PaymentIntent no cancel of ours names (canceled in the Dashboard) or an
+// orphan's cancel.
 func TestCancelCause(t *testing.T) {
 	t.Parallel()
 	db, _ := pgtest.NewDB(t)
@@ -48,7 +49,7 @@ func TestCancelCause(t *testing.T) {
 		{"another PaymentIntent of the order", "ord_rejected", "pi_other", ""},
 		{"the customer's cancel wins", "ord_customer", "pi_c", FailureCanceled},
 		{"a customer's cancel written without a cause", "ord_before", "pi_b", FailureCanceled},
-		{"a cancel written without a cause", "ord_legacy", "pi_l", ""},
+		{"an abandoned cancel written before causes were: the timeout", "ord_legacy", "pi_l", FailureActionTimeout},
 		{"an orphan's cancel", "ord_orphan", "pi_o", ""},
 		{"no cancel at all", "ord_none", "pi_n", ""},
 	} {
@@ -68,6 +69,7 @@ func TestChangeForACanceledPaymentIntent(t *testing.T) {
 	canceled := func(reason, lastError string) PaymentIntentState {
 		return PaymentIntentState{ID: "pi_1", Status: PICanceled, CancellationReason: reason, LastErrorCode: lastError}
 	}
+	waiting := &run{o: &Order{Status: orders.RequiresAction}}
 	for _, tc := range []struct {
 		name  string
 		pi    PaymentIntentState
@@ -78,14 +80,45 @@ func TestChangeForACanceledPaymentIntent(t *testing.T) {
 		{"a rejection closed by us", canceled(CancelAbandoned, ""), CodePaymentRejected, orders.PaymentFailed, CodePaymentRejected},
 		{"a timeout closed by us", canceled(CancelAbandoned, ""), FailureActionTimeout, orders.PaymentFailed, FailureActionTimeout},
 		{"a decline closed by us", canceled(CancelAbandoned, "card_declined"), CodePaymentRejected, orders.PaymentFailed, CodeCardDeclined},
-		{"closed by us before causes were written", canceled(CancelAbandoned, ""), "", orders.PaymentFailed, FailureActionTimeout},
 		{"the customer's cancel, as we wrote it", canceled(CancelAbandoned, ""), FailureCanceled, orders.Canceled, FailureCanceled},
-		{"the customer's cancel, as Stripe says", canceled(CancelRequestedByCustomer, ""), "", orders.Canceled, FailureCanceled},
+		{"the customer's cancel, as we sent it", canceled(CancelRequestedByCustomer, ""), FailureCanceled, orders.Canceled, FailureCanceled},
 		{"canceled by someone else", canceled("fraudulent", ""), "", orders.PaymentFailed, FailurePaymentCanceled},
 	} {
-		ch, ok := (&run{}).changeFor(tc.pi, tc.cause)
+		ch, ok := waiting.changeFor(tc.pi, tc.cause)
 		require.True(t, ok, tc.name)
 		require.Equal(t, tc.to, ch.To, tc.name)
 		require.Equal(t, tc.code, ch.FailureCode, tc.name)
+	}
+}
+
+// TestChangeForADashboardCancel: a PaymentIntent canceled outside the
+// service (the Dashboard, or Stripe itself), with each cancellation_reason
+// Stripe documents
+// (https://docs.stripe.com/api/payment_intents/object#payment_intent_object-cancellation_reason)
+// and none, ends an order on its way to paid wherever it waits: the change
+// is one the order's status may take (issue 35, defect 4: before,
+// requested_by_customer asked a pending_payment order to become canceled,
+// which only requires_action may, and the order and its key stuck). Only
+// requested_by_customer from requires_action is canceled; everything else
+// is payment_failed with payment_canceled (not a timeout: no cancel of
+// ours is written).
+func TestChangeForADashboardCancel(t *testing.T) {
+	t.Parallel()
+	reasons := []string{"", CancelDuplicate, "fraudulent", CancelRequestedByCustomer, CancelAbandoned,
+		"failed_invoice", "void_invoice", "automatic"}
+	for _, from := range []orders.Status{orders.PendingPayment, orders.PaymentUnknown, orders.RequiresAction} {
+		for _, reason := range reasons {
+			r := &run{o: &Order{Status: from}}
+			ch, ok := r.changeFor(PaymentIntentState{ID: "pi_1", Status: PICanceled, CancellationReason: reason}, "")
+			require.True(t, ok, "%s, reason %q", from, reason)
+			require.True(t, from.CanMoveTo(ch.To), "%s, reason %q: %s -> %s is no transition", from, reason, from, ch.To)
+			require.True(t, ch.To.LeavesTheWayToPaid(), "%s, reason %q", from, reason)
+			want := orders.PaymentFailed
+			if reason == CancelRequestedByCustomer && from == orders.RequiresAction {
+				want = orders.Canceled
+			}
+			require.Equal(t, want, ch.To, "%s, reason %q", from, reason)
+			require.Equal(t, FailurePaymentCanceled, ch.FailureCode, "%s, reason %q", from, reason)
+		}
 	}
 }

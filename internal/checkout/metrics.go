@@ -10,8 +10,10 @@ import (
 // Metrics counts what the payment saga cannot settle by itself. A nil
 // *Metrics counts nothing.
 type Metrics struct {
-	unknownTotal prometheus.Counter
-	strayTotal   *prometheus.CounterVec
+	unknownTotal     prometheus.Counter
+	strayTotal       *prometheus.CounterVec
+	strayUnreturned  prometheus.Gauge
+	strayUnreturnedA *prometheus.GaugeVec
 }
 
 // Results counted by checkout_payments_stray_total.
@@ -26,6 +28,8 @@ const (
 //
 //	checkout_payments_unknown_total  orders moved to payment_unknown (PAYMENT_UNKNOWN_AFTER of failed reconciliation)
 //	checkout_payments_stray_total{result}  PaymentIntents that moved money for an order that is not paid (refunded, canceled, failed)
+//	checkout_payments_stray_unreturned  stray payments whose refund Stripe has not said succeeded (set by the reconciler's rounds)
+//	checkout_payments_stray_unreturned_amount{currency}  what they charged and was not returned yet, in minor units
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	c := register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "checkout_payments_unknown_total",
@@ -38,7 +42,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range []string{StrayRefunded, StrayCanceled, StrayFailed} {
 		stray.WithLabelValues(r)
 	}
-	return &Metrics{unknownTotal: c, strayTotal: stray}
+	unreturned := register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "checkout_payments_stray_unreturned",
+		Help: "Stray payments (money moved for an order that is not paid) whose refund Stripe has not said succeeded: failed (sent again under the next attempt's key), pending or unanswered. Set by the worker's reconciler.",
+	}))
+	amounts := register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "checkout_payments_stray_unreturned_amount",
+		Help: "Money of stray payments not returned yet, in the currency's minor unit, by currency. Set by the worker's reconciler.",
+	}, []string{"currency"}))
+	return &Metrics{unknownTotal: c, strayTotal: stray, strayUnreturned: unreturned, strayUnreturnedA: amounts}
 }
 
 // register registers c on reg (if any), or returns the collector another
@@ -66,5 +78,16 @@ func (m *Metrics) stray(result string) {
 func (m *Metrics) unknown() {
 	if m != nil {
 		m.unknownTotal.Inc()
+	}
+}
+
+func (m *Metrics) unreturned(st strayStatus) {
+	if m == nil {
+		return
+	}
+	m.strayUnreturned.Set(float64(st.Unreturned))
+	m.strayUnreturnedA.Reset()
+	for cur, amount := range st.Amounts {
+		m.strayUnreturnedA.WithLabelValues(cur).Set(float64(amount))
 	}
 }

@@ -25,8 +25,8 @@
 -- Phase 1 (the prices and currencies from the api's memory, checked here).
 \startpipeline
 INSERT INTO idempotency_keys
-  (tenant_id, route, key, fingerprint, recovery_point, order_id, lease_owner, lease_expires_at, created_at, updated_at, expires_at)
-VALUES (:tenant, :route, :key, :fingerprint, :rp_order_created, :ord, :owner, :lease_until, :now, :now, :expires)
+  (tenant_id, route, key, fingerprint, recovery_point, order_id, lease_owner, lease_expires_at, created_at, updated_at)
+VALUES (:tenant, :route, :key, :fingerprint, :rp_order_created, :ord, :owner, :lease_until, :now, :now)
 RETURNING id;
 WITH g AS (
   SELECT 1 FROM product_catalog c
@@ -85,7 +85,7 @@ UPDATE payment_attempts SET outcome = :succeeded,
 WHERE idempotency_key = :ak2;
 WITH g AS (UPDATE idempotency_keys
   SET recovery_point = :rp_finished, response_status = :status, response_headers = :headers, response_body = :body,
-      lease_owner = NULL, lease_expires_at = NULL, finished_at = :now, updated_at = :now
+      lease_owner = NULL, lease_expires_at = NULL, finished_at = :now, updated_at = :now, expires_at = :expires
   WHERE tenant_id = :tenant AND route = :route AND key = :key AND lease_owner = :owner AND recovery_point <> :rp_finished
   RETURNING expires_at),
 ok AS MATERIALIZED (SELECT batch_guard(EXISTS (SELECT 1 FROM g), :guard) AS held)

@@ -29,6 +29,15 @@ func (r *run) verdictOf(pi PaymentIntentState) (*verdict, error) {
 // PaymentIntent calls for, and false when it calls for none. cause is why
 // this service canceled pi (cancelCause), "" when it did not or pi is not
 // canceled.
+//
+// A PaymentIntent canceled by someone else (the Dashboard, or Stripe
+// itself: any cancellation_reason,
+// https://docs.stripe.com/api/payment_intents/object#payment_intent_object-cancellation_reason)
+// ends the order too: the customer's own reason (requested_by_customer)
+// makes it canceled where the lifecycle allows (from requires_action),
+// and anything else, or the same reason while the order is still
+// pending_payment or payment_unknown, makes it payment_failed
+// (FailurePaymentCanceled). Either way its key gets a final answer.
 func (r *run) changeFor(pi PaymentIntentState, cause string) (orders.Change, bool) {
 	ch := orders.Change{PaymentIntentID: pi.ID, PaymentStatus: pi.Status}
 	switch pi.Status {
@@ -44,26 +53,43 @@ func (r *run) changeFor(pi PaymentIntentState, cause string) (orders.Change, boo
 		ch.To, ch.FailureCode, ch.DeclineCode = orders.PaymentFailed, CodeCardDeclined, firstOf(pi.LastDeclineCode, pi.LastErrorCode)
 	case PICanceled:
 		switch {
-		case cause == FailureCanceled || pi.CancellationReason == CancelRequestedByCustomer:
-			ch.To, ch.FailureCode = orders.Canceled, FailureCanceled
+		case cause == FailureCanceled:
+			// The customer's POST /v1/orders/{id}/cancel, only ever sent
+			// for an order in requires_action.
+			ch.To, ch.FailureCode = r.canceledOrFailed(), FailureCanceled
 		case pi.CancellationReason == CancelAbandoned && failedAttempt(pi):
-			// Closed by closeBeforeExit after a failed attempt.
+			// Closed after a failed attempt (by closeBeforeExit, or by
+			// hand): the decline is why.
 			ch.To, ch.FailureCode, ch.DeclineCode = orders.PaymentFailed, CodeCardDeclined, firstOf(pi.LastDeclineCode, pi.LastErrorCode)
 		case cause != "":
 			// Closed by closeBeforeExit, for the reason it wrote with its
 			// cancel: a rejection, a timeout.
 			ch.To, ch.FailureCode = orders.PaymentFailed, cause
-		case pi.CancellationReason == CancelAbandoned:
-			// Closed by this service with no reason written (a cancel
-			// sent before cancels carried one): a timeout.
-			ch.To, ch.FailureCode = orders.PaymentFailed, FailureActionTimeout
+		case pi.CancellationReason == CancelRequestedByCustomer:
+			// Canceled outside the service for the customer.
+			ch.To, ch.FailureCode = r.canceledOrFailed(), FailurePaymentCanceled
 		default:
+			// Canceled outside the service (the Dashboard, Stripe) for
+			// any other reason, or none.
 			ch.To, ch.FailureCode = orders.PaymentFailed, FailurePaymentCanceled
 		}
 	default:
 		return ch, false
 	}
 	return ch, true
+}
+
+// canceledOrFailed returns canceled when the run's order may become
+// canceled (it waits in requires_action), else payment_failed: the
+// lifecycle lets only an order waiting for its customer be canceled, and an
+// order whose PaymentIntent is canceled must still leave the way to paid.
+// The order only moves forward meanwhile, and payment_failed is reachable
+// from every status canceled is, so the choice stays applicable.
+func (r *run) canceledOrFailed() orders.Status {
+	if r.o != nil && r.o.Status.CanMoveTo(orders.Canceled) {
+		return orders.Canceled
+	}
+	return orders.PaymentFailed
 }
 
 // failedAttempt reports whether pi's latest confirmation failed: Stripe
@@ -163,14 +189,16 @@ func (r *run) changeOf(ctx context.Context, v *verdict) (orders.Change, bool, er
 // piID, from the cancel attempts written in the step log before each
 // cancel was sent: FailureCanceled when the customer asked for it (POST
 // /v1/orders/{id}/cancel), else the Cause of the first attempt that has
-// one, and "" when no cancel of ours gives one (someone else canceled it,
-// or it was an orphan).
+// one, FailureActionTimeout for a cancel of ours with reason abandoned
+// written before cancels carried a cause (only the timeout sent those),
+// and "" when no cancel of ours gives one (someone else canceled it: the
+// Dashboard, Stripe; or it was an orphan).
 func cancelCause(ctx context.Context, db *gorm.DB, orderID, piID string) (string, error) {
 	all, err := stripestep.Load(ctx, db, orderID, StepCancel)
 	if err != nil {
 		return "", err
 	}
-	cause := ""
+	cause, legacy := "", false
 	for _, a := range all {
 		if a.Target() != piID {
 			continue
@@ -185,6 +213,10 @@ func cancelCause(ctx context.Context, db *gorm.DB, orderID, piID string) (string
 		if cause == "" {
 			cause = req.Cause
 		}
+		legacy = legacy || (req.Cause == "" && req.Reason == CancelAbandoned)
+	}
+	if cause == "" && legacy {
+		return FailureActionTimeout, nil
 	}
 	return cause, nil
 }

@@ -51,7 +51,7 @@ func (s *Shared) Names() rabbitmq.Names {
 	n := rabbitmq.DefaultNames()
 	n.Exchange = s.Exchange
 	n.NotifyQueue = s.NotifyQueue
-	n.NotifyDLQ = s.NotifyQueue + ".dlq"
+	n.NotifyDLQ = rabbitmq.DeadLetterQueueOf(s.NotifyQueue)
 	return n
 }
 

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/sync/errgroup"
 	"gorm.io/gorm"
 
@@ -119,8 +118,9 @@ func (d *Deps) Open(ctx context.Context, databaseURL string, amqpCfg rabbitmq.Co
 	}
 	d.db.Store(db)
 
-	amqpCfg.Prepare = func(conn *amqp.Connection) error { return rabbitmq.MigrateDLQ(conn, names, logger) }
-	amqpCfg.Setup = func(ch *amqp.Channel) error { return rabbitmq.DeclareTopology(ch, names) }
+	topology := rabbitmq.NewTopology(names, logger)
+	amqpCfg.Prepare = topology.Prepare
+	amqpCfg.Setup = topology.Declare
 	conn, err := rabbitmq.Dial(ctx, amqpCfg)
 	if err != nil {
 		postgres.Close(db)

@@ -2,8 +2,10 @@ package deploy_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -23,8 +25,14 @@ const root = "../.."
 // the given variables set (KEY=value): nil gives every default.
 func loadProject(t *testing.T, vars ...string) *types.Project {
 	t.Helper()
-	opts, err := cli.NewProjectOptions([]string{filepath.Join(root, "docker-compose.yml")},
-		cli.WithWorkingDirectory(root), cli.WithName("checkout"), cli.WithEnv(vars), cli.WithDiscardEnvFile)
+	return loadProjectFile(t, filepath.Join(root, "docker-compose.yml"), vars...)
+}
+
+// loadProjectFile is loadProject for the compose file at file, in its folder.
+func loadProjectFile(t *testing.T, file string, vars ...string) *types.Project {
+	t.Helper()
+	opts, err := cli.NewProjectOptions([]string{file},
+		cli.WithWorkingDirectory(filepath.Dir(file)), cli.WithEnv(vars), cli.WithDiscardEnvFile)
 	require.NoError(t, err)
 	p, err := opts.LoadProject(context.Background())
 	require.NoError(t, err)
@@ -76,7 +84,7 @@ func TestComposeMatchesTheContract(t *testing.T) {
 		{service: "rabbitmq"},
 		{service: "mailpit", ports: []uint32{8025}},
 		{
-			service: "stripe-emulator", ports: []uint32{12111}, command: []string{"stripe-emulator"}, target: "dev",
+			service: "stripe-emulator", ports: []uint32{12111}, command: []string{"stripe-emulator"}, target: "emulator",
 			env: map[string]string{
 				"STRIPE_EMULATOR_ADDR": ":12111", "STRIPE_WEBHOOK_SECRET": "whsec_test_checkout",
 				"STRIPE_EMULATOR_WEBHOOK_URL": "http://api:8080/v1/webhooks/stripe",
@@ -386,8 +394,7 @@ func TestHealthchecksMeanReadyAndStayQuiet(t *testing.T) {
 
 	rabbit, err := p.GetService("rabbitmq")
 	require.NoError(t, err)
-	require.Contains(t, strings.Join(rabbit.HealthCheck.Test, " "), "check_port_connectivity",
-		"RabbitMQ is ready when its listeners take connections, after the node answers pings")
+	require.NoError(t, rabbitProbeDefects(t, rabbit.HealthCheck.Test))
 
 	for _, s := range p.Services {
 		if s.Restart == "no" {
@@ -519,4 +526,161 @@ func mustAtoi(t *testing.T, s string) uint32 {
 		n = n*10 + uint32(c-'0')
 	}
 	return n
+}
+
+// TestProjectNameIsFixed (issue 34): the compose file names its project, so
+// the volumes are checkout_postgres-data and so on, as README says, in a
+// clone whatever its folder is called.
+func TestProjectNameIsFixed(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, projectNameDefects(loadProject(t)))
+
+	// The check itself: the compose file of issue 34, without a name, in a
+	// clone named my-clone.
+	b, err := os.ReadFile(filepath.Join(root, "docker-compose.yml"))
+	require.NoError(t, err)
+	unnamed := regexp.MustCompile(`(?m)^name: .*$`).ReplaceAll(b, nil)
+	require.NotEqual(t, b, unnamed)
+	file := filepath.Join(t.TempDir(), "my-clone", "docker-compose.yml")
+	require.NoError(t, os.MkdirAll(filepath.Dir(file), 0o755))
+	require.NoError(t, os.WriteFile(file, unnamed, 0o644))
+	require.ErrorContains(t, projectNameDefects(loadProjectFile(t, file)), "my-clone_postgres-data")
+}
+
+// projectNameDefects reports a project not named checkout, and a volume not
+// named after it.
+func projectNameDefects(p *types.Project) error {
+	var errs []string
+	if p.Name != "checkout" {
+		errs = append(errs, fmt.Sprintf("project %q, not checkout", p.Name))
+	}
+	for key, v := range p.Volumes {
+		if want := "checkout_" + key; v.Name != want {
+			errs = append(errs, fmt.Sprintf("volume %s is %s, not %s", key, v.Name, want))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// TestPortsOnLoopbackByDefault (issue 34): every port the stack publishes is
+// on 127.0.0.1 unless CHECKOUT_HOST_IP says otherwise: nothing in it asks for
+// a password (the api's development keys, the emulator's fault endpoint).
+// CHECKOUT_HOST_IP moves the stack's own ports and never Postgres' or
+// RabbitMQ's (trust auth, the guest account; TestNoHostPortThatALocalServiceHolds).
+func TestPortsOnLoopbackByDefault(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, portsBoundTo(loadProject(t), "127.0.0.1", "127.0.0.1"))
+	wide := loadProject(t, "CHECKOUT_HOST_IP=0.0.0.0")
+	require.NoError(t, portsBoundTo(wide, "0.0.0.0", "127.0.0.1"))
+	require.NoError(t, hostPortClashes(wide))
+
+	// The check itself: the api's port of issue 34, on every interface.
+	p := loadProject(t)
+	api := p.Services["api"]
+	api.Ports = []types.ServicePortConfig{{Target: 8080, Published: "8080", Protocol: "tcp"}}
+	p.Services["api"] = api
+	require.ErrorContains(t, portsBoundTo(p, "127.0.0.1", "127.0.0.1"), `api: 8080 published on "", not on 127.0.0.1`)
+}
+
+// portsBoundTo reports a port of the stack's own published on another address
+// than own, and one of the infrastructure's on another than infra.
+func portsBoundTo(p *types.Project, own, infra string) error {
+	var errs []string
+	n := 0
+	for _, s := range p.Services {
+		want := own
+		if slices.Contains(infrastructure, s.Name) {
+			want = infra
+		}
+		for _, port := range s.Ports {
+			n++
+			if port.HostIP != want {
+				errs = append(errs, fmt.Sprintf("%s: %d published on %q, not on %s", s.Name, port.Target, port.HostIP, want))
+			}
+		}
+	}
+	if n == 0 {
+		errs = append(errs, "no published port")
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// rabbitProbeDefects runs the RabbitMQ healthcheck's command, as compose
+// gives it to the container's shell, with rabbitmq-diagnostics and
+// rabbitmqctl stubbed to answer as RabbitMQ does in each case below (the
+// format is that of `rabbitmqctl -q list_queues --no-table-headers type state
+// leader`: tab-separated, an empty leader for a queue whose leader is not
+// alive, as rabbit_quorum_queue's info reports it), and reports each case
+// where the probe does not say what the case is.
+func rabbitProbeDefects(t *testing.T, test types.HealthCheckTest) error {
+	t.Helper()
+	bin := t.TempDir()
+	for name, script := range map[string]string{
+		"rabbitmq-diagnostics": "#!/bin/sh\nexit \"${STUB_DIAGNOSTICS_EXIT:-0}\"\n",
+		"rabbitmqctl":          "#!/bin/sh\nprintf '%b' \"$STUB_QUEUES\"\nexit \"${STUB_CTL_EXIT:-0}\"\n",
+	} {
+		require.NoError(t, os.WriteFile(filepath.Join(bin, name), []byte(script), 0o755))
+	}
+	var argv []string
+	switch {
+	case len(test) == 2 && test[0] == "CMD-SHELL":
+		argv = []string{"/bin/sh", "-c", test[1]}
+	case len(test) > 1 && test[0] == "CMD":
+		argv = slices.Clone(test[1:])
+		// exec.Command looks the program up in this process's PATH.
+		if stub := filepath.Join(bin, argv[0]); !strings.Contains(argv[0], "/") && fileExists(stub) {
+			argv[0] = stub
+		}
+	default:
+		return fmt.Errorf("healthcheck %q: neither CMD nor CMD-SHELL", test)
+	}
+	var errs []string
+	for _, c := range []struct {
+		name    string
+		env     []string
+		healthy bool
+	}{
+		{"the first start: no queue yet, the app declares them", nil, true},
+		{"a restart, the queues recovered with their leader", []string{"STUB_QUEUES=quorum\trunning\trabbit@rabbitmq\nquorum\trunning\trabbit@rabbitmq\n"}, true},
+		{"a classic queue of someone else's", []string{"STUB_QUEUES=classic\trunning\trabbit@rabbitmq\n"}, true},
+		{"a restart, a quorum queue still recovering", []string{"STUB_QUEUES=quorum\trunning\trabbit@rabbitmq\nquorum\trecovering\t\n"}, false},
+		{"a restart, a quorum queue running without a leader yet", []string{"STUB_QUEUES=quorum\trunning\t\n"}, false},
+		{"a quorum queue down", []string{"STUB_QUEUES=quorum\tdown\t\n"}, false},
+		{"the listeners closed", []string{"STUB_DIAGNOSTICS_EXIT=69"}, false},
+		{"the queues not listed", []string{"STUB_CTL_EXIT=75"}, false},
+	} {
+		cmd := exec.Command(argv[0], argv[1:]...)
+		cmd.Env = append([]string{"PATH=" + bin + string(os.PathListSeparator) + os.Getenv("PATH")}, c.env...)
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		if err != nil && !errors.As(err, &exit) {
+			return fmt.Errorf("run %q: %w", argv, err)
+		}
+		if healthy := err == nil; healthy != c.healthy {
+			errs = append(errs, fmt.Sprintf("%s: healthy %v, want %v (%s)", c.name, healthy, c.healthy, out))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// TestRabbitProbeOfIssue34IsCaught: the probe of issue 34 reported healthy
+// before its quorum queue had a leader.
+func TestRabbitProbeOfIssue34IsCaught(t *testing.T) {
+	t.Parallel()
+	err := rabbitProbeDefects(t, types.HealthCheckTest{"CMD", "rabbitmq-diagnostics", "-q", "check_port_connectivity"})
+	require.ErrorContains(t, err, "a quorum queue running without a leader yet: healthy true, want false")
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }

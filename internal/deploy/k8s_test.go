@@ -13,8 +13,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/kube-openapi/pkg/validation/spec"
 	"k8s.io/kube-openapi/pkg/validation/strfmt"
@@ -65,18 +67,25 @@ func render(t *testing.T, overlay string) []object {
 // core are the built-in kinds the overlays use, each with the k8s.io/api
 // type it must decode into.
 var core = map[string]func() any{
-	"apps/v1/Deployment":            func() any { return &appsv1.Deployment{} },
-	"batch/v1/Job":                  func() any { return &batchv1.Job{} },
-	"v1/Service":                    func() any { return &corev1.Service{} },
-	"v1/ConfigMap":                  func() any { return &corev1.ConfigMap{} },
-	"v1/Secret":                     func() any { return &corev1.Secret{} },
-	"policy/v1/PodDisruptionBudget": func() any { return &policyv1.PodDisruptionBudget{} },
+	"apps/v1/Deployment":                     func() any { return &appsv1.Deployment{} },
+	"batch/v1/Job":                           func() any { return &batchv1.Job{} },
+	"v1/Service":                             func() any { return &corev1.Service{} },
+	"v1/ConfigMap":                           func() any { return &corev1.ConfigMap{} },
+	"v1/Secret":                              func() any { return &corev1.Secret{} },
+	"policy/v1/PodDisruptionBudget":          func() any { return &policyv1.PodDisruptionBudget{} },
+	"v1/Namespace":                           func() any { return &corev1.Namespace{} },
+	"v1/ServiceAccount":                      func() any { return &corev1.ServiceAccount{} },
+	"networking.k8s.io/v1/NetworkPolicy":     func() any { return &networkingv1.NetworkPolicy{} },
+	"networking.k8s.io/v1/Ingress":           func() any { return &networkingv1.Ingress{} },
+	"autoscaling/v2/HorizontalPodAutoscaler": func() any { return &autoscalingv2.HorizontalPodAutoscaler{} },
 }
 
 // crds maps each custom kind the overlays use to its CRD in testdata/crds.
 var crds = map[string]string{
 	"postgresql.cnpg.io/v1/Cluster":                   "cnpg-clusters.yaml",
 	"postgresql.cnpg.io/v1/Pooler":                    "cnpg-poolers.yaml",
+	"postgresql.cnpg.io/v1/ScheduledBackup":           "cnpg-scheduledbackups.yaml",
+	"barmancloud.cnpg.io/v1/ObjectStore":              "plugin-barman-cloud-objectstores.yaml",
 	"rabbitmq.com/v1beta1/RabbitmqCluster":            "rabbitmq-rabbitmqclusters.yaml",
 	"redis.redis.opstreelabs.in/v1beta2/RedisCluster": "redis-operator-redisclusters.yaml",
 	"monitoring.coreos.com/v1/ServiceMonitor":         "prometheus-operator-servicemonitors.yaml",
@@ -427,7 +436,7 @@ func TestProductionHasNoDevelopmentKey(t *testing.T) {
 }
 
 // TestDeploymentWiring checks the shape CONTRACT.md's Deployment section
-// asks for, in every overlay: the migrate Job reaches the primary directly
+// asks for, in every overlay: the migrate init container reaches the primary directly
 // and the api does not migrate; the three processes reach Postgres through
 // the transaction-pooling PgBouncer; each probes the /healthz and /readyz
 // that its process serves on the port it serves them on; each has a
@@ -444,10 +453,8 @@ func TestDeploymentWiring(t *testing.T) {
 			}
 			deps := deployments(t, objs)
 
-			var job batchv1.Job
-			require.Len(t, byKind["batch/v1/Job"], 1)
-			decode(t, byKind["batch/v1/Job"][0], &job)
-			migrate := job.Spec.Template.Spec.Containers[0]
+			require.NotEmpty(t, deps["checkout-api"].Spec.Template.Spec.InitContainers)
+			migrate := deps["checkout-api"].Spec.Template.Spec.InitContainers[0]
 			require.Equal(t, []string{"migrate"}, migrate.Command)
 			// The image's default target (what `docker build -t checkout .`
 			// makes) ships the binary each process of the image runs.
@@ -459,7 +466,7 @@ func TestDeploymentWiring(t *testing.T) {
 				}
 			}
 			require.Equal(t, "secret:checkout-db-app/uri", effectiveEnv(t, objs, migrate)["DATABASE_URL"],
-				"the migrate Job connects to the primary (checkout-db-rw), not through PgBouncer")
+				"migrate connects to the primary (checkout-db-rw), not through PgBouncer")
 
 			// METRICS_ADDR's port serves /healthz and /readyz for the
 			// dispatcher and the worker; the api serves them on HTTP_ADDR.
@@ -482,7 +489,7 @@ func TestDeploymentWiring(t *testing.T) {
 				require.NotEmpty(t, d.Spec.Template.Spec.TopologySpreadConstraints, name)
 				require.True(t, hasPDB(t, objs, d), "%s has a PodDisruptionBudget", name)
 				if name == "checkout-api" {
-					require.Equal(t, "false", env["MIGRATE_ON_START"], "the Job migrates")
+					require.Equal(t, "false", env["MIGRATE_ON_START"], "the init container migrates")
 				} else {
 					require.Contains(t, env["AMQP_URL"], "checkout-mq-server-2.checkout-mq-nodes", name)
 				}
@@ -558,6 +565,10 @@ apiVersion: monitoring.coreos.com/v1
 kind: PrometheusRule
 metadata:
   name: checkout
+  # The label kube-prometheus-stack's Prometheus selects rules by
+  # (docs/kubernetes.md, "Monitoring").
+  labels:
+    release: kube-prometheus-stack
 spec:
 `)
 	for _, line := range strings.SplitAfter(string(alerts), "\n") {
@@ -604,9 +615,6 @@ var mutations = map[string]func(o object){
 	"apps/v1/Deployment": func(o object) { // a misspelt field
 		set(o, []string{"spec", "replica"}, 3)
 	},
-	"batch/v1/Job": func(o object) { // a string where an integer goes
-		set(o, []string{"spec", "backoffLimit"}, "ten")
-	},
 	"v1/Service": func(o object) {
 		set(o, []string{"spec", "ports"}, []any{map[string]any{"name": "http", "port": 80, "targetPort": "http", "protocl": "TCP"}})
 	},
@@ -630,6 +638,27 @@ var mutations = map[string]func(o object){
 	},
 	"redis.redis.opstreelabs.in/v1beta2/RedisCluster": func(o object) { // a required field gone
 		delete(o["spec"].(map[string]any), "clusterSize")
+	},
+	"v1/Namespace": func(o object) { // labels hold strings only
+		set(o, []string{"metadata", "labels", "pod-security.kubernetes.io/enforce"}, 1)
+	},
+	"v1/ServiceAccount": func(o object) { // a misspelt field
+		set(o, []string{"automountServiceAccountTokens"}, false)
+	},
+	"networking.k8s.io/v1/NetworkPolicy": func(o object) {
+		set(o, []string{"spec", "policyType"}, []any{"Ingress"})
+	},
+	"networking.k8s.io/v1/Ingress": func(o object) { // a string where a list goes
+		set(o, []string{"spec", "rules"}, "/v1/")
+	},
+	"autoscaling/v2/HorizontalPodAutoscaler": func(o object) { // a string where an integer goes
+		set(o, []string{"spec", "maxReplicas"}, "ten")
+	},
+	"postgresql.cnpg.io/v1/ScheduledBackup": func(o object) { // not one of the methods
+		set(o, []string{"spec", "method"}, "pg_dump")
+	},
+	"barmancloud.cnpg.io/v1/ObjectStore": func(o object) { // a required field gone
+		delete(o["spec"].(map[string]any)["configuration"].(map[string]any), "destinationPath")
 	},
 	"monitoring.coreos.com/v1/ServiceMonitor": func(o object) { // a string where a list goes
 		set(o, []string{"spec", "endpoints"}, "metrics")

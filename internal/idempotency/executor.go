@@ -99,20 +99,20 @@ func (e *Executor) logger() *slog.Logger {
 func (e *Executor) Execute(ctx context.Context, scope Scope, fingerprint, owner string, cmd Command) (resp *Response, replayed bool, err error) {
 	var claim *Claim
 	var final *Response
-	err = postgres.WithTx(ctx, e.DB, func(tx *gorm.DB) error {
+	err = e.claimTx(ctx, func(tx *gorm.DB) (*Claim, error) {
 		c, err := e.Store.Claim(ctx, tx, scope, fingerprint, owner)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		claim = c
 		switch {
 		case c.Response != nil:
-			return nil
+			return c, nil
 		case c.TakenOver:
-			return cmd.Resume(ctx, tx, c)
+			return c, cmd.Resume(ctx, tx, c)
 		}
 		final, err = cmd.Start(ctx, tx, c)
-		return err
+		return c, err
 	})
 	switch {
 	case err != nil:
@@ -127,6 +127,31 @@ func (e *Executor) Execute(ctx context.Context, scope Scope, fingerprint, owner 
 	}
 	resp, err = e.Continue(ctx, claim, cmd.Run)
 	return resp, false, err
+}
+
+// claimTx runs claim, which claims a key inside tx and returns the claim
+// (nil: nothing claimed), in one transaction. When claim succeeded but the
+// commit failed, its outcome is unknown (the connection lost at commit, a
+// failover): the claim, and with it this owner's lease, may have been
+// committed. The lease is then ended at once (Store.ReleaseEarly, which
+// changes nothing if the claim was not committed or another owner holds
+// the key), so that the client's retry resumes the key instead of getting
+// 409 idempotency_key_in_use for a whole IDEMPOTENCY_LEASE; the fast
+// path's claim does the same (checkout.Service.Checkout). The error
+// returned is the transaction's.
+func (e *Executor) claimTx(ctx context.Context, claim func(tx *gorm.DB) (*Claim, error)) error {
+	var committing *Claim
+	err := postgres.WithTx(ctx, e.DB, func(tx *gorm.DB) error {
+		c, err := claim(tx)
+		if err == nil && c != nil && c.Response == nil {
+			committing = c
+		}
+		return err
+	})
+	if err != nil && committing != nil {
+		e.Store.ReleaseEarly(e.DB, committing, e.logger())
+	}
+	return err
 }
 
 // Continue runs run from c, a claim the caller holds (made by Execute, or
@@ -158,13 +183,13 @@ func (e *Executor) Complete(ctx context.Context, keyID int64, commands Commands)
 		claim *Claim
 		cmd   Command
 	)
-	err := postgres.WithTx(ctx, e.DB, func(tx *gorm.DB) error {
+	err := e.claimTx(ctx, func(tx *gorm.DB) (*Claim, error) {
 		c, err := e.Store.TakeOver(ctx, tx, keyID, NewOwnerToken(), commands.Routes()...)
 		if err != nil || c == nil {
-			return err
+			return nil, err
 		}
 		claim, cmd = c, commands[c.Scope.Route]()
-		return cmd.Resume(ctx, tx, c)
+		return c, cmd.Resume(ctx, tx, c)
 	})
 	if err != nil || claim == nil {
 		return false, err

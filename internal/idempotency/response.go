@@ -18,7 +18,8 @@ type Response struct {
 	Header map[string]string `json:"header"`
 	// Body is the exact response body.
 	Body []byte `json:"body"`
-	// ExpiresAt is when the key's retention (IDEMPOTENCY_TTL) ends.
+	// ExpiresAt is when the key's retention ends: IDEMPOTENCY_TTL after the
+	// key finished (its final answer), not after it was first claimed.
 	ExpiresAt time.Time `json:"expires_at"`
 }
 

@@ -43,8 +43,11 @@ type Store struct {
 	// Lease is how long a claim stays exclusive without extension
 	// (IDEMPOTENCY_LEASE).
 	Lease time.Duration
-	// TTL is how long a key is kept (IDEMPOTENCY_TTL); after it the key may
-	// be used as new.
+	// TTL is how long a finished key is kept (IDEMPOTENCY_TTL), counted
+	// from its final answer (Finish): after it the key may be used as new.
+	// An unfinished key has no end of retention (its expires_at is NULL):
+	// it never expires and is never reaped, however long it takes to
+	// finish (CONTRACT.md, Retention).
 	TTL time.Duration
 	// Now is the clock; lease and TTL comparisons use it, not the
 	// database's, so tests can move time.
@@ -89,7 +92,9 @@ type keyRow struct {
 	CreatedAt       time.Time
 	UpdatedAt       time.Time
 	FinishedAt      *time.Time
-	ExpiresAt       time.Time
+	// ExpiresAt is the end of a finished key's retention; NULL while the
+	// key is unfinished.
+	ExpiresAt *time.Time
 }
 
 func (keyRow) TableName() string { return "idempotency_keys" }
@@ -102,7 +107,8 @@ func (keyRow) TableName() string { return "idempotency_keys" }
 // returns ErrKeyReused; a finished key returns a Claim whose Response is set
 // (replay it); a live lease returns ErrKeyInUse; an expired lease is taken
 // over (Claim.TakenOver) and the route resumes at its recovery point. A
-// finished key past its TTL is deleted and claimed as new.
+// finished key whose retention has ended (s.TTL after it finished) is
+// deleted and claimed as new; an unfinished key never expires, however old.
 //
 // Commit makes the claim visible to every other request; rollback forgets
 // it, as if the request had never come. A concurrent Claim of the same scope
@@ -118,12 +124,12 @@ func (s *Store) Claim(ctx context.Context, tx *gorm.DB, scope Scope, fingerprint
 		var id int64
 		err := tx.Raw(`
 			INSERT INTO idempotency_keys
-			  (tenant_id, route, key, fingerprint, recovery_point, lease_owner, lease_expires_at, created_at, updated_at, expires_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			  (tenant_id, route, key, fingerprint, recovery_point, lease_owner, lease_expires_at, created_at, updated_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (tenant_id, route, key) DO NOTHING
 			RETURNING id`,
 			scope.Tenant, scope.Route, scope.Key, fingerprint, RecoveryPointStarted,
-			owner, now.Add(s.Lease), now, now, now.Add(s.TTL)).Row().Scan(&id)
+			owner, now.Add(s.Lease), now, now).Row().Scan(&id)
 		// ON CONFLICT DO NOTHING is not an error: it returns no row.
 		if err == nil {
 			return &Claim{ID: id, Scope: scope, Fingerprint: fingerprint,
@@ -143,7 +149,7 @@ func (s *Store) Claim(ctx context.Context, tx *gorm.DB, scope Scope, fingerprint
 		if err != nil {
 			return nil, fmt.Errorf("load key: %w", err)
 		}
-		if row.RecoveryPoint == RecoveryPointFinished && !row.ExpiresAt.After(now) {
+		if row.expired(now) {
 			if err := tx.Exec(`DELETE FROM idempotency_keys WHERE id = ?`, row.ID).Error; err != nil {
 				return nil, fmt.Errorf("delete expired key: %w", err)
 			}
@@ -182,6 +188,13 @@ func (s *Store) claimExisting(tx *gorm.DB, row *keyRow, fingerprint, owner strin
 	return c, nil
 }
 
+// expired reports whether row's retention has ended at now: only a
+// finished key has an end (expires_at, set by Finish); an unfinished key
+// never expires.
+func (row *keyRow) expired(now time.Time) bool {
+	return row.RecoveryPoint == RecoveryPointFinished && row.ExpiresAt != nil && !row.ExpiresAt.After(now)
+}
+
 func claimOf(row *keyRow) *Claim {
 	c := &Claim{
 		ID:            row.ID,
@@ -199,10 +212,10 @@ func claimOf(row *keyRow) *Claim {
 }
 
 func (row *keyRow) response() (*Response, error) {
-	if row.ResponseStatus == nil {
-		return nil, fmt.Errorf("key %d is finished without a response", row.ID)
+	if row.ResponseStatus == nil || row.ExpiresAt == nil {
+		return nil, fmt.Errorf("key %d is finished without a response or its end of retention", row.ID)
 	}
-	r := &Response{Status: *row.ResponseStatus, Body: row.ResponseBody, ExpiresAt: row.ExpiresAt}
+	r := &Response{Status: *row.ResponseStatus, Body: row.ResponseBody, ExpiresAt: *row.ExpiresAt}
 	if len(row.ResponseHeaders) > 0 {
 		if err := json.Unmarshal(row.ResponseHeaders, &r.Header); err != nil {
 			return nil, fmt.Errorf("key %d: decode stored headers: %w", row.ID, err)
@@ -312,8 +325,10 @@ func (s *Store) CountExpired(ctx context.Context, db *gorm.DB, olderThan time.Ti
 }
 
 // Reap deletes up to limit finished keys whose retention ended before
-// now, in one statement (its own transaction on db), and returns how many.
-// Only finished keys are deleted, never one a transaction holds: rows are
+// now (expires_at: IDEMPOTENCY_TTL after the key finished), in one
+// statement (its own transaction on db), and returns how many. Only
+// finished keys are deleted (an unfinished key has no expires_at: it
+// belongs to a retry or the completer), never one a transaction holds: rows are
 // picked FOR UPDATE SKIP LOCKED, which rechecks the condition on the
 // latest version of the row, so a reaper never waits for a request and
 // several reapers share the work. The reaper (internal/sweep) calls it
@@ -365,10 +380,10 @@ func (s *Store) QueueClaimNew(b *postgres.Batch, scope Scope, fingerprint, owner
 	c := &Claim{Scope: scope, Fingerprint: fingerprint, RecoveryPoint: point, OrderID: orderID, Owner: owner, New: true}
 	var id int64
 	b.Queue(`INSERT INTO idempotency_keys
-		  (tenant_id, route, key, fingerprint, recovery_point, order_id, lease_owner, lease_expires_at, created_at, updated_at, expires_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		  (tenant_id, route, key, fingerprint, recovery_point, order_id, lease_owner, lease_expires_at, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		RETURNING id`,
-		[]any{scope.Tenant, scope.Route, scope.Key, fingerprint, point, orderID, owner, now.Add(s.Lease), now, now, now.Add(s.TTL)},
+		[]any{scope.Tenant, scope.Route, scope.Key, fingerprint, point, orderID, owner, now.Add(s.Lease), now, now},
 		func(r pgx.Row) error { return r.Scan(&id) })
 	b.AfterCommit(func() { c.ID = id })
 	return c
@@ -392,7 +407,9 @@ func (c *Claim) Advanced(point, orderID string) {
 const GuardLeaseLost = "idempotency_lease_lost"
 
 // finishStatement is Finish's fenced UPDATE and its arguments. It names the
-// key by its scope, as Fence does.
+// key by its scope, as Fence does. It is the one place a key's retention
+// starts: expires_at is s.TTL after the final answer, however long the key
+// took to get there.
 func (s *Store) finishStatement(c *Claim, resp *Response) (string, []any, error) {
 	headers, err := json.Marshal(resp.Header)
 	if err != nil {
@@ -401,10 +418,10 @@ func (s *Store) finishStatement(c *Claim, resp *Response) (string, []any, error)
 	now := s.Now()
 	return `UPDATE idempotency_keys
 		SET recovery_point = ?, response_status = ?, response_headers = ?, response_body = ?,
-		    lease_owner = NULL, lease_expires_at = NULL, finished_at = ?, updated_at = ?
+		    lease_owner = NULL, lease_expires_at = NULL, finished_at = ?, updated_at = ?, expires_at = ?
 		WHERE tenant_id = ? AND route = ? AND key = ? AND lease_owner = ? AND recovery_point <> ?
 		RETURNING expires_at`,
-		[]any{RecoveryPointFinished, resp.Status, string(headers), resp.Body, now, now,
+		[]any{RecoveryPointFinished, resp.Status, string(headers), resp.Body, now, now, now.Add(s.TTL),
 			c.Scope.Tenant, c.Scope.Route, c.Scope.Key, c.Owner, RecoveryPointFinished}, nil
 }
 
@@ -433,7 +450,8 @@ func (c *Claim) Finished(resp *Response, expiresAt time.Time) {
 
 // Finish stores resp as the key's final response and ends its lease, inside
 // tx. It is fenced like Advance. On return resp.ExpiresAt is the end of the
-// key's retention. Commit makes every later request with the key a replay.
+// key's retention: s.TTL from now, the final answer. Commit makes every
+// later request with the key a replay until then.
 func (s *Store) Finish(ctx context.Context, tx *gorm.DB, c *Claim, resp *Response) error {
 	query, args, err := s.finishStatement(c, resp)
 	if err != nil {

@@ -242,7 +242,10 @@ func (c *Consumer) HandleBatch(ctx context.Context, ds []amqp.Delivery) []error 
 	of := make([]*item, len(ds)) // the item each delivery is, or a copy of
 	copies := 0
 	for i, d := range ds {
-		ev, err := parse(d.Body, d.MessageId, d.RoutingKey)
+		// A copy sent back through the default exchange (a retry, a
+		// redrive) has the queue's name as routing key: the event type
+		// travels in a header.
+		ev, err := parse(d.Body, d.MessageId, rabbitmq.OriginalRoutingKey(d))
 		if err != nil {
 			errs[i] = fmt.Errorf("notify: handle %s: %w", d.MessageId, err)
 			continue

@@ -14,3 +14,6 @@ func BreakIdleSessions(m *SMTPMailer) int {
 	}
 	return len(m.idle)
 }
+
+// SetServiceAfterInbox is SetAfterInbox on the consumer of s.
+func SetServiceAfterInbox(s *Service, f func() error) { s.handler.afterInbox = f }

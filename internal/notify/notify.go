@@ -57,6 +57,13 @@ const (
 type Config struct {
 	// Queue is the queue of order.paid events ("notify.order_paid").
 	Queue string
+	// DeadLetterQueue receives the events the handler failed FailureLimit
+	// times (rabbitmq.DeadLetterQueueOf(Queue)).
+	DeadLetterQueue string
+	// FailureLimit is how many handler failures dead-letter an event
+	// (rabbitmq.Names.DeliveryLimit, 5). Deliveries handed back by a stop
+	// or a crash do not count.
+	FailureLimit int
 	// Prefetch is the consumer's unacknowledged window (128): enough for
 	// every handler's batch and the next ones.
 	Prefetch int
@@ -97,6 +104,12 @@ func NewService(db *gorm.DB, conn *rabbitmq.Conn, mailer Mailer, cfg Config) (*S
 	if cfg.Queue == "" {
 		cfg.Queue = rabbitmq.DefaultNames().NotifyQueue
 	}
+	if cfg.DeadLetterQueue == "" {
+		cfg.DeadLetterQueue = rabbitmq.DeadLetterQueueOf(cfg.Queue)
+	}
+	if cfg.FailureLimit <= 0 {
+		cfg.FailureLimit = rabbitmq.DefaultNames().DeliveryLimit
+	}
 	if cfg.Prefetch <= 0 {
 		cfg.Prefetch = 128
 	}
@@ -125,13 +138,15 @@ func NewService(db *gorm.DB, conn *rabbitmq.Conn, mailer Mailer, cfg Config) (*S
 	}
 	return &Service{
 		consumer: rabbitmq.NewBatchConsumer(conn, rabbitmq.ConsumerConfig{
-			Queue:          cfg.Queue,
-			Tag:            "",
-			Prefetch:       cfg.Prefetch,
-			Concurrency:    cfg.Concurrency,
-			BatchSize:      cfg.BatchSize,
-			HandlerTimeout: 15 * time.Second,
-			Logger:         logger,
+			Queue:           cfg.Queue,
+			Tag:             "",
+			Prefetch:        cfg.Prefetch,
+			Concurrency:     cfg.Concurrency,
+			BatchSize:       cfg.BatchSize,
+			HandlerTimeout:  15 * time.Second,
+			FailureLimit:    cfg.FailureLimit,
+			DeadLetterQueue: cfg.DeadLetterQueue,
+			Logger:          logger,
 		}, handler.HandleBatch),
 		handler: handler,
 		sender:  sender,

@@ -101,7 +101,8 @@ func run(t *testing.T, loop func(ctx context.Context) error) (stop func()) {
 
 // consume runs a rabbitmq consumer of the notify queue with handler h.
 func (f *fixture) consume(t *testing.T, h rabbitmq.Handler) (stop func()) {
-	c := rabbitmq.NewConsumer(f.conn, rabbitmq.ConsumerConfig{Queue: f.names.NotifyQueue, MinBackoff: 10 * time.Millisecond}, h)
+	c := rabbitmq.NewConsumer(f.conn, rabbitmq.ConsumerConfig{Queue: f.names.NotifyQueue, MinBackoff: 10 * time.Millisecond,
+		FailureLimit: f.names.DeliveryLimit, DeadLetterQueue: f.names.NotifyDLQ}, h)
 	return run(t, c.Run)
 }
 

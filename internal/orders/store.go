@@ -78,17 +78,38 @@ type Ref struct {
 	TenantID, ID string
 }
 
-// InStatus lists at most limit orders in status, the least recently
-// updated first.
-func InStatus(ctx context.Context, db *gorm.DB, status Status, limit int) ([]Ref, error) {
-	var refs []Ref
-	err := db.WithContext(ctx).Raw(`
-		SELECT tenant_id, id FROM orders WHERE status = ?
-		ORDER BY updated_at LIMIT ?`, string(status), limit).Scan(&refs).Error
-	if err != nil {
-		return nil, fmt.Errorf("list orders in %s: %w", status, err)
+// Position is where a walk through the orders in one status stands: just
+// after the order last listed, in the order (updated_at, id). The zero
+// Position is the start.
+type Position struct {
+	UpdatedAt time.Time
+	ID        string
+}
+
+// InStatus lists at most limit orders in status after position after, the
+// least recently updated first, and returns the position after the last
+// one listed (after itself when none is). Walking from the returned
+// position lists every order in the status once before any again, however
+// many rounds list the same orders without changing them: what keeps a
+// poller's pages fair (the reconciler's). An order that changes moves to
+// the end of the walk.
+func InStatus(ctx context.Context, db *gorm.DB, status Status, after Position, limit int) ([]Ref, Position, error) {
+	var rows []struct {
+		TenantID, ID string
+		UpdatedAt    time.Time
 	}
-	return refs, nil
+	err := db.WithContext(ctx).Raw(`
+		SELECT tenant_id, id, updated_at FROM orders WHERE status = ? AND (updated_at, id) > (?, ?)
+		ORDER BY updated_at, id LIMIT ?`, string(status), after.UpdatedAt, after.ID, limit).Scan(&rows).Error
+	if err != nil {
+		return nil, after, fmt.Errorf("list orders in %s: %w", status, err)
+	}
+	refs := make([]Ref, len(rows))
+	for i, r := range rows {
+		refs[i] = Ref{TenantID: r.TenantID, ID: r.ID}
+		after = Position{UpdatedAt: r.UpdatedAt, ID: r.ID}
+	}
+	return refs, after, nil
 }
 
 // Statuses returns the status of each order of ids that exists, by id.

@@ -114,6 +114,11 @@ func runContract(t *testing.T, base string) {
 		list, err := client.ListRefunds(t.Context(), pi.ID)
 		require.NoError(t, err, "the refund list shape must be accepted")
 		require.NotEmpty(t, list)
+		recent, err := client.ListRefundsSince(t.Context(), time.Now().Add(-time.Hour))
+		require.NoError(t, err, "the list of the account's recent refunds (created[gte]) must be accepted")
+		require.NotEmpty(t, recent)
+		_, _, err = client.IntentOrder(t.Context(), pi.ID)
+		require.NoError(t, err, "reading a PaymentIntent's order must be accepted")
 	})
 
 	t.Run("payment intent lifecycle with stripe-go", func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/stripe/stripe-go/v76"
 	"github.com/stripe/stripe-go/v76/refund"
@@ -12,7 +13,10 @@ import (
 	"github.com/onceonly/checkout/internal/stripestep"
 )
 
-var _ refunds.Stripe = (*Client)(nil)
+var (
+	_ refunds.Stripe        = (*Client)(nil)
+	_ refunds.OutsideStripe = (*Client)(nil)
+)
 
 // Ops of the refund calls, in the op label of checkout_stripe_calls_total.
 const (
@@ -100,10 +104,41 @@ func (c *Client) ListRefunds(ctx context.Context, paymentIntentID string) ([]ref
 	})
 }
 
+// ListRefundsSince lists every refund of the account created at or after
+// since (Stripe's clock, whole seconds), newest first, paging through all
+// of them (https://docs.stripe.com/api/refunds/list, created[gte]); the
+// list is strongly consistent. Transient failures are retried.
+func (c *Client) ListRefundsSince(ctx context.Context, since time.Time) ([]refunds.StripeRefund, error) {
+	rc := c.refundClient()
+	return callT(ctx, c, opRefundList, "", func(actx context.Context) ([]refunds.StripeRefund, error) {
+		params := &stripe.RefundListParams{CreatedRange: &stripe.RangeQueryParams{GreaterThanOrEqual: since.Unix()}}
+		params.Context = actx
+		params.Limit = stripe.Int64(100)
+		var out []refunds.StripeRefund
+		it := rc.List(params)
+		for it.Next() {
+			out = append(out, refundStateOf(it.Refund()))
+		}
+		return out, it.Err()
+	})
+}
+
+// IntentOrder returns the order and tenant PaymentIntent id names in its
+// metadata (order_id, tenant_id; "" when it names none), retrieving it by
+// id (strongly consistent).
+func (c *Client) IntentOrder(ctx context.Context, id string) (orderID, tenantID string, err error) {
+	pi, err := c.RetrievePaymentIntent(ctx, id)
+	if err != nil {
+		return "", "", err
+	}
+	return pi.Metadata["order_id"], pi.Metadata["tenant_id"], nil
+}
+
 func refundStateOf(r *stripe.Refund) refunds.StripeRefund {
 	st := refunds.StripeRefund{
 		ID: r.ID, Amount: r.Amount, Currency: string(r.Currency), Status: string(r.Status),
-		FailureReason: string(r.FailureReason), Metadata: r.Metadata,
+		FailureReason: string(r.FailureReason), Metadata: r.Metadata, Reason: string(r.Reason),
+		Created: r.Created,
 	}
 	if r.PaymentIntent != nil {
 		st.PaymentIntentID = r.PaymentIntent.ID

@@ -142,6 +142,7 @@ func TestPoisonInABatchIsDeadLetteredAlone(t *testing.T) {
 			rec := &batchRecorder{deliveries: map[string]map[uint64]bool{}, redelivered: map[string]bool{}, panics: panics}
 			runConsumer(t, rabbitmq.NewBatchConsumer(f.conn, rabbitmq.ConsumerConfig{
 				Queue: f.names.NotifyQueue, Prefetch: 64, Concurrency: 2, BatchSize: 8,
+				FailureLimit: f.names.DeliveryLimit, DeadLetterQueue: f.names.NotifyDLQ,
 			}, rec.handle))
 			dlq := &recorder{}
 			runConsumer(t, rabbitmq.NewConsumer(f.conn, rabbitmq.ConsumerConfig{Queue: f.names.NotifyDLQ}, dlq.handle))

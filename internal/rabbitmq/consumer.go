@@ -16,10 +16,12 @@ import (
 //
 // Returning nil acknowledges the message: the broker forgets it, so the
 // handler must have made its effect durable first (commit, then return).
-// Returning an error nacks it with requeue: the broker delivers it again,
-// maybe to another consumer, maybe after later messages. A queue with a
-// delivery limit dead-letters it after the limit. Handlers must therefore be
-// idempotent (see package inbox). ctx is not cancelled when the consumer
+// Returning an error fails it: a consumer that counts failures
+// (ConsumerConfig.FailureLimit) publishes it again with one more failure
+// counted, or to the dead-letter queue at the limit, then acknowledges it;
+// one that does not rejects it with requeue. Either way it comes again,
+// maybe to another consumer, maybe after later messages. Handlers must
+// therefore be idempotent (see package inbox). ctx is not cancelled when the consumer
 // stops taking work, only when the drain deadline passes.
 type Handler func(ctx context.Context, d amqp.Delivery) error
 
@@ -56,6 +58,17 @@ type ConsumerConfig struct {
 	// MinBackoff and MaxBackoff bound the wait between resubscriptions after
 	// a channel or connection loss or a cancel (defaults 100ms and 5s).
 	MinBackoff, MaxBackoff time.Duration
+	// FailureLimit is how many times the handler may fail a message (an
+	// error not marked Transient) before the consumer dead-letters it by
+	// publishing it to DeadLetterQueue (0: the consumer counts nothing and
+	// rejects a failed message with requeue, leaving any limit to the
+	// broker). Only handler failures count: a delivery handed back
+	// unprocessed by a stop, a crash or a lost channel never does, whatever
+	// the broker version (see countFailures).
+	FailureLimit int
+	// DeadLetterQueue receives, through the default exchange, the messages
+	// that failed FailureLimit times; required with FailureLimit.
+	DeadLetterQueue string
 	// Logger receives losses and handler errors (default: discard).
 	Logger *slog.Logger
 }
@@ -80,6 +93,9 @@ type Consumer struct {
 	cfg     ConsumerConfig
 	handler BatchHandler
 	logger  *slog.Logger
+	// retries publishes the copies of failed messages through the default
+	// exchange (nil unless FailureLimit is set).
+	retries *Publisher
 }
 
 // NewConsumer returns a Consumer of cfg.Queue that passes each delivery to
@@ -120,15 +136,26 @@ func NewBatchConsumer(conn *Conn, cfg ConsumerConfig, h BatchHandler) *Consumer 
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Consumer{conn: conn, cfg: cfg, handler: h, logger: logger.With("queue", cfg.Queue)}
+	c := &Consumer{conn: conn, cfg: cfg, handler: h, logger: logger.With("queue", cfg.Queue)}
+	if cfg.FailureLimit > 0 {
+		c.retries = NewPublisher(conn, PublisherConfig{Exchange: "", ConfirmTimeout: retryConfirmTimeout, Logger: logger})
+	}
+	return c
 }
 
 // Run consumes until ctx ends, then stops taking deliveries, lets the
 // handlers in flight finish and acknowledge (each within HandlerTimeout),
 // and returns nil. Deliveries prefetched but not started are returned to the
 // queue when the channel closes. Run returns an error only if the Conn was
-// closed under it.
+// closed under it, or at once if FailureLimit is set without
+// DeadLetterQueue.
 func (c *Consumer) Run(ctx context.Context) error {
+	if err := checkFailureConfig(c.cfg); err != nil {
+		return err
+	}
+	if c.retries != nil {
+		defer c.retries.Close()
+	}
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval = c.cfg.MinBackoff
 	b.MaxInterval = c.cfg.MaxBackoff
@@ -311,12 +338,13 @@ func IsTransient(err error) bool {
 // smaller batch, with backoff up to MaxBackoff, until they succeed, fail for
 // good, or the consumer stops.
 //
-// A message that failed is requeued with basic.reject: a failed delivery,
-// counted toward the queue's delivery limit on every RabbitMQ version. One
-// still failing transiently when the consumer stops is requeued with
-// basic.nack: from RabbitMQ 4.3 on, a nack is a return that does not count
-// (before 4.3 both count, so a nack there would dead-letter after the limit
-// as well, and 4.3 with a nack never would).
+// A message that failed is counted and published again, or dead-lettered,
+// when the consumer counts failures (countFailures); otherwise, or when
+// that publish fails, it is requeued with basic.reject: a failed delivery,
+// counted toward the queue's broker-side delivery limit on every RabbitMQ
+// version. One still failing transiently when the consumer stops is
+// requeued with basic.nack: from RabbitMQ 4.3 on, a nack is a return that
+// does not count (before 4.3 both count).
 func (c *Consumer) handle(ctx context.Context, batch []amqp.Delivery, acks *acker) {
 	retry := backoff.NewExponentialBackOff()
 	retry.InitialInterval = c.cfg.MinBackoff
@@ -353,6 +381,7 @@ func (c *Consumer) handle(ctx context.Context, batch []amqp.Delivery, acks *acke
 		case <-ctx.Done():
 		}
 	}
+	c.countFailures(batch, errs)
 	for i, err := range errs {
 		if err != nil {
 			d := batch[i]

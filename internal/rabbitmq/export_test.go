@@ -29,3 +29,6 @@ func (a *Acker) Track(ds []amqp.Delivery) { a.a.track(ds) }
 
 // Settle records the outcome of each of ds and sends what it may.
 func (a *Acker) Settle(ds []amqp.Delivery, errs []error) []error { return a.a.settle(ds, errs) }
+
+// LegacyNotifyQueueArgs are the notification queue's arguments before v4.
+func LegacyNotifyQueueArgs(n Names) amqp.Table { return legacyNotifyQueueArgs(n) }

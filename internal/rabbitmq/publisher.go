@@ -18,17 +18,21 @@ type Message struct {
 	// of the same event so consumers can deduplicate.
 	MessageID string
 	// RoutingKey routes the message in the exchange; it is also sent as the
-	// AMQP type property.
+	// AMQP type property unless Type is set.
 	RoutingKey string
+	// Type is the AMQP type property when it is not RoutingKey: a message
+	// sent through the default exchange to one queue (a retry, a dead
+	// letter sent again) keeps its event type (optional).
+	Type string
+	// Headers are the AMQP headers (optional), e.g. the W3C traceparent
+	// the relay sends along (internal/tracing).
+	Headers amqp.Table
 	// ContentType is the AMQP content_type (default "application/json").
 	ContentType string
 	// Body is sent byte for byte.
 	Body []byte
 	// Timestamp is the AMQP timestamp property (optional).
 	Timestamp time.Time
-	// Headers are the AMQP headers (optional), e.g. the W3C traceparent
-	// the relay sends along (internal/tracing).
-	Headers amqp.Table
 }
 
 // Errors a publish result can wrap.
@@ -202,6 +206,10 @@ func (p *Publisher) Send(ctx context.Context, msgs []Message) (wait func() []err
 		if contentType == "" {
 			contentType = "application/json"
 		}
+		typ := m.Type
+		if typ == "" {
+			typ = m.RoutingKey
+		}
 		// Tracked before it is sent, since its return and confirm may
 		// arrive before the publish call returns; p.mu makes this channel's
 		// next sequence number this message's.
@@ -210,11 +218,11 @@ func (p *Publisher) Send(ctx context.Context, msgs []Message) (wait func() []err
 		var dc *amqp.DeferredConfirmation
 		dc, err = pc.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, m.RoutingKey, true, false, amqp.Publishing{
 			MessageId:    m.MessageID,
-			Type:         m.RoutingKey,
+			Type:         typ,
 			ContentType:  contentType,
+			Headers:      m.Headers,
 			DeliveryMode: amqp.Persistent,
 			Timestamp:    m.Timestamp,
-			Headers:      m.Headers,
 			Body:         m.Body,
 		})
 		if err == nil && (dc == nil || dc.DeliveryTag != tag) {

@@ -159,7 +159,8 @@ func TestFailingMessageIsDeadLetteredAfterFiveDeliveries(t *testing.T) {
 		}
 		return nil
 	}}
-	runConsumer(t, rabbitmq.NewConsumer(f.conn, rabbitmq.ConsumerConfig{Queue: f.names.NotifyQueue}, rec.handle))
+	runConsumer(t, rabbitmq.NewConsumer(f.conn, rabbitmq.ConsumerConfig{Queue: f.names.NotifyQueue,
+		FailureLimit: f.names.DeliveryLimit, DeadLetterQueue: f.names.NotifyDLQ}, rec.handle))
 
 	dlq := &recorder{}
 	runConsumer(t, rabbitmq.NewConsumer(f.conn, rabbitmq.ConsumerConfig{Queue: f.names.NotifyDLQ}, dlq.handle))
@@ -172,7 +173,17 @@ func TestFailingMessageIsDeadLetteredAfterFiveDeliveries(t *testing.T) {
 	}
 	rec.mu.Unlock()
 	require.Equal(t, map[string]int{"evt_poison": 5, "evt_good": 1}, perID)
-	require.Equal(t, "evt_poison", dlq.msgs[0].MessageId)
+	// The dead letter is the message as published, with why and how often
+	// it failed and where.
+	d := dlq.msgs[0]
+	require.Equal(t, "evt_poison", d.MessageId)
+	require.Equal(t, "order.paid", d.Type)
+	require.Equal(t, amqp.Persistent, d.DeliveryMode)
+	require.Equal(t, `{"id":"evt_poison"}`, string(d.Body))
+	require.Equal(t, 5, rabbitmq.Failures(d))
+	require.Equal(t, "poison", d.Headers[rabbitmq.HeaderLastError])
+	require.Equal(t, "order.paid", rabbitmq.OriginalRoutingKey(d))
+	require.Equal(t, f.names.NotifyQueue, d.Headers[rabbitmq.HeaderDeadLetteredFrom])
 }
 
 func TestConfirmWaitEndsAfterTimeoutWhenTheBrokerIsSilent(t *testing.T) {

@@ -35,10 +35,23 @@ type Names struct {
 	// replicated like NotifyQueue; before v3 it was a classic queue, which
 	// MigrateDLQ replaces.
 	NotifyDLQ string
-	// DeliveryLimit is how many times a message of NotifyQueue is delivered
-	// before it is dead-lettered (5).
+	// DeliveryLimit is how many times the worker's handler may fail a
+	// message of NotifyQueue before it is dead-lettered (5; CONTRACT.md,
+	// "Events"). The consumer counts these failures itself
+	// (ConsumerConfig.FailureLimit), so that deliveries handed back by a
+	// stopping or crashing consumer never count.
 	DeliveryLimit int
+	// BackstopLimit is NotifyQueue's broker-side x-delivery-limit (100): the
+	// returns after which RabbitMQ dead-letters a message by itself. It
+	// only ends a loop the consumer cannot count, a message that kills the
+	// process before its handler returns; every RabbitMQ before 4.3 also
+	// counts hand-backs toward it, so it is far above what restarts reach.
+	BackstopLimit int
 }
+
+// DeadLetterQueueOf is the name of queue's dead-letter queue: queue +
+// ".dlq" ("notify.order_paid.dlq").
+func DeadLetterQueueOf(queue string) string { return queue + ".dlq" }
 
 // DefaultNames returns the topology of CONTRACT.md, "Events".
 func DefaultNames() Names {
@@ -46,8 +59,9 @@ func DefaultNames() Names {
 		Exchange:       "checkout.events",
 		NotifyQueue:    "notify.order_paid",
 		NotifyBindings: []string{"order.paid", "order.*"},
-		NotifyDLQ:      "notify.order_paid.dlq",
+		NotifyDLQ:      DeadLetterQueueOf("notify.order_paid"),
 		DeliveryLimit:  5,
+		BackstopLimit:  100,
 	}
 }
 
@@ -66,19 +80,36 @@ func (n Names) WithPrefix(prefix string) Names {
 // dispatcher and the worker both call it at start (and on every reconnect),
 // so no event is lost whichever starts first.
 //
-// NotifyQueue is a quorum queue: RabbitMQ counts its deliveries itself
-// (x-delivery-count) and, once a message has been returned DeliveryLimit-1
-// times, dead-letters the next return through the default exchange to
-// NotifyDLQ. A consumer therefore only nacks with requeue and never counts.
-// Note that a delivery also counts when the consumer's channel dies with the
-// message unacked.
+// NotifyQueue is a quorum queue. Its consumer counts handler failures and
+// dead-letters after DeliveryLimit of them (ConsumerConfig.FailureLimit):
+// RabbitMQ cannot be left to count, since before 4.3 every return counts,
+// a delivery handed back by a stopping consumer too (so restarts with a
+// backlog dead-lettered healthy events), and 4.x applies a limit of 20 to
+// a quorum queue declared without one. The queue's x-delivery-limit is
+// therefore BackstopLimit, only a guard against a message that kills its
+// consumer, dead-lettering through the default exchange to NotifyDLQ as
+// the consumer does.
+//
+// Queue arguments cannot change on an existing queue, nor can a policy
+// raise a delivery limit set as an argument (RabbitMQ takes the lower of
+// the two): NotifyQueue declared by an older version with a limit of
+// DeliveryLimit-1 is replaced by MigrateNotifyQueue.
 //
 // Declaring an existing queue with other arguments fails with
 // PRECONDITION_FAILED, and closes ch: a classic NotifyDLQ left by an older
 // version does, which MigrateDLQ (run first, as Config.Prepare) replaces.
 func DeclareTopology(ch *amqp.Channel, n Names) error {
+	return declareTopology(ch, n, false)
+}
+
+// declareTopology is DeclareTopology, declaring NotifyQueue with an older
+// version's arguments if legacy (see MigrateNotifyQueue).
+func declareTopology(ch *amqp.Channel, n Names, legacy bool) error {
 	if n.DeliveryLimit <= 0 {
 		return fmt.Errorf("rabbitmq: delivery limit must be positive, got %d", n.DeliveryLimit)
+	}
+	if n.BackstopLimit < n.DeliveryLimit {
+		return fmt.Errorf("rabbitmq: backstop limit %d is below the delivery limit %d", n.BackstopLimit, n.DeliveryLimit)
 	}
 	if err := ch.ExchangeDeclare(n.Exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
 		return fmt.Errorf("declare exchange %s: %w", n.Exchange, err)
@@ -86,17 +117,12 @@ func DeclareTopology(ch *amqp.Channel, n Names) error {
 	if err := declareDLQ(ch, n); err != nil {
 		return err
 	}
-	if _, err := ch.QueueDeclare(n.NotifyQueue, true, false, false, false, amqp.Table{
-		amqp.QueueTypeArg: amqp.QueueTypeQuorum,
-		// x-delivery-limit counts returns, not deliveries: a message is
-		// dead-lettered when returned more than the limit, so limit-1 returns
-		// allow exactly DeliveryLimit deliveries.
-		"x-delivery-limit":          int32(n.DeliveryLimit - 1),
-		"x-dead-letter-exchange":    "",
-		"x-dead-letter-routing-key": n.NotifyDLQ,
-		"x-dead-letter-strategy":    "at-most-once",
-	}); err != nil {
-		return fmt.Errorf("declare queue %s: %w", n.NotifyQueue, err)
+	args := notifyQueueArgs(n)
+	if legacy {
+		args = legacyNotifyQueueArgs(n)
+	}
+	if err := declareNotifyQueue(ch, n, args); err != nil {
+		return err
 	}
 	for _, key := range n.NotifyBindings {
 		if err := ch.QueueBind(n.NotifyQueue, key, n.Exchange, false, nil); err != nil {
@@ -105,6 +131,41 @@ func DeclareTopology(ch *amqp.Channel, n Names) error {
 	}
 	return nil
 }
+
+// notifyQueueArgs are NotifyQueue's arguments.
+func notifyQueueArgs(n Names) amqp.Table {
+	return amqp.Table{
+		amqp.QueueTypeArg: amqp.QueueTypeQuorum,
+		// x-delivery-limit counts returns: a message is dead-lettered when
+		// returned more than the limit.
+		"x-delivery-limit":          int32(n.BackstopLimit),
+		"x-dead-letter-exchange":    "",
+		"x-dead-letter-routing-key": n.NotifyDLQ,
+		// The queue keeps a message it dead-letters until the DLQ has
+		// confirmed it, so none is lost in between; RabbitMQ requires the
+		// reject-publish overflow for that (without a length limit it
+		// refuses nothing). https://www.rabbitmq.com/docs/quorum-queues#dead-lettering
+		"x-dead-letter-strategy": "at-least-once",
+		"x-overflow":             "reject-publish",
+	}
+}
+
+// declareNotifyQueue declares NotifyQueue with args. A refusal because the
+// queue exists with other arguments wraps errNotifyQueueArgs.
+func declareNotifyQueue(ch *amqp.Channel, n Names, args amqp.Table) error {
+	if _, err := ch.QueueDeclare(n.NotifyQueue, true, false, false, false, args); err != nil {
+		var ae *amqp.Error
+		if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
+			return fmt.Errorf("declare queue %s: %w: %w", n.NotifyQueue, errNotifyQueueArgs, err)
+		}
+		return fmt.Errorf("declare queue %s: %w", n.NotifyQueue, err)
+	}
+	return nil
+}
+
+// errNotifyQueueArgs: NotifyQueue exists with other arguments than those
+// declared (PRECONDITION_FAILED).
+var errNotifyQueueArgs = errors.New("the notification queue exists with other arguments")
 
 // declareDLQ declares NotifyDLQ, a durable quorum queue. It is the target
 // of NotifyQueue's dead-lettering, at most once: a quorum queue keeps the

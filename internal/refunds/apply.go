@@ -8,6 +8,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/onceonly/checkout/internal/ids"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
@@ -21,8 +22,10 @@ import (
 var ErrDuplicateAtStripe = errors.New("a second Stripe refund for one of our refunds")
 
 // ErrNotOurs is returned by Apply for a Stripe refund that is none of ours
-// (neither its id nor its metadata[refund_id] names one of our refunds):
-// nothing changes; a webhook handler answers 200 and ignores it.
+// (neither its id nor its metadata[refund_id] names one of our refunds,
+// and it is no refund made outside the service of a paid order's
+// PaymentIntent: see adopt): nothing changes; a webhook handler answers
+// 200 and ignores it.
 var ErrNotOurs = errors.New("not one of our refunds")
 
 // ourStatus maps Stripe's refund status
@@ -43,8 +46,10 @@ func ourStatus(stripeStatus string) string {
 // in the same one, and the API and the reconciler call it from theirs.
 //
 // It finds our refund by Stripe's id, else by metadata[refund_id] (and then
-// records Stripe's id on it); for a refund that is not ours it returns
-// ErrNotOurs and changes nothing. It locks the order row, then the refund's, and moves the refund
+// records Stripe's id on it), else adopts a refund made outside the service
+// (the Dashboard) of a paid order's PaymentIntent as a new refund of that
+// order (adopt); for a refund that is not ours it returns ErrNotOurs and
+// changes nothing. It locks the order row, then the refund's, and moves the refund
 // only forward: pending or requires_attention to succeeded (the order's
 // amount_refunded grows, its status becomes partially_refunded or refunded,
 // and order.refunded is added to the outbox, once, with the refund as its
@@ -75,12 +80,22 @@ func Apply(ctx context.Context, tx *gorm.DB, st StripeRefund, now time.Time) (ch
 			return false, fmt.Errorf("find refund %s: %w", st.Metadata["refund_id"], err)
 		}
 	}
+	var o *orders.Balance
 	if len(ids) == 0 {
-		return false, fmt.Errorf("stripe refund %s: %w", st.ID, ErrNotOurs)
-	}
-	// Lock order: the order, then the refund, as every writer does.
-	o, err := lockOrder(ctx, tx, "", ids[0].OrderID)
-	if err != nil {
+		// Not made through the API: a refund made in Stripe's Dashboard
+		// (or by any other client of the account) is adopted when it
+		// refunds the payment of one of our paid orders.
+		adopted, bal, err := adopt(ctx, tx, st, now)
+		if err != nil {
+			return false, err
+		}
+		ids = append(ids, struct {
+			ID      string
+			OrderID string
+		}{adopted, bal.ID})
+		o = bal
+	} else if o, err = lockOrder(ctx, tx, "", ids[0].OrderID); err != nil {
+		// Lock order: the order, then the refund, as every writer does.
 		return false, err
 	}
 	r, err := loadRefund(ctx, tx, ids[0].ID, true)
@@ -184,4 +199,72 @@ func (s *Service) ApplyStripeRefund(ctx context.Context, st StripeRefund) (bool,
 		return err
 	})
 	return changed, err
+}
+
+// ErrRefundBeyondReserve is returned by Apply for a refund made outside
+// the service (the Dashboard) whose amount does not fit in what the order
+// has left to refund beside the refunds it holds: one of ours was
+// reserved but is not yet at Stripe (Stripe then refuses ours for the
+// amount, which gives the reservation back). Nothing is changed; applying
+// the refund again later (the webhook's resend, the reconciler's next
+// round) adopts it.
+var ErrRefundBeyondReserve = errors.New("a refund made outside the service exceeds what the order has left to refund")
+
+// adopt makes st, a Stripe refund none of our refunds is bound to, a refund
+// of the order whose PaymentIntent it refunds, inside tx (the order's row
+// locked first, as every writer of refunds does): a refund made outside
+// the service, in Stripe's Dashboard or by another client of the account
+// (https://docs.stripe.com/refunds#issuing). The order is the one
+// st.OrderID and st.TenantID name (the metadata of the refund's
+// PaymentIntent, which the caller read), and only when the refund carries
+// no metadata[refund_id] (ours always do), the PaymentIntent is the
+// order's recorded one, and the order was paid (paid, partially_refunded
+// or refunded): a stray payment's refund is not the order's. The new
+// refund starts pending, with no idempotency key, its amount reserved
+// against what the order may still refund; Apply then moves it as Stripe
+// says (succeeded: amount_refunded, the status, order.refunded and its
+// email). It returns the refund's id and the order's balance, ErrNotOurs
+// for anything else, or ErrRefundBeyondReserve.
+func adopt(ctx context.Context, tx *gorm.DB, st StripeRefund, now time.Time) (string, *orders.Balance, error) {
+	notOurs := fmt.Errorf("stripe refund %s: %w", st.ID, ErrNotOurs)
+	if st.Metadata["refund_id"] != "" || st.OrderID == "" || st.TenantID == "" || st.PaymentIntentID == "" || st.Amount <= 0 {
+		return "", nil, notOurs
+	}
+	o, err := lockOrder(ctx, tx, st.TenantID, st.OrderID)
+	if errors.Is(err, ErrOrderNotFound) {
+		return "", nil, notOurs
+	}
+	if err != nil {
+		return "", nil, err
+	}
+	if o.PaymentIntentID == nil || *o.PaymentIntentID != st.PaymentIntentID || !o.Status.PaidOnce() {
+		return "", nil, notOurs
+	}
+	// Another transaction may have adopted it while this one waited for
+	// the order's lock.
+	var known []string
+	if err := tx.WithContext(ctx).Raw(`SELECT id FROM refunds WHERE stripe_refund_id = ?`, st.ID).Scan(&known).Error; err != nil {
+		return "", nil, fmt.Errorf("find refund of %s: %w", st.ID, err)
+	}
+	if len(known) > 0 {
+		return known[0], o, nil
+	}
+	if left := o.AmountTotal - o.RefundReserved; st.Amount > left {
+		return "", nil, fmt.Errorf("stripe refund %s of order %s: %d > %d left: %w", st.ID, o.ID, st.Amount, left, ErrRefundBeyondReserve)
+	}
+	r := &refundRow{
+		ID: ids.New("rf"), OrderID: o.ID, TenantID: o.TenantID, Amount: st.Amount, Currency: o.Currency,
+		Status: StatusPending, PaymentIntentID: st.PaymentIntentID, StripeRefundID: &st.ID, CreatedAt: now, UpdatedAt: now,
+	}
+	if st.Reason != "" {
+		r.Reason = &st.Reason
+	}
+	if err := tx.WithContext(ctx).Create(r).Error; err != nil {
+		return "", nil, fmt.Errorf("adopt stripe refund %s: %w", st.ID, err)
+	}
+	if err := orders.Reserve(ctx, tx, o.ID, st.Amount, now); err != nil {
+		return "", nil, err
+	}
+	o.RefundReserved += st.Amount
+	return r.ID, o, nil
 }

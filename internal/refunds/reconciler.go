@@ -107,9 +107,84 @@ func (s *Service) ReconcileParked(ctx context.Context, olderThan time.Duration, 
 	return adopted, errors.Join(errs...)
 }
 
-// RunReconciler polls pending refunds, and reconciles parked ones, every
-// interval until ctx ends, then returns nil. Errors are logged and retried
-// in the next round.
+// DefaultOutsideLookback is how far back the refund reconciler's first
+// round looks for refunds made outside the service (Service.OutsideLookback):
+// 72 hours, the time Stripe keeps resending a webhook that was not
+// acknowledged (https://docs.stripe.com/webhooks#retries), beyond which
+// no webhook would have brought it either.
+const DefaultOutsideLookback = 72 * time.Hour
+
+// AdoptOutside is the polling half of "a refund made in the Dashboard
+// reaches its order" (webhooks are the other, internal/webhooks): it lists
+// the account's refunds created since its last round (the first round:
+// OutsideLookback before now) and applies each one that none of our
+// refunds is bound to and that carries no metadata[refund_id], with the
+// order its PaymentIntent names: Apply adopts it when that PaymentIntent
+// paid the order. Refunds already known are skipped without a call. It
+// returns how many refunds changed; with no OutsideStripe (s.Stripe does
+// not implement it) it does nothing. The next round starts from the
+// newest refund seen, and a round that failed for any refund starts again
+// from the same point.
+func (s *Service) AdoptOutside(ctx context.Context) (int, error) {
+	os, ok := s.Stripe.(OutsideStripe)
+	if !ok {
+		return 0, nil
+	}
+	s.outsideMu.Lock()
+	defer s.outsideMu.Unlock()
+	since := s.outsideSince
+	if since.IsZero() {
+		lookback := s.OutsideLookback
+		if lookback <= 0 {
+			lookback = DefaultOutsideLookback
+		}
+		since = s.now().Add(-lookback)
+	}
+	list, err := os.ListRefundsSince(ctx, since)
+	if err != nil {
+		return 0, fmt.Errorf("refunds: list refunds since %s: %w", since.Format(time.RFC3339), err)
+	}
+	next, changed := since, 0
+	var errs []error
+	for _, st := range list {
+		if c := time.Unix(st.Created, 0); c.After(next) {
+			next = c
+		}
+		if st.Metadata["refund_id"] != "" || st.PaymentIntentID == "" {
+			continue // ours, made through the API: the saga, webhooks and PollPending settle it
+		}
+		var known int64
+		if err := s.DB.WithContext(ctx).Model(&refundRow{}).Where("stripe_refund_id = ?", st.ID).Count(&known).Error; err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if known > 0 {
+			continue // adopted already: PollPending and webhooks move it on
+		}
+		if st.OrderID, st.TenantID, err = os.IntentOrder(ctx, st.PaymentIntentID); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		ok, err := s.ApplyStripeRefund(ctx, st)
+		switch {
+		case errors.Is(err, ErrNotOurs):
+		case err != nil:
+			errs = append(errs, err)
+		case ok:
+			changed++
+			s.Logger.InfoContext(ctx, "refund made outside the service adopted", "stripe_refund_id", st.ID,
+				"order_id", st.OrderID, "amount", st.Amount, "status", st.Status)
+		}
+	}
+	if len(errs) == 0 {
+		s.outsideSince = next
+	}
+	return changed, errors.Join(errs...)
+}
+
+// RunReconciler polls pending refunds, reconciles parked ones, and adopts
+// refunds made outside the service (AdoptOutside), every interval until ctx
+// ends, then returns nil. Errors are logged and retried in the next round.
 func (s *Service) RunReconciler(ctx context.Context, interval time.Duration) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -128,6 +203,11 @@ func (s *Service) RunReconciler(ctx context.Context, interval time.Duration) err
 			s.Logger.Warn("refunds: reconcile parked refunds", "err", err)
 		} else if n > 0 {
 			s.Logger.Info("refunds: parked refunds found at Stripe", "count", n)
+		}
+		if n, err := s.AdoptOutside(ctx); err != nil && ctx.Err() == nil {
+			s.Logger.Warn("refunds: adopt refunds made outside the service", "err", err)
+		} else if n > 0 {
+			s.Logger.Info("refunds: refunds made outside the service adopted", "count", n)
 		}
 	}
 }

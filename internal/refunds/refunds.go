@@ -100,6 +100,16 @@ type StripeRefund struct {
 	FailureReason string
 	// Metadata holds refund_id, order_id and tenant_id for refunds we made.
 	Metadata map[string]string
+	// Reason is Stripe's reason (requested_by_customer, duplicate,
+	// fraudulent), "" for none.
+	Reason string
+	// Created is when Stripe created it (Unix seconds, Stripe's clock).
+	Created int64
+	// OrderID and TenantID name the order of the refund's PaymentIntent,
+	// from the PaymentIntent's metadata, when the caller read it: how a
+	// refund made outside the service (the Dashboard), which carries none
+	// of our metadata, finds its order (Apply adopts it). Empty otherwise.
+	OrderID, TenantID string
 }
 
 // CreateParams is one POST /v1/refunds.
@@ -135,4 +145,15 @@ type Stripe interface {
 	CreateRefund(ctx context.Context, p CreateParams) (StripeRefund, error)
 	GetRefund(ctx context.Context, id string) (StripeRefund, error)
 	ListRefunds(ctx context.Context, paymentIntentID string) ([]StripeRefund, error)
+}
+
+// OutsideStripe is what the refund reconciler needs of Stripe to find the
+// refunds made outside the service (in the Dashboard); *payments.Client
+// implements it. ListRefundsSince lists the account's refunds created at
+// or after since (Stripe's clock), every page; IntentOrder returns the
+// order and tenant a PaymentIntent names in its metadata ("" for none).
+// An error means Stripe did not answer.
+type OutsideStripe interface {
+	ListRefundsSince(ctx context.Context, since time.Time) ([]StripeRefund, error)
+	IntentOrder(ctx context.Context, paymentIntentID string) (orderID, tenantID string, err error)
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"sync"
 	"time"
 
 	"gorm.io/gorm"
@@ -64,6 +65,14 @@ type Service struct {
 	RetryAfter time.Duration
 	// Metrics counts reconciliations and duplicates (nil: nothing).
 	Metrics *Metrics
+	// OutsideLookback is how far back AdoptOutside's first round looks for
+	// refunds made outside the service (default DefaultOutsideLookback).
+	OutsideLookback time.Duration
+
+	// outsideSince is where AdoptOutside's next round starts (zero: not
+	// run yet); outsideMu serializes its rounds.
+	outsideMu    sync.Mutex
+	outsideSince time.Time
 }
 
 func (s *Service) now() time.Time {

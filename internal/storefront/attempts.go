@@ -12,6 +12,8 @@ import (
 // Attempt is one HTTP request the storefront sent to the API for a
 // browser's request, and its answer, as the panel shows it.
 type Attempt struct {
+	// Pay is the Pay of the purchase the attempt belongs to, from 1.
+	Pay int `json:"pay"`
 	// N counts the attempts of one call from 1.
 	N int `json:"n"`
 	// IdempotencyKey is the key the request carried.
@@ -25,6 +27,9 @@ type Attempt struct {
 	Replayed bool `json:"replayed"`
 	// Error says why no answer came (a reset connection, a timeout).
 	Error string `json:"error,omitempty"`
+	// TraceURL is the Pay's trace in the trace UI (Config.TraceUI), when
+	// one is configured and the Pay was traced.
+	TraceURL string `json:"trace_url,omitempty"`
 }
 
 // attemptLog collects the attempts of one browser request; the recording

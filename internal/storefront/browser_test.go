@@ -113,6 +113,7 @@ func start(tb *mainTB) (e *env, err error) {
 	if err != nil {
 		return nil, err
 	}
+	tb.Cleanup(shop.Wait) // after srv.Close: the Pays' calls end too
 	srv := httptest.NewServer(shop)
 	tb.Cleanup(srv.Close)
 

@@ -1,6 +1,7 @@
 package storefront
 
 import (
+	"cmp"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -20,9 +21,10 @@ const sessionCookie = "storefront_session"
 // session is one browser's state. Its id lives in the browser's cookie,
 // signed with the storefront's secret, so it survives a restart of the
 // storefront: the API keys derived from it (apiKey) are the same after
-// one. The cart and the list of orders are in memory, and a restart
-// forgets them; a purchase needs neither: the browser keeps its request
-// (web/checkout.js) and the API its order.
+// one. The cart, the orders and the open purchase are in memory, and a
+// restart forgets them; a purchase sent before the restart survives it:
+// the page keeps a copy of its request (web/checkout.js), which the next
+// Pay gives back, and the API keeps its order.
 type session struct {
 	id string
 	// cart is the SKUs and quantities in the order they were added.
@@ -30,12 +32,23 @@ type session struct {
 	// orders are the session's orders, newest last: a browser sees only
 	// its own, though the tenant's secret could read every order.
 	orders []orderRef
+	// open is the session's one open purchase (nil until the checkout is
+	// shown or a Pay comes); last is the one before it, once done, until
+	// the open one is sent: a checkout opened again after its tab closed
+	// shows how the purchase ended.
+	open, last *Purchase
 }
 
 // orderRef is an order of the session, with its PaymentIntent so that a
-// customer back from 3D Secure (?payment_intent=pi_…) finds it.
+// customer back from 3D Secure (?payment_intent=pi_…) finds it, and what
+// the storefront learned of its payment that the API's order does not say.
 type orderRef struct {
 	ID, PaymentIntentID string
+	// ThreeDS: the order asked for 3D Secure.
+	ThreeDS bool
+	// Reason says why its payment failed, in the shopper's words, when
+	// the storefront saw it fail (a decline, a failed 3D Secure, a cancel).
+	Reason string
 }
 
 // sessions holds every session; it is safe for concurrent use.
@@ -44,7 +57,7 @@ type sessions struct {
 	// session id, nor take another's without its cookie.
 	secret []byte
 	mu     sync.Mutex
-	byID   map[string]*session
+	all    map[string]*session
 }
 
 // sign returns the cookie's value for session id: id.HMAC(secret, id).
@@ -81,8 +94,6 @@ func (ss *sessions) existing(r *http.Request) (string, bool) {
 // whose cookie it sets. fn runs with the sessions locked, so it must not
 // block.
 func (ss *sessions) with(w http.ResponseWriter, r *http.Request, fn func(*session)) {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
 	var id string
 	if c, err := r.Cookie(sessionCookie); err == nil {
 		id, _ = ss.verify(c.Value)
@@ -97,10 +108,19 @@ func (ss *sessions) with(w http.ResponseWriter, r *http.Request, fn func(*sessio
 		r.Header.Del("Cookie")
 		r.AddCookie(c)
 	}
-	s := ss.byID[id]
+	ss.byID(id, fn)
+}
+
+// byID runs fn with session id, in memory again (empty) when the
+// storefront restarted since. fn runs with the sessions locked, so it must
+// not block.
+func (ss *sessions) byID(id string, fn func(*session)) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	s := ss.all[id]
 	if s == nil {
 		s = &session{id: id}
-		ss.byID[id] = s
+		ss.all[id] = s
 	}
 	fn(s)
 }
@@ -131,11 +151,14 @@ func (s *session) order(id string) (orderRef, bool) {
 	return orderRef{}, false
 }
 
-// remember records an order of the session (once).
+// remember records an order of the session (once), or what more is
+// known of it.
 func (s *session) remember(o orderRef) {
 	for i := range s.orders {
-		if s.orders[i].ID == o.ID {
-			s.orders[i] = o
+		if p := &s.orders[i]; p.ID == o.ID {
+			p.PaymentIntentID = cmp.Or(o.PaymentIntentID, p.PaymentIntentID)
+			p.ThreeDS = p.ThreeDS || o.ThreeDS
+			p.Reason = cmp.Or(o.Reason, p.Reason)
 			return
 		}
 	}

@@ -26,6 +26,15 @@ type fakeAPI struct {
 	bodies []string
 	// reused makes every checkout answer 422 idempotency_key_reused.
 	reused bool
+	// hold, when set, holds every checkout's answer until it is closed.
+	hold chan struct{}
+}
+
+// checkouts returns how many checkouts the API got.
+func (f *fakeAPI) checkouts() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.keys)
 }
 
 func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -39,8 +48,11 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.auths = append(f.auths, r.Header.Get("Authorization"))
 		body, _ := io.ReadAll(r.Body)
 		f.bodies = append(f.bodies, string(body))
-		reused := f.reused
+		reused, hold := f.reused, f.hold
 		f.mu.Unlock()
+		if hold != nil {
+			<-hold
+		}
 		if reused {
 			w.Header().Set("Content-Type", "application/problem+json")
 			w.WriteHeader(http.StatusUnprocessableEntity)
@@ -93,6 +105,7 @@ func shopFor(t *testing.T, api http.Handler, cfg storefront.Config, addr ...stri
 	cfg.APIURL = apiSrv.URL
 	shop, err := storefront.New(cfg)
 	require.NoError(t, err)
+	t.Cleanup(shop.Wait)
 	srv := httptest.NewUnstartedServer(shop)
 	if len(addr) > 0 {
 		ln, err := net.Listen("tcp", addr[0])
@@ -125,14 +138,14 @@ func TestRestartKeepsThePurchase(t *testing.T) {
 	after := shopFor(t, api, cfg, before.Listener.Addr().String()) // the restarted storefront
 	v, _ := url.Parse(after.URL)
 	again := payAs(t, alice, after.URL, purchaseBody(key, "a@example.com"))
-	require.Equal(t, "paid", again.Outcome, again.Message)
+	require.Equal(t, storefront.OutcomePaid, again.Outcome, again.Message)
 	require.Equal(t, first.APIKey, again.APIKey, "the same purchase at the API after the restart")
 	require.Equal(t, api.bodies[0], api.bodies[1], "the same body")
 
 	forged := browserSession(t)
 	forged.Jar.SetCookies(v, []*http.Cookie{{Name: "storefront_session", Value: "0123456789abcdef0123456789abcdef.00"}})
 	other := payAs(t, forged, after.URL, purchaseBody(key, "a@example.com"))
-	require.Equal(t, "invalid", other.Outcome, "an unsigned session id is not a session")
+	require.Equal(t, storefront.OutcomeInvalid, other.Outcome, "an unsigned session id is not a session")
 	require.Len(t, api.keys, 2, "nothing sent for it")
 }
 
@@ -143,7 +156,7 @@ func TestKeyReusedKeepsThePurchase(t *testing.T) {
 	t.Parallel()
 	srv := shopFor(t, &fakeAPI{reused: true}, storefront.Config{TenantKey: "sk_test_acme"})
 	out := payAs(t, browserSession(t), srv.URL, purchaseBody("7a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d", "a@example.com"))
-	require.Equal(t, "unknown", out.Outcome)
+	require.Equal(t, storefront.OutcomeUnknown, out.Outcome)
 	require.False(t, out.Final, "the key is kept")
 	require.Contains(t, out.Message, "still being processed with its original details")
 	require.NotContains(t, out.Message, "Start a new one")
@@ -178,6 +191,7 @@ func TestKeysAreScopedToTheSession(t *testing.T) {
 	t.Cleanup(apiSrv.Close)
 	shop, err := storefront.New(storefront.Config{APIURL: apiSrv.URL, TenantKey: "sk_test_secret_of_acme"})
 	require.NoError(t, err)
+	t.Cleanup(shop.Wait)
 	srv := httptest.NewServer(shop)
 	t.Cleanup(srv.Close)
 
@@ -204,11 +218,14 @@ func TestKeysAreScopedToTheSession(t *testing.T) {
 	again := pay(alice, key)
 	copied := pay(mallory, key)
 
-	require.Equal(t, "paid", first.Outcome)
+	require.Equal(t, storefront.OutcomePaid, first.Outcome)
 	require.Equal(t, first.APIKey, again.APIKey, "one browser, one purchase: one key at the API")
 	require.NotEqual(t, first.APIKey, copied.APIKey, "another session's copy of the key is another purchase")
 	require.NotContains(t, first.APIKey, key, "the API sees no browser key")
-	require.Equal(t, []string{first.APIKey, first.APIKey, copied.APIKey}, api.keys)
+	require.Equal(t, storefront.OutcomePaid, again.Outcome, "the done purchase's answer again")
+	// Alice's second Pay is of a purchase already done: the storefront
+	// answers it from the purchase it keeps, without the API.
+	require.Equal(t, []string{first.APIKey, copied.APIKey}, api.keys)
 	for _, a := range api.auths {
 		require.Equal(t, "Bearer sk_test_secret_of_acme", a)
 	}
@@ -235,7 +252,7 @@ func TestPayWithoutTheCookieIsRefused(t *testing.T) {
 		require.NoError(t, json.NewDecoder(res.Body).Decode(&out))
 		res.Body.Close()
 		require.Equal(t, http.StatusBadRequest, res.StatusCode)
-		require.Equal(t, "invalid", out.Outcome)
+		require.Equal(t, storefront.OutcomeInvalid, out.Outcome)
 		require.Contains(t, out.Message, "cookie")
 	}
 	require.Empty(t, api.keys, "nothing sent to the API")

@@ -2,21 +2,27 @@
 // API, server-rendered with html/template and a little JavaScript, made to
 // show an Idempotency-Key's whole life:
 //
-//   - the browser makes the key when the checkout form is shown; at the
-//     first Pay it stores the key with the purchase's whole request (items,
-//     email, card) in sessionStorage and locks the form, and every Pay of
-//     the purchase sends that same request, until a final answer: a double
-//     click, a reload, a retry after a lost answer, or after a restart of
-//     the storefront, all send the same key and the same body
-//     (web/checkout.js);
+//   - the storefront keeps each session's one open purchase (Purchase):
+//     its key, made when the checkout is first shown, and from its first
+//     Pay its whole request (cart snapshot, email, card), until a final
+//     answer; every checkout page of the session starts from it, so a
+//     double click, a reload, a second tab, the Back button, or a tab
+//     closed during Pay and opened again all send the same key and the
+//     same body (web/checkout.js keeps a copy for a restart of the
+//     storefront);
+//   - Pay's call to the API runs detached from the browser's request
+//     (Server.Wait drains them): a browser that goes away does not
+//     abandon it, and its answer ends the purchase;
 //   - the storefront server calls the API with the tenant's secret, which
 //     never reaches the browser, through the public client package, with
-//     the browser's key scoped to the session (apiKey);
+//     the purchase's key scoped to the session (apiKey);
 //   - a panel shows the key, each attempt sent to the API and each answer:
 //     201, 202, 409 idempotency_key_in_use, replayed or not (Attempt);
 //   - a card that needs 3D Secure goes through Stripe's redirect flow
 //     (the checkout's return_url), and the order page follows the order
-//     until it settles, with a cancel button while it waits.
+//     until it settles, with a cancel button while it waits, in the
+//     shopper's words: product names, statuses, why a payment failed
+//     (orderView).
 //
 // Routes:
 //
@@ -25,7 +31,8 @@
 //	POST /cart/remove             remove sku
 //	GET  /cart                    the cart
 //	GET  /checkout                the checkout form and the key's panel
-//	POST /checkout                Pay (JSON from the page): one purchase under the browser's key
+//	POST /checkout                Pay (JSON from the page): the session's open purchase, under its key
+//	GET  /checkout/purchase       the session's open purchase and the last one, as JSON
 //	GET  /checkout/return         back from 3D Secure (?payment_intent=pi_…): to the order's page
 //	GET  /orders/{id}             the order page, which follows the order
 //	GET  /orders/{id}/status      the order as JSON, for the page's polling
@@ -34,6 +41,7 @@
 package storefront
 
 import (
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -43,6 +51,7 @@ import (
 	"html/template"
 	"io/fs"
 	"log/slog"
+	"mime"
 	"net/http"
 	"path"
 	"slices"
@@ -82,8 +91,8 @@ type Config struct {
 	Logger *slog.Logger
 	// TraceUI is the base URL of a trace UI (env TRACE_UI_URL, e.g.
 	// Jaeger's http://localhost:16686): when set and the process traces
-	// (internal/tracing), each Pay's answer links to its trace at
-	// TraceUI/trace/{trace id}, the click's span and the API's under it.
+	// (internal/tracing), each attempt of a Pay links to the Pay's trace
+	// at TraceUI/trace/{trace id}, the click's span with the API's under it.
 	TraceUI string
 }
 
@@ -110,6 +119,11 @@ type Server struct {
 	sessions *sessions
 	pages    map[string]*template.Template
 	mux      *http.ServeMux
+
+	// calls are the Pays' calls to the API, which outlive their browser
+	// requests (Wait); payWait bounds each.
+	calls   sync.WaitGroup
+	payWait time.Duration
 
 	mu sync.Mutex
 	// catalog is the products last read, to check a Pay's SKUs.
@@ -146,8 +160,11 @@ func New(cfg Config) (*Server, error) {
 		m.Write([]byte("storefront session cookies"))
 		secret = m.Sum(nil)
 	}
-	s := &Server{api: api, logger: cfg.Logger, traceUI: cfg.TraceUI, sessions: &sessions{secret: secret, byID: map[string]*session{}},
-		pages: map[string]*template.Template{}, mux: http.NewServeMux()}
+	s := &Server{api: api, logger: cfg.Logger, traceUI: cfg.TraceUI, sessions: &sessions{secret: secret, all: map[string]*session{}},
+		pages: map[string]*template.Template{}, mux: http.NewServeMux(),
+		// The client stops retrying after MaxElapsed; one attempt may
+		// have started just before.
+		payWait: cfg.Retry.MaxElapsed + cfg.Retry.AttemptTimeout}
 	funcs := template.FuncMap{"money": money}
 	for _, page := range []string{"products", "cart", "checkout", "order", "message"} {
 		s.pages[page] = template.Must(template.New("layout.html").Funcs(funcs).ParseFS(webFS, "web/layout.html", "web/"+page+".html"))
@@ -160,6 +177,7 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("GET /cart", s.cart)
 	s.mux.HandleFunc("GET /checkout", s.checkoutForm)
 	s.mux.HandleFunc("POST /checkout", s.pay)
+	s.mux.HandleFunc("GET /checkout/purchase", s.purchaseState)
 	s.mux.HandleFunc("GET /checkout/return", s.returned)
 	s.mux.HandleFunc("GET /orders/{id}", s.orderPage)
 	s.mux.HandleFunc("GET /orders/{id}/status", s.orderStatus)
@@ -297,20 +315,36 @@ func (s *Server) cart(w http.ResponseWriter, r *http.Request) {
 	s.render(w, http.StatusOK, "cart", map[string]any{"Lines": lines, "Total": total})
 }
 
-// checkoutForm serves GET /checkout: the form, whose script makes the key
-// (or finds the one of a purchase still open) and shows the panel.
+// checkoutForm serves GET /checkout: the form and the panel of the
+// session's open purchase (made now when there is none), and how the one
+// before it ended. A reload, a second tab, the Back button and a tab
+// opened again after one closed during Pay all show the same purchase,
+// under the same key, until its final answer.
 func (s *Server) checkoutForm(w http.ResponseWriter, r *http.Request) {
 	lines, total, err := s.cartLines(w, r)
 	if err != nil {
 		s.apiFailed(w, r, err)
 		return
 	}
-	items := []client.Item{}
-	for _, l := range lines {
-		items = append(items, l.Item)
-	}
-	cart, _ := json.Marshal(items)
-	s.render(w, http.StatusOK, "checkout", map[string]any{"Lines": lines, "Total": total, "Items": string(cart)})
+	var view checkoutView
+	s.sessions.with(w, r, func(ss *session) {
+		view = checkoutView{Open: ss.current().view(), Last: ss.last.view()}
+	})
+	cart, _ := json.Marshal(itemsOf(lines))
+	state, _ := json.Marshal(view)
+	s.render(w, http.StatusOK, "checkout", map[string]any{"Lines": lines, "Total": total,
+		"Items": string(cart), "State": string(state)})
+}
+
+// purchaseState serves GET /checkout/purchase: the checkoutView as JSON,
+// which a checkout page polls while its purchase's call to the API runs
+// without it (a Pay of a tab since closed).
+func (s *Server) purchaseState(w http.ResponseWriter, r *http.Request) {
+	var view checkoutView
+	s.sessions.with(w, r, func(ss *session) {
+		view = checkoutView{Open: ss.current().view(), Last: ss.last.view()}
+	})
+	writeJSON(w, http.StatusOK, view)
 }
 
 // payRequest is the body the checkout page posts on Pay: the whole
@@ -325,15 +359,15 @@ type payRequest struct {
 	PaymentMethod string        `json:"payment_method"`
 }
 
-// catalogFor returns the catalog to check items against: the one last
-// read (by any page), read again when it is missing one of items' SKUs.
-func (s *Server) catalogFor(r *http.Request, items []client.Item) ([]client.Product, error) {
+// catalogFor returns the catalog that has skus: the one last read
+// (by any page), read again (bounded by readWait) when it is missing one.
+func (s *Server) catalogFor(ctx context.Context, skus []string) ([]client.Product, error) {
 	s.mu.Lock()
 	catalog := s.catalog
 	s.mu.Unlock()
-	for _, it := range items {
-		if !slices.ContainsFunc(catalog, func(p client.Product) bool { return p.SKU == it.SKU }) {
-			ctx, cancel := reading(r)
+	for _, sku := range skus {
+		if !slices.ContainsFunc(catalog, func(p client.Product) bool { return p.SKU == sku }) {
+			ctx, cancel := context.WithTimeout(ctx, readWait)
 			defer cancel()
 			ps, err := s.listProducts(ctx)
 			if err != nil {
@@ -382,126 +416,202 @@ func checkItems(items []client.Item, catalog []client.Product) string {
 // PayResult is the storefront's answer to one Pay: what the page shows in
 // its panel and does next.
 type PayResult struct {
-	// Outcome is paid, requires_action, failed (final: the purchase is
-	// over, a new one needs a new key), invalid (fix the form, same key)
-	// or unknown (no final answer yet: Pay again, same key).
-	Outcome string `json:"outcome"`
-	// Final tells the page to forget the key.
+	// Outcome says what the answer means for the purchase.
+	Outcome Outcome `json:"outcome"`
+	// Final tells the page that the purchase is over: a new one needs a
+	// new key.
 	Final bool `json:"final"`
 	// Message is for the customer.
 	Message string `json:"message"`
 	// OrderID is the order, when there is one; OrderURL its page.
 	OrderID  string `json:"order_id,omitempty"`
 	OrderURL string `json:"order_url,omitempty"`
+	// Key is the purchase the answer is about: the page's own, or, when
+	// the page is stale (another purchase of the session was sent since
+	// it loaded), that other one's, which the page then shows.
+	Key string `json:"key"`
 	// APIKey is the Idempotency-Key sent to the API.
 	APIKey string `json:"api_key"`
-	// TraceURL is this Pay's trace in the trace UI (Config.TraceUI), when
-	// one is configured and the Pay was traced.
-	TraceURL string `json:"trace_url,omitempty"`
-	// Attempts are the requests sent to the API for this Pay.
+	// Attempts are the requests sent to the API for the purchase so far,
+	// each with the Pay it belongs to.
 	Attempts []Attempt `json:"attempts"`
+
+	// paymentIntentID is the order's PaymentIntent, for the return from
+	// 3D Secure; reason why its payment failed, for its page.
+	paymentIntentID, reason string
 }
 
-// pay serves POST /checkout: one browser request for the purchase under
-// the browser's key. The API's body is built from the browser's request
-// only (the purchase the page stored at its first Pay), never from server
-// memory, and the API key from the signed session and the browser's key:
-// a retry after a restart of the storefront is the same request under the
-// same key. The return_url brings the customer back here after 3D Secure.
-// The answer is JSON (PayResult), 200 for every answer of the API, 400 for
-// a request the page should not have sent or one without the session
-// cookie (the page that sends Pay sets it).
+// pay serves POST /checkout: one Pay of the session's open purchase. The
+// purchase's request is fixed at its first Pay and every Pay sends it, so
+// the API gets the same body under the same key whatever the form became
+// meanwhile; the API key comes from the signed session and the purchase's
+// key (apiKey). The call to the API runs detached from the browser's
+// request: a tab closed, reloaded or gone away during Pay does not
+// abandon it, and its answer ends the purchase (cart emptied, order
+// remembered) for whichever page of the session asks next. A storefront
+// restarted since the page's first Pay adopts the page's stored request,
+// under the same API key. The return_url brings the customer back here
+// after 3D Secure. The answer is JSON (PayResult), 200 for every answer of
+// the API, 400 for a request the page should not have sent or one without
+// the session cookie (the page that sends Pay sets it).
 func (s *Server) pay(w http.ResponseWriter, r *http.Request) {
-	var in payRequest
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<14)).Decode(&in); err != nil || !browserKey.MatchString(in.Key) {
-		writeJSON(w, http.StatusBadRequest, PayResult{Outcome: "invalid", Message: "The page sent no valid key; reload it."})
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
+		// The form posted without the page's script: it carries no key.
+		s.message(w, http.StatusBadRequest, "This checkout needs JavaScript",
+			"The checkout keeps your purchase's key with a script, so that a retry can never charge you twice. "+
+				"Turn JavaScript on for this shop and open the checkout again. Nothing was charged.")
 		return
 	}
-	catalog, err := s.catalogFor(r, in.Items)
+	var in payRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<14)).Decode(&in); err != nil || !browserKey.MatchString(in.Key) {
+		writeJSON(w, http.StatusBadRequest, PayResult{Outcome: OutcomeInvalid, Message: "The page sent no valid key; reload it."})
+		return
+	}
+	skus := make([]string, len(in.Items))
+	for i, it := range in.Items {
+		skus[i] = it.SKU
+	}
+	catalog, err := s.catalogFor(r.Context(), skus)
 	if err != nil {
-		writeJSON(w, http.StatusOK, PayResult{Outcome: "unknown",
+		writeJSON(w, http.StatusOK, PayResult{Outcome: OutcomeUnknown, Key: in.Key,
 			Message: "The shop cannot reach the checkout service. Press Pay again in a moment: it is safe."})
 		return
 	}
 	if bad := checkItems(in.Items, catalog); bad != "" {
-		writeJSON(w, http.StatusBadRequest, PayResult{Outcome: "invalid", Message: bad})
+		writeJSON(w, http.StatusBadRequest, PayResult{Outcome: OutcomeInvalid, Key: in.Key, Message: bad})
 		return
 	}
 	sessionID, ok := s.sessions.existing(r)
 	if !ok {
 		// Every Pay without the cookie would be a new session, so a new
 		// API key: a double click, two charges. Nothing is sent.
-		writeJSON(w, http.StatusBadRequest, PayResult{Outcome: "invalid",
+		writeJSON(w, http.StatusBadRequest, PayResult{Outcome: OutcomeInvalid, Key: in.Key,
 			Message: "This shop needs its cookie to take a payment: allow cookies for it and reload the page. Nothing was charged."})
 		return
 	}
-	key := apiKey(sessionID, "checkout", in.Key)
-	// One span per Pay, parent of the API calls it makes (their
-	// traceparent), so that the trace runs from the click to the email.
-	ctx, span := tracing.Start(r.Context(), "storefront pay", trace.WithSpanKind(trace.SpanKindServer))
-	defer span.End()
-	ctx, log := withAttemptLog(ctx)
-	res, err := s.api.CreateCheckout(ctx, key, client.CheckoutRequest{
-		Email: in.Email, Items: in.Items, PaymentMethod: in.PaymentMethod,
-		// Constant for the purchase: it is part of the key's fingerprint.
-		ReturnURL: "http://" + r.Host + "/checkout/return",
-	})
-	out := s.payResult(err, res)
-	out.APIKey, out.Attempts = key, log.list()
-	if sc := span.SpanContext(); s.traceUI != "" && sc.IsSampled() {
-		out.TraceURL = strings.TrimRight(s.traceUI, "/") + "/trace/" + sc.TraceID().String()
-	}
-	if out.OrderID != "" {
-		pi := ""
-		if res != nil {
-			pi = res.Order.Payment.PaymentIntentID
+	var (
+		p         *Purchase
+		view      *Purchase
+		done      bool
+		stale     *Purchase
+		pay       int
+		request   payRequest
+		returnURL = "http://" + r.Host + "/checkout/return"
+	)
+	s.sessions.byID(sessionID, func(ss *session) {
+		p, done = ss.payment(in)
+		switch {
+		case p == nil:
+			stale = ss.open.view()
+		case !done:
+			p.Pays++
+			p.InFlight++
+			pay = p.Pays
+			p.APIKey = apiKey(sessionID, "checkout", p.Key)
+			request = *p.Request
 		}
-		s.sessions.with(w, r, func(ss *session) {
-			ss.remember(orderRef{ID: out.OrderID, PaymentIntentID: pi})
-			if out.Outcome != "failed" {
-				ss.cart = nil // bought
-			}
-		})
-		out.OrderURL = "/orders/" + out.OrderID
+		view = p.view()
+	})
+	switch {
+	case stale != nil:
+		writeJSON(w, http.StatusOK, PayResult{Outcome: OutcomeUnknown, Key: stale.Key, APIKey: stale.APIKey,
+			Attempts: stale.Attempts, Message: "Another purchase of yours is being paid; here it is."})
+		return
+	case done:
+		out := *view.Result
+		out.Attempts = view.Attempts
+		writeJSON(w, http.StatusOK, out)
+		return
 	}
-	writeJSON(w, http.StatusOK, out)
+	answered := make(chan PayResult, 1)
+	s.calls.Go(func() {
+		// Detached from the browser's request: its answer ends the
+		// purchase whether or not anyone still waits for it.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.payWait)
+		defer cancel()
+		// One span per Pay, parent of the API calls it makes (their
+		// traceparent), so that the trace runs from the click to the email.
+		ctx, span := tracing.Start(ctx, "storefront pay", trace.WithSpanKind(trace.SpanKindServer))
+		defer span.End()
+		ctx, log := withAttemptLog(ctx)
+		res, err := s.api.CreateCheckout(ctx, view.APIKey, client.CheckoutRequest{
+			Email: request.Email, Items: request.Items, PaymentMethod: request.PaymentMethod,
+			// Constant for the purchase: it is part of the key's fingerprint.
+			ReturnURL: returnURL,
+		})
+		out := s.payResult(err, res)
+		out.Key, out.APIKey, out.OrderURL = view.Key, view.APIKey, orderURL(out.OrderID)
+		if res != nil {
+			out.paymentIntentID = res.Order.Payment.PaymentIntentID
+		}
+		attempts := log.list()
+		if sc := span.SpanContext(); s.traceUI != "" && sc.IsSampled() {
+			for i := range attempts {
+				attempts[i].TraceURL = strings.TrimRight(s.traceUI, "/") + "/trace/" + sc.TraceID().String()
+			}
+		}
+		s.sessions.byID(sessionID, func(ss *session) {
+			ss.settle(p, pay, out, attempts)
+			out.Attempts = slices.Clone(p.Attempts)
+		})
+		answered <- out
+	})
+	select {
+	case out := <-answered:
+		writeJSON(w, http.StatusOK, out)
+	case <-r.Context().Done():
+		// The browser went away; the call goes on and settles the purchase.
+	}
+}
+
+// Wait blocks until every call to the API that a Pay started has
+// finished, each within the client's retry policy: a shutdown drains
+// them after the HTTP server's own drain, so that no purchase is left
+// without its answer.
+func (s *Server) Wait() {
+	s.calls.Wait()
 }
 
 // payResult tells the page what an answer means for the purchase.
 func (s *Server) payResult(err error, res *client.OrderResult) PayResult {
 	if err == nil {
 		if res.Order.Status == client.OrderRequiresAction {
-			return PayResult{Outcome: "requires_action", Final: true, OrderID: res.Order.ID,
+			return PayResult{Outcome: OutcomeRequiresAction, Final: true, OrderID: res.Order.ID,
 				Message: "Your bank asks you to confirm the payment (3D Secure)."}
 		}
-		return PayResult{Outcome: "paid", Final: true, OrderID: res.Order.ID, Message: "Paid. Thank you!"}
+		return PayResult{Outcome: OutcomePaid, Final: true, OrderID: res.Order.ID, Message: "Paid. Thank you!"}
 	}
 	var e *client.Error
 	if !errors.As(err, &e) {
 		s.logger.Error("storefront: checkout", "err", err)
-		return PayResult{Outcome: "unknown", Message: "Something went wrong. Pay again: it is safe."}
+		return PayResult{Outcome: OutcomeUnknown, Message: "Something went wrong. Pay again: it is safe."}
 	}
 	switch {
 	case e.Temporary():
-		return PayResult{Outcome: "unknown", Message: "No answer from the checkout service yet: we do not know " +
+		return PayResult{Outcome: OutcomeUnknown, Message: "No answer from the checkout service yet: we do not know " +
 			"whether you paid. Press Pay again; the same key makes it safe, you will not pay twice."}
 	case e.Code == client.CodeValidationError:
 		var fields []string
 		for _, f := range e.Errors {
 			fields = append(fields, f.Field+" "+f.Message)
 		}
-		return PayResult{Outcome: "invalid", Message: "Please fix: " + strings.Join(fields, "; ") + "."}
-	case e.Code == client.CodeCardDeclined || e.Code == client.CodePaymentRejected:
-		return PayResult{Outcome: "failed", Final: true, OrderID: e.OrderID,
-			Message: "The payment failed (" + string(e.Code) + "). Nothing was charged; try another card."}
+		return PayResult{Outcome: OutcomeInvalid, Message: "Please fix: " + strings.Join(fields, "; ") + "."}
+	case e.Code == client.CodeCardDeclined:
+		why := declineText(e.DeclineCode)
+		return PayResult{Outcome: OutcomeFailed, Final: true, OrderID: e.OrderID, reason: why,
+			Message: why + " Choose another card and press Pay: that is a new purchase."}
+	case e.Code == client.CodePaymentRejected:
+		why := "The payment was refused (" + cmp.Or(e.Detail, e.Title) + "). Nothing was charged."
+		return PayResult{Outcome: OutcomeFailed, Final: true, OrderID: e.OrderID, reason: why,
+			Message: why + " Choose another card and press Pay: that is a new purchase."}
 	case e.Code == client.CodeIdempotencyKeyReused:
 		// Not an outcome of the purchase: its first request, with its
 		// original details, may be paid in a moment. Keep the key; a new
 		// purchase now could be a second charge.
-		return PayResult{Outcome: "unknown", Message: "This purchase is still being processed with its " +
+		return PayResult{Outcome: OutcomeUnknown, Message: "This purchase is still being processed with its " +
 			"original details. Press Pay again in a moment to see its outcome; do not start a new one."}
 	default:
-		return PayResult{Outcome: "failed", Final: true, Message: e.Title + ": " + e.Detail}
+		return PayResult{Outcome: OutcomeFailed, Final: true, Message: e.Title + ": " + e.Detail}
 	}
 }
 
@@ -517,6 +627,11 @@ func (s *Server) returned(w http.ResponseWriter, r *http.Request) {
 				id = o.ID
 			}
 		}
+		if id != "" && r.URL.Query().Get("redirect_status") == "failed" {
+			// Stripe's word that the challenge failed: the order page
+			// says why its payment failed.
+			ss.remember(orderRef{ID: id, Reason: reasonThreeDSFailed})
+		}
 	})
 	if id == "" {
 		s.message(w, http.StatusNotFound, "Unknown payment", "This browser has no order with that payment.")
@@ -525,82 +640,55 @@ func (s *Server) returned(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "/orders/"+id, http.StatusSeeOther)
 }
 
-// sessionOrder loads the session's order {id}, or answers 404.
-func (s *Server) sessionOrder(w http.ResponseWriter, r *http.Request) (*client.Order, bool) {
+// sessionOrder loads the session's order {id} as its page shows it, or
+// answers 404 (the page's, or JSON when asJSON).
+func (s *Server) sessionOrder(w http.ResponseWriter, r *http.Request, asJSON bool) (orderView, bool) {
 	id := r.PathValue("id")
+	var ref orderRef
 	var mine bool
-	s.sessions.with(w, r, func(ss *session) { _, mine = ss.order(id) })
+	s.sessions.with(w, r, func(ss *session) { ref, mine = ss.order(id) })
 	if !mine {
-		s.message(w, http.StatusNotFound, "Not found", "This browser has no such order.")
-		return nil, false
+		if asJSON {
+			writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such order"})
+		} else {
+			s.message(w, http.StatusNotFound, "Not found", "This browser has no such order.")
+		}
+		return orderView{}, false
 	}
 	ctx, cancel := reading(r)
 	defer cancel()
 	res, err := s.api.GetOrder(ctx, id)
-	if err != nil {
-		s.apiFailed(w, r, err)
-		return nil, false
-	}
-	return &res.Order, true
-}
-
-// orderView is the order as the page and its polling show it.
-type orderView struct {
-	Order *client.Order `json:"order"`
-	// Waiting: the customer must authenticate; Settled: the status will
-	// not change but through a refund.
-	Waiting bool `json:"waiting"`
-	Settled bool `json:"settled"`
-	// RedirectURL is the 3D Secure challenge while Waiting.
-	RedirectURL string `json:"redirect_url,omitempty"`
-	// EmailSent is when the paid email was sent, "" until then.
-	EmailSent string `json:"email_sent,omitempty"`
-}
-
-func viewOf(o *client.Order) orderView {
-	v := orderView{Order: o, Waiting: o.Status == client.OrderRequiresAction}
-	switch o.Status {
-	case client.OrderPendingPayment, client.OrderRequiresAction, client.OrderPaymentUnknown:
-	default:
-		v.Settled = true
-	}
-	if na := o.Payment.NextAction; na != nil && na.RedirectToURL != nil {
-		v.RedirectURL = na.RedirectToURL.URL
-	}
-	for _, n := range o.Notifications {
-		if n.Kind == "order_paid" && n.SentAt != nil {
-			v.EmailSent = n.SentAt.Format(time.RFC3339)
+	var catalog []client.Product
+	if err == nil {
+		skus := make([]string, len(res.Order.Items))
+		for i, it := range res.Order.Items {
+			skus[i] = it.SKU
 		}
+		catalog, err = s.catalogFor(ctx, skus)
 	}
-	return v
+	if err != nil {
+		if asJSON {
+			writeJSON(w, http.StatusBadGateway, map[string]string{"error": err.Error()})
+		} else {
+			s.apiFailed(w, r, err)
+		}
+		return orderView{}, false
+	}
+	return viewOf(&res.Order, ref, catalog), true
 }
 
 // orderPage serves GET /orders/{id}.
 func (s *Server) orderPage(w http.ResponseWriter, r *http.Request) {
-	o, ok := s.sessionOrder(w, r)
-	if !ok {
-		return
+	if v, ok := s.sessionOrder(w, r, false); ok {
+		s.render(w, http.StatusOK, "order", v)
 	}
-	s.render(w, http.StatusOK, "order", viewOf(o))
 }
 
 // orderStatus serves GET /orders/{id}/status: the orderView as JSON.
 func (s *Server) orderStatus(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	var mine bool
-	s.sessions.with(w, r, func(ss *session) { _, mine = ss.order(id) })
-	if !mine {
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such order"})
-		return
+	if v, ok := s.sessionOrder(w, r, true); ok {
+		writeJSON(w, http.StatusOK, v)
 	}
-	ctx, cancel := reading(r)
-	defer cancel()
-	res, err := s.api.GetOrder(ctx, id)
-	if err != nil {
-		writeJSON(w, http.StatusBadGateway, map[string]string{"error": err.Error()})
-		return
-	}
-	writeJSON(w, http.StatusOK, viewOf(&res.Order))
 }
 
 // cancel serves POST /orders/{id}/cancel. Its key is the order's (scoped
@@ -621,6 +709,9 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 	if err != nil && !client.IsCode(err, client.CodeOrderNotCancelable) {
 		s.apiFailed(w, r, err)
 		return
+	}
+	if err == nil {
+		s.sessions.byID(sessionID, func(ss *session) { ss.remember(orderRef{ID: id, Reason: reasonCanceled}) })
 	}
 	// Canceled, or not cancelable any more (paid or failed meanwhile):
 	// the order page shows which.

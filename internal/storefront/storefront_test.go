@@ -118,10 +118,10 @@ func TestReloadAfterLostAnswer(t *testing.T) {
 func TestThreeDSecureRedirect(t *testing.T) {
 	e := setup(t)
 	for _, tc := range []struct {
-		button, wantStatus, wantPI string
+		button, wantStatus, wantPI, wantText, wantReason string
 	}{
-		{"approve", "paid", "succeeded"},
-		{"fail", "payment_failed", "canceled"},
+		{"approve", "paid", "succeeded", "Paid", ""},
+		{"fail", "payment_failed", "canceled", "Payment failed", "3D Secure check was not passed"},
 	} {
 		t.Run(tc.button, func(t *testing.T) {
 			ctx := e.tab(t, time.Minute)
@@ -138,8 +138,20 @@ func TestThreeDSecureRedirect(t *testing.T) {
 			require.True(t, strings.HasPrefix(eval[string](t, ctx, `location.href`), e.st.EmulatorURL+"/3d_secure_2/hosted?"),
 				"the emulator's challenge page")
 			click(t, ctx, "#"+tc.button)
-			until(t, ctx, 30*time.Second, `document.getElementById("order-status") && document.getElementById("order-status").textContent === "`+tc.wantStatus+`"`)
+			until(t, ctx, 30*time.Second, `document.getElementById("order-status") && document.getElementById("order-status").dataset.status === "`+tc.wantStatus+`"`)
 			require.Equal(t, e.shopURL+"/orders/"+orders[0], eval[string](t, ctx, `location.href`), "back on the order page")
+			// In words: the status, why the payment failed, the product.
+			require.Equal(t, tc.wantText, eval[string](t, ctx, `document.getElementById("order-status").textContent`))
+			reason := eval[string](t, ctx, `document.getElementById("reason").hidden ? "" : document.getElementById("reason").textContent`)
+			if tc.wantReason == "" {
+				require.Empty(t, reason)
+			} else {
+				require.Contains(t, reason, tc.wantReason)
+			}
+			page := eval[string](t, ctx, `document.querySelector("main").innerText`)
+			require.Contains(t, page, "T-shirt × 1")
+			require.NotContains(t, page, "sku_tee")
+			require.NotContains(t, page, "pi_", "no Stripe ids for the shopper")
 			if tc.wantStatus == "paid" {
 				until(t, ctx, 30*time.Second, `document.getElementById("email").textContent.includes("email sent")`)
 			}
@@ -164,8 +176,10 @@ func TestCancelWhileWaiting(t *testing.T) {
 	click(t, ctx, "#pay")
 	until(t, ctx, 20*time.Second, `document.getElementById("cancel") && !document.getElementById("waiting").hidden`)
 	click(t, ctx, "#cancel")
-	until(t, ctx, 20*time.Second, `document.getElementById("order-status") && document.getElementById("order-status").textContent === "canceled"`)
+	until(t, ctx, 20*time.Second, `document.getElementById("order-status") && document.getElementById("order-status").dataset.status === "canceled"`)
 	require.True(t, eval[bool](t, ctx, `document.getElementById("waiting").hidden`))
+	require.Equal(t, "Canceled", eval[string](t, ctx, `document.getElementById("order-status").textContent`))
+	require.Contains(t, eval[string](t, ctx, `document.getElementById("reason").textContent`), "You canceled the order")
 
 	orders := e.orders(t, buyer)
 	require.Len(t, orders, 1)

@@ -15,7 +15,7 @@ import (
 )
 
 // TestPayLinksToItsTrace: with a trace UI configured (TRACE_UI_URL) and
-// tracing on, a Pay's answer links to its trace, and that trace is the one
+// tracing on, each attempt of a Pay links to the Pay's trace, and that trace is the one
 // the API's checkout requests continue (their traceparent), so the link
 // opens the click with the API's spans, and later the email's, under it.
 // Not parallel: it installs the process's tracer provider.
@@ -37,9 +37,10 @@ func TestPayLinksToItsTrace(t *testing.T) {
 		TraceUI: "http://localhost:16686/", Transport: tracing.HTTPTransport(http.DefaultTransport)})
 
 	out := payAs(t, browserSession(t), shop.URL, purchaseBody("0b9c8d7e-6f5a-4b3c-9d2e-1f0a9b8c7d6e", "t@example.com"))
-	require.Equal(t, "paid", out.Outcome, out.Message)
-	traceID, ok := strings.CutPrefix(out.TraceURL, "http://localhost:16686/trace/")
-	require.True(t, ok, "the Pay links to its trace: %q", out.TraceURL)
+	require.Equal(t, storefront.OutcomePaid, out.Outcome, out.Message)
+	require.Len(t, out.Attempts, 1)
+	traceID, ok := strings.CutPrefix(out.Attempts[0].TraceURL, "http://localhost:16686/trace/")
+	require.True(t, ok, "the Pay's attempt links to its trace: %q", out.Attempts[0].TraceURL)
 	require.Len(t, traceID, 32)
 	require.Len(t, traceparents, 1)
 	require.Equal(t, traceID, strings.Split(traceparents[0], "-")[1], "the API continues the Pay's trace")

@@ -224,6 +224,8 @@ func New(opts ...Option) *Emulator {
 	e.mux.HandleFunc("GET /_emulator/state", e.getState)
 	e.mux.HandleFunc("POST /_emulator/keys/prune", e.postPruneKeys)
 	e.mux.HandleFunc("POST /_emulator/payment_intents/{id}/authenticate", e.postAuthenticate)
+	e.mux.HandleFunc("POST /_emulator/payment_intents/{id}/dashboard_cancel", e.postDashboardCancel)
+	e.mux.HandleFunc("POST /_emulator/payment_intents/{id}/dashboard_refund", e.postDashboardRefund)
 	e.mux.HandleFunc("POST /_emulator/refunds/pending", e.postRefundsPending)
 	e.mux.HandleFunc("POST /_emulator/refunds/{id}/succeed", e.postRefundSucceed)
 	e.mux.HandleFunc("POST /_emulator/refunds/{id}/fail", e.postRefundFail)

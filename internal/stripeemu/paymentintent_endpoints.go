@@ -189,13 +189,7 @@ func (e *Emulator) cancelPaymentIntent(c *call) (func() response, response) {
 				". Only a PaymentIntent with one of the following statuses may be canceled: requires_payment_method, "+
 				"requires_capture, requires_confirmation, requires_action, processing.")
 		}
-		now := e.now().Unix()
-		s.pi.Status, s.pi.CanceledAt, s.pi.NextAction = statusCanceled, &now, nil
-		if reason != "" {
-			s.pi.CancellationReason = &reason
-		}
-		s.pi.AmountCapturable = 0
-		e.emitPILocked("payment_intent.canceled", s)
+		e.cancelLocked(s, reason)
 		return e.piResponse(s, expand)
 	}), response{}
 }

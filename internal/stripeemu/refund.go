@@ -117,40 +117,47 @@ func (e *Emulator) createRefund(c *call) (func() response, response) {
 	return func() response {
 		e.mu.Lock()
 		defer e.mu.Unlock()
-		s, ch, bad := e.refundTargetLocked(apiKey, p)
-		if bad != nil {
-			return *bad
-		}
-		left := ch.AmountCaptured - ch.AmountRefunded
-		if left <= 0 {
-			return errResponse(http.StatusBadRequest, &apiError{Type: "invalid_request_error", Code: "charge_already_refunded",
-				Message: "Charge " + ch.ID + " has already been refunded.", DocURL: docURL("charge_already_refunded")})
-		}
-		amount := left
-		if p.amount != nil {
-			amount = *p.amount
-		}
-		if amount > left {
-			// Observed at Stripe: no code, param amount.
-			return errResponse(http.StatusBadRequest, &apiError{Type: "invalid_request_error", Param: "amount",
-				Message: fmt.Sprintf("Refund amount (%s) is greater than unrefunded amount on charge (%s)",
-					money(amount, ch.Currency), money(left, ch.Currency))})
-		}
-		status := refundSucceeded
-		if e.refundsPending {
-			status = refundPending
-		}
-		rf := &storedRefund{apiKey: apiKey, r: refund{ID: newID("re"), Object: "refund", Amount: amount, Charge: ch.ID,
-			Created: e.now().Unix(), Currency: ch.Currency, Metadata: p.metadata, PaymentIntent: s.pi.ID,
-			Reason: p.reason, Status: status}}
-		e.refunds[rf.r.ID] = rf
-		e.refundOrder = append(e.refundOrder, rf)
-		ch.AmountRefunded += amount
-		ch.Refunded = ch.AmountRefunded == ch.AmountCaptured
-		e.emitLocked("refund.created", compactJSON(rf.r))
-		e.emitLocked("charge.refunded", compactJSON(ch))
-		return response{status: http.StatusOK, body: mustJSON(rf.r), objID: rf.r.ID}
+		return e.refundLocked(apiKey, p)
 	}, response{}
+}
+
+// refundLocked creates the refund p asks for on apiKey's account, or
+// answers Stripe's error; the caller holds mu. POST /v1/refunds and the
+// Dashboard's refund (DashboardRefund) both end here.
+func (e *Emulator) refundLocked(apiKey string, p refundParams) response {
+	s, ch, bad := e.refundTargetLocked(apiKey, p)
+	if bad != nil {
+		return *bad
+	}
+	left := ch.AmountCaptured - ch.AmountRefunded
+	if left <= 0 {
+		return errResponse(http.StatusBadRequest, &apiError{Type: "invalid_request_error", Code: "charge_already_refunded",
+			Message: "Charge " + ch.ID + " has already been refunded.", DocURL: docURL("charge_already_refunded")})
+	}
+	amount := left
+	if p.amount != nil {
+		amount = *p.amount
+	}
+	if amount > left {
+		// Observed at Stripe: no code, param amount.
+		return errResponse(http.StatusBadRequest, &apiError{Type: "invalid_request_error", Param: "amount",
+			Message: fmt.Sprintf("Refund amount (%s) is greater than unrefunded amount on charge (%s)",
+				money(amount, ch.Currency), money(left, ch.Currency))})
+	}
+	status := refundSucceeded
+	if e.refundsPending {
+		status = refundPending
+	}
+	rf := &storedRefund{apiKey: apiKey, r: refund{ID: newID("re"), Object: "refund", Amount: amount, Charge: ch.ID,
+		Created: e.now().Unix(), Currency: ch.Currency, Metadata: p.metadata, PaymentIntent: s.pi.ID,
+		Reason: p.reason, Status: status}}
+	e.refunds[rf.r.ID] = rf
+	e.refundOrder = append(e.refundOrder, rf)
+	ch.AmountRefunded += amount
+	ch.Refunded = ch.AmountRefunded == ch.AmountCaptured
+	e.emitLocked("refund.created", compactJSON(rf.r))
+	e.emitLocked("charge.refunded", compactJSON(ch))
+	return response{status: http.StatusOK, body: mustJSON(rf.r), objID: rf.r.ID}
 }
 
 // refundTargetLocked finds the PaymentIntent and charge a refund is for, or

@@ -81,10 +81,15 @@ func RefundStep(refundID string) string { return "refund:" + refundID }
 
 // StrayRefundStep returns the step of the refund of a stray PaymentIntent
 // piID of an order, one that moved money for an order that is not paid:
-// "stray-refund:{pi id}". It has one attempt and no row in the log: its key
-// is derived from the two ids alone, and Stripe refunds a PaymentIntent
-// only up to what it charged.
-func StrayRefundStep(piID string) string { return "stray-refund:" + piID }
+// "stray-refund:{pi id}". Its attempt n is the refund sent after n-1
+// refunds of it that Stripe failed (StrayRefunds lists the latest of
+// each); Stripe refunds a PaymentIntent only up to what it charged, so no
+// attempt can refund it twice.
+func StrayRefundStep(piID string) string { return strayRefundPrefix + piID }
+
+// strayRefundPrefix starts every StrayRefundStep; the partial index
+// payment_attempts_stray_refunds (migration 00017) spells it too.
+const strayRefundPrefix = "stray-refund:"
 
 // Key returns the Stripe Idempotency-Key of attempt n of step of the
 // object objectID (an order): "{object}/{step}/{attempt}", e.g.

@@ -62,3 +62,23 @@ func LatestPaymentOutcomes(ctx context.Context, db *gorm.DB, orderIDs []string) 
 	}
 	return m, nil
 }
+
+// straySQL spells the predicate of the partial index
+// payment_attempts_stray_refunds (migration 00017) literally, so that the
+// planner reads only that index.
+const straySQL = `SELECT DISTINCT ON (order_id, step) * FROM payment_attempts
+	WHERE step LIKE '` + strayRefundPrefix + `%'
+	ORDER BY order_id, step, attempt DESC`
+
+// StrayRefunds returns the latest attempt of every stray payment's refund
+// (StrayRefundStep), by order and step: what the reconciler looks at
+// again until Stripe says each refund succeeded (StripeStatus), and counts
+// meanwhile. It reads the partial index payment_attempts_stray_refunds
+// only, so its cost follows the stray payments, which should be none.
+func StrayRefunds(ctx context.Context, db *gorm.DB) ([]Attempt, error) {
+	var as []Attempt
+	if err := db.WithContext(ctx).Raw(straySQL).Scan(&as).Error; err != nil {
+		return nil, fmt.Errorf("list the refunds of stray payments: %w", err)
+	}
+	return as, nil
+}

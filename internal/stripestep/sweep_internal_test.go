@@ -55,3 +55,45 @@ func TestRecreatedReadsItsIndex(t *testing.T) {
 	require.Greater(t, pages, 300)
 	require.Less(t, explained[0].Plan.Hit+explained[0].Plan.Read, 50, "buffers read by the query: %s", plan)
 }
+
+// TestStrayRefundsReadItsIndex: among 20,000 orders' create and confirm
+// attempts, StrayRefunds returns the latest attempt of each stray refund
+// step (two orders, one of them on its second attempt) and reads the
+// partial index payment_attempts_stray_refunds (migration 00017), a few
+// buffers, not the table the reconciler would otherwise scan every round.
+func TestStrayRefundsReadItsIndex(t *testing.T) {
+	t.Parallel()
+	db, _ := pgtest.NewDB(t)
+	now := time.Now().UTC()
+	require.NoError(t, db.Exec(`
+		INSERT INTO orders (id, tenant_id, status, email, currency, amount_total, payment_method, created_at, updated_at)
+		SELECT 'ord_' || g, 'acme', 'paid', 'buyer@example.com', 'usd', 2500, 'pm_card_visa', ?, ?
+		FROM generate_series(1, 20000) g`, now, now).Error)
+	require.NoError(t, db.Exec(`
+		INSERT INTO payment_attempts (order_id, tenant_id, step, attempt, idempotency_key, request_params,
+		  outcome, created_at, updated_at)
+		SELECT 'ord_' || g, 'acme', s.step, s.n, 'ord_' || g || '/' || s.step || '/' || s.n, '{}', 'succeeded', ?, ?
+		FROM generate_series(1, 20000) g,
+		  LATERAL (VALUES ('create', 1), ('confirm', 1), ('stray-refund:pi_x', 1), ('stray-refund:pi_x', 2)) AS s (step, n)
+		WHERE s.step NOT LIKE 'stray%' OR g = 1 OR (g = 2 AND s.n = 1)`, now, now).Error)
+	require.NoError(t, db.Exec(`ANALYZE`).Error)
+
+	got, err := StrayRefunds(context.Background(), db)
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	require.Equal(t, "ord_1", got[0].OrderID)
+	require.Equal(t, 2, got[0].Attempt, "the latest attempt")
+	require.Equal(t, "ord_2", got[1].OrderID)
+	require.Equal(t, 1, got[1].Attempt)
+
+	var plan []byte
+	require.NoError(t, db.Raw(`EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+straySQL).Row().Scan(&plan))
+	var explained []struct {
+		Plan struct {
+			Hit  int `json:"Shared Hit Blocks"`
+			Read int `json:"Shared Read Blocks"`
+		}
+	}
+	require.NoError(t, json.Unmarshal(plan, &explained))
+	require.Less(t, explained[0].Plan.Hit+explained[0].Plan.Read, 20, "buffers read by the query: %s", plan)
+}

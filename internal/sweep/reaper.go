@@ -47,13 +47,15 @@ type ReaperConfig struct {
 	Logger *slog.Logger
 	// Registerer receives the metrics (nil: not registered).
 	Registerer prometheus.Registerer
-	// Now is the clock (default time.Now). Idempotency keys are deleted
-	// once their expires_at (IDEMPOTENCY_TTL after creation) is before it.
+	// Now is the clock (default time.Now). Finished idempotency keys are
+	// deleted once their expires_at (IDEMPOTENCY_TTL after the key
+	// finished) is before it; unfinished keys have none and stay.
 	Now func() time.Time
 }
 
 // Reaper deletes rows past their retention in small batches: finished
-// idempotency keys past their expires_at (never an unfinished one), inbox
+// idempotency keys past their expires_at, IDEMPOTENCY_TTL after their final
+// answer (never an unfinished one, whatever its age: idempotency.Reap), inbox
 // rows older than InboxRetention and published outbox rows older than
 // OutboxRetention (never an unpublished one). Create it with NewReaper.
 //

@@ -10,6 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
 
+	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
 	"github.com/onceonly/checkout/internal/sweep"
 )
@@ -37,8 +39,10 @@ func setupReaper(t testing.TB) *reaperEnv {
 	return e
 }
 
-// keys inserts n idempotency keys named prefix-1..n at recoveryPoint that
-// expire at expiresAt. Unfinished keys have a dead owner's expired lease.
+// keys inserts n idempotency keys named prefix-1..n at recoveryPoint.
+// Finished keys expire at expiresAt; unfinished keys have a dead owner's
+// expired lease and, as the store writes them, no end of retention
+// (expiresAt is ignored).
 func (e *reaperEnv) keys(prefix string, n int, recoveryPoint string, expiresAt time.Time) {
 	e.t.Helper()
 	var (
@@ -46,9 +50,10 @@ func (e *reaperEnv) keys(prefix string, n int, recoveryPoint string, expiresAt t
 		leaseExpiresAt *time.Time
 		status         *int
 		finishedAt     *time.Time
+		expires        *time.Time
 	)
 	if recoveryPoint == "finished" {
-		status, finishedAt = new(201), ago(e.now, 47*time.Hour)
+		status, finishedAt, expires = new(201), ago(e.now, 47*time.Hour), &expiresAt
 	} else {
 		leaseOwner, leaseExpiresAt = new("dead"), ago(e.now, 47*time.Hour)
 	}
@@ -58,7 +63,7 @@ func (e *reaperEnv) keys(prefix string, n int, recoveryPoint string, expiresAt t
 		SELECT 'acme', 'POST /v1/checkouts', ? || '-' || g, 'fp', ?, ?, ?, ?, ?, ?, ?, ?
 		FROM generate_series(1, ?) g`,
 		prefix, recoveryPoint, leaseOwner, leaseExpiresAt, status,
-		e.now.Add(-48*time.Hour), e.now.Add(-48*time.Hour), finishedAt, expiresAt, n).Error)
+		e.now.Add(-48*time.Hour), e.now.Add(-48*time.Hour), finishedAt, expires, n).Error)
 }
 
 // inbox inserts n inbox rows named prefix-1..n received at receivedAt.
@@ -104,7 +109,7 @@ func TestReaperDeletesOnlyPastRetention(t *testing.T) {
 	const day = 24 * time.Hour
 	e.keys("expired", 2000, "finished", e.now.Add(-time.Hour))
 	e.keys("fresh", 50, "finished", e.now.Add(time.Hour))
-	e.keys("unfinished", 30, "order_created", e.now.Add(-time.Hour)) // never deleted, whatever their expiry
+	e.keys("unfinished", 30, "order_created", e.now.Add(-time.Hour)) // never deleted, whatever their age
 	e.inbox("old", 700, e.now.Add(-8*day))
 	e.inbox("new", 40, e.now.Add(-6*day))
 	e.outbox("published-old", 1200, e.now.Add(-8*day), ago(e.now, 8*day))
@@ -156,6 +161,46 @@ func TestReaperDeletesOnlyPastRetention(t *testing.T) {
 	require.Equal(t, 30, e.count(`SELECT count(*) FROM idempotency_keys WHERE recovery_point <> 'finished'`))
 	require.Equal(t, 25, e.count(`SELECT count(*) FROM outbox WHERE published_at IS NULL`))
 	require.EqualValues(t, 2050, e.deleted(sweep.TableIdempotencyKeys))
+}
+
+// TestReaperKeepsAKeyForTheTTLAfterItFinished: a key claimed by the store,
+// left unfinished for twice IDEMPOTENCY_TTL (a Stripe outage) and then
+// finished, is kept by the reaper for a whole TTL after it finished, and
+// deleted after that. Before, its retention was counted from the claim and
+// the reaper deleted it as soon as it finished, so its next retry ran as a
+// new request.
+func TestReaperKeepsAKeyForTheTTLAfterItFinished(t *testing.T) {
+	t.Parallel()
+	e := setupReaper(t)
+	const ttl = time.Hour
+	store := &idempotency.Store{Lease: 30 * time.Second, TTL: ttl, Now: func() time.Time { return e.now }}
+	ctx := context.Background()
+	sc := idempotency.Scope{Tenant: "acme", Route: "POST /v1/checkouts", Key: "late"}
+	var c *idempotency.Claim
+	require.NoError(t, postgres.WithTx(ctx, e.db, func(tx *gorm.DB) (err error) {
+		c, err = store.Claim(ctx, tx, sc, "fp", "owner")
+		return err
+	}))
+
+	e.now = e.now.Add(2 * ttl)
+	res, err := e.reaper.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Zero(t, res.Keys.Deleted, "an unfinished key is never reaped")
+	require.NoError(t, postgres.WithTx(ctx, e.db, func(tx *gorm.DB) error {
+		return store.Finish(ctx, tx, c, idempotency.JSONResponse(201, []byte(`{}`), ""))
+	}))
+
+	e.now = e.now.Add(ttl - time.Minute)
+	res, err = e.reaper.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Zero(t, res.Keys.Deleted, "kept for the TTL after its final answer")
+	require.Equal(t, 1, e.count(`SELECT count(*) FROM idempotency_keys`))
+
+	e.now = e.now.Add(2 * time.Minute)
+	res, err = e.reaper.RunOnce(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.Keys.Deleted)
+	require.Zero(t, e.count(`SELECT count(*) FROM idempotency_keys`))
 }
 
 // TestReaperSkipsLockedRows: rows another transaction holds (a request

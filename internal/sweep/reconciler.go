@@ -75,6 +75,11 @@ type Reconciler struct {
 	cfg    ReconcilerConfig
 	logger *slog.Logger
 
+	// actionsAfter is where the next round's page of orders in
+	// requires_action starts (actionsPage).
+	actionsMu    sync.Mutex
+	actionsAfter orders.Position
+
 	ordersTotal    *prometheus.CounterVec
 	orphans        prometheus.Counter
 	unknown        prometheus.Gauge
@@ -165,18 +170,29 @@ func (r *Reconciler) Run(ctx context.Context) error {
 }
 
 // ReconcileRound counts what one round did: orders settled or resumed
-// (Changed, Unchanged, Failed), and orphan PaymentIntents canceled by the
-// sweep (Orphans; a failed sweep counts in Failed).
+// (Changed, Unchanged, Failed), orphan PaymentIntents canceled by the
+// sweep (Orphans; a failed sweep counts in Failed), and the stray payments
+// whose refund Stripe has still not said succeeded (StrayUnreturned).
 type ReconcileRound struct {
 	Changed, Unchanged, Failed int
 	Orphans                    int
+	StrayUnreturned            int
+}
+
+// StrayReturner is implemented by an OrderReconciler that also returns
+// stray payments (*checkout.Service): each round, ReturnStrayPayments
+// sends the refund of every stray payment Stripe has not refunded yet
+// again (under its next attempt's key once Stripe failed the last), sets
+// the metrics of the money not returned, and returns how many are not.
+type StrayReturner interface {
+	ReturnStrayPayments(ctx context.Context) (unreturned int, err error)
 }
 
 // RunOnce runs one round and refreshes the gauges. An order's failure is
 // counted and logged, not returned; the error is for the round itself.
 func (r *Reconciler) RunOnce(ctx context.Context) (ReconcileRound, error) {
 	var round ReconcileRound
-	actions, err := orders.InStatus(ctx, r.db, orders.RequiresAction, r.cfg.BatchSize)
+	actions, err := r.actionsPage(ctx)
 	if err != nil {
 		return round, err
 	}
@@ -263,6 +279,16 @@ func (r *Reconciler) RunOnce(ctx context.Context) (ReconcileRound, error) {
 	}
 	g.Wait() // the goroutines report through round
 
+	if sr, ok := r.svc.(StrayReturner); ok && ctx.Err() == nil {
+		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.OrderTimeout)
+		n, err := sr.ReturnStrayPayments(octx)
+		cancel()
+		if err != nil {
+			r.logger.Warn("return stray payments", "err", err)
+		}
+		round.StrayUnreturned = n
+	}
+
 	n, err := orders.Count(ctx, r.db, orders.PaymentUnknown, orders.RequiresAction)
 	if err != nil {
 		return round, fmt.Errorf("count open payments: %w", err)
@@ -270,4 +296,26 @@ func (r *Reconciler) RunOnce(ctx context.Context) (ReconcileRound, error) {
 	r.unknown.Set(float64(n[orders.PaymentUnknown]))
 	r.requiresAction.Set(float64(n[orders.RequiresAction]))
 	return round, nil
+}
+
+// actionsPage lists up to BatchSize orders in requires_action for this
+// round, walking through them all across rounds: each round starts after
+// the last order the previous round listed, and starts over once a page
+// comes back short. An order whose reconciliation keeps failing does not
+// change, so a page of the oldest would list the same ones every round
+// and hide every order behind them (and their PAYMENT_ACTION_TIMEOUT and
+// stock) until a webhook came; walking on, every order is polled at least
+// once every ceil(n/BatchSize)+1 rounds, n being how many wait.
+func (r *Reconciler) actionsPage(ctx context.Context) ([]orders.Ref, error) {
+	r.actionsMu.Lock()
+	defer r.actionsMu.Unlock()
+	page, next, err := orders.InStatus(ctx, r.db, orders.RequiresAction, r.actionsAfter, r.cfg.BatchSize)
+	if err != nil {
+		return nil, err
+	}
+	r.actionsAfter = next
+	if len(page) < r.cfg.BatchSize {
+		r.actionsAfter = orders.Position{} // the end: the next round starts over
+	}
+	return page, nil
 }

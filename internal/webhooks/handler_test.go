@@ -588,3 +588,85 @@ func TestRefundEvents(t *testing.T) {
 	require.Zero(t, b.count(`SELECT count(*) FROM inbox WHERE consumer = 'stripe_webhook' AND message_id = 'evt_r9'`))
 	require.Equal(t, 5, b.count(`SELECT count(*) FROM inbox WHERE consumer = 'stripe_webhook'`))
 }
+
+// outsideRefunds is a Refunds that applies any refund naming an order
+// through its PaymentIntent (IntentOrderID) or its own metadata, and
+// records what it was given.
+type outsideRefunds struct {
+	mu    sync.Mutex
+	given []webhooks.Refund
+}
+
+func (o *outsideRefunds) RefundsOf(context.Context, string) ([]webhooks.Refund, error) {
+	return nil, nil
+}
+
+func (o *outsideRefunds) ApplyRefund(_ context.Context, _ *gorm.DB, r webhooks.Refund) (bool, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.given = append(o.given, r)
+	if r.IntentOrderID == "" || r.OrderID != "" {
+		return false, fmt.Errorf("refund %s: %w", r.ID, webhooks.ErrNotOurs)
+	}
+	return true, nil
+}
+
+// strayOrders is dbOrders that records the PaymentIntents it is asked to
+// settle as stray payments.
+type strayOrders struct {
+	dbOrders
+	mu      sync.Mutex
+	settled []string
+}
+
+func (o *strayOrders) SettleStrayPayment(_ context.Context, pi webhooks.PaymentIntent) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.settled = append(o.settled, pi.ID)
+	return nil
+}
+
+// TestRefundMadeOutside (CONTRACT.md v4): a refund made in Stripe's
+// Dashboard carries none of our metadata; the handler reads the order its
+// PaymentIntent names from Stripe (once: a redelivery is answered from
+// the inbox) and hands it to Refunds (refund.created, as Stripe sends it).
+// A PaymentIntent that names no order is ignored; Stripe not answering is
+// a 502 with nothing recorded. A stray payment's refund (our order
+// metadata, no refund of ours) that Stripe failed is settled as a stray
+// payment again, before the event is recorded.
+func TestRefundMadeOutside(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	refs := &outsideRefunds{}
+	b.handler.Refunds = refs
+	stray := &strayOrders{dbOrders: b.orders}
+	b.handler.Orders = stray
+	b.stripe.set(webhooks.PaymentIntent{ID: "pi_dash", Status: "succeeded", Amount: 5500, OrderID: "ord_d", TenantID: "acme"})
+	b.stripe.set(webhooks.PaymentIntent{ID: "pi_foreign", Status: "succeeded", Amount: 900})
+	b.stripe.set(webhooks.PaymentIntent{ID: "pi_stray", Status: "succeeded", Amount: 5000, OrderID: "ord_s", TenantID: "acme"})
+
+	created := []byte(`{"id":"evt_o1","type":"refund.created","data":{"object":{"id":"re_d","object":"refund","status":"succeeded",
+		"amount":1000,"reason":"requested_by_customer","payment_intent":"pi_dash","metadata":{}}}}`)
+	require.Equal(t, reply{200, received(webhooks.OutcomeApplied)}, b.send(created))
+	require.Equal(t, reply{200, received(webhooks.OutcomeDuplicate)}, b.send(created))
+	require.EqualValues(t, 1, b.stripe.calls.Load(), "the PaymentIntent read once")
+	require.Len(t, refs.given, 1)
+	require.Equal(t, "ord_d", refs.given[0].IntentOrderID)
+	require.Equal(t, "acme", refs.given[0].IntentTenantID)
+	require.Equal(t, "requested_by_customer", refs.given[0].Reason)
+
+	foreign := []byte(`{"id":"evt_o2","type":"refund.created","data":{"object":{"id":"re_f","object":"refund","status":"succeeded",
+		"amount":900,"payment_intent":"pi_foreign","metadata":{}}}}`)
+	require.Equal(t, reply{200, received(webhooks.OutcomeIgnored)}, b.send(foreign))
+
+	down := []byte(`{"id":"evt_o3","type":"refund.created","data":{"object":{"id":"re_n","object":"refund","status":"succeeded",
+		"amount":900,"payment_intent":"pi_unknown","metadata":{}}}}`)
+	r := b.send(down)
+	require.Equal(t, http.StatusBadGateway, r.status, r.body)
+	require.Zero(t, b.count(`SELECT count(*) FROM inbox WHERE consumer = 'stripe_webhook' AND message_id = 'evt_o3'`))
+
+	failed := []byte(`{"id":"evt_o4","type":"refund.failed","data":{"object":{"id":"re_s","object":"refund","status":"failed",
+		"amount":5000,"payment_intent":"pi_stray","metadata":{"order_id":"ord_s","tenant_id":"acme"}}}}`)
+	require.Equal(t, reply{200, received(webhooks.OutcomeIgnored)}, b.send(failed))
+	require.Equal(t, []string{"pi_stray"}, stray.settled, "the stray payment's refund sent again")
+}

@@ -26,6 +26,14 @@ type Refund struct {
 	RefundID string
 	// Metadata is the refund's metadata (string values only).
 	Metadata map[string]string
+	// Reason is Stripe's reason for the refund, "" for none.
+	Reason string
+	// IntentOrderID and IntentTenantID name the order of the refund's
+	// PaymentIntent, from the PaymentIntent's metadata (which every
+	// PaymentIntent the service creates carries): the handler reads them
+	// from Stripe for a refund made outside the service (the Dashboard),
+	// which carries none of our metadata, so that it reaches its order.
+	IntentOrderID, IntentTenantID string
 }
 
 // SetMetadata sets r.Metadata to md and, from it, OrderID, TenantID and
@@ -39,6 +47,11 @@ func (r *Refund) SetMetadata(md map[string]string) {
 // Ours reports whether the refund carries the metadata the service sets on
 // the refunds it creates: its own refund id, or the order and tenant.
 func (r Refund) Ours() bool { return r.RefundID != "" || (r.OrderID != "" && r.TenantID != "") }
+
+// MadeOutside reports whether the refund was not created by the service's
+// refund API (no metadata[refund_id]) but refunds a PaymentIntent: a refund
+// made in Stripe's Dashboard, say, which may be one of an order's refunds.
+func (r Refund) MadeOutside() bool { return r.RefundID == "" && r.PaymentIntentID != "" }
 
 // Refunds is what the handler needs of the refunds feature: apply Stripe's
 // state of a refund to the service's rows inside the caller's transaction,
@@ -67,6 +80,7 @@ type refundJSON struct {
 	Currency       string         `json:"currency"`
 	PaymentIntent  any            `json:"payment_intent"` // an id, or the object when expanded
 	FailureReason  string         `json:"failure_reason"`
+	Reason         *string        `json:"reason"`
 	Metadata       map[string]any `json:"metadata"`
 	ChargeRefunded *struct {
 		Data []json.RawMessage `json:"data"`
@@ -75,6 +89,9 @@ type refundJSON struct {
 
 func (j refundJSON) refund() Refund {
 	r := Refund{ID: j.ID, Status: j.Status, Amount: j.Amount, Currency: j.Currency, FailureReason: j.FailureReason}
+	if j.Reason != nil {
+		r.Reason = *j.Reason
+	}
 	switch pi := j.PaymentIntent.(type) {
 	case string:
 		r.PaymentIntentID = pi

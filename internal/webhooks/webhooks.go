@@ -60,13 +60,14 @@ const (
 	TypePaymentIntentCanceled       = "payment_intent.canceled"
 	TypePaymentIntentRequiresAction = "payment_intent.requires_action"
 	TypeChargeRefunded              = "charge.refunded"
+	TypeRefundCreated               = "refund.created"
 	TypeRefundUpdated               = "refund.updated"
 	TypeRefundFailed                = "refund.failed"
 )
 
 var handledTypes = []string{
 	TypePaymentIntentSucceeded, TypePaymentIntentPaymentFailed, TypePaymentIntentCanceled,
-	TypePaymentIntentRequiresAction, TypeChargeRefunded, TypeRefundUpdated, TypeRefundFailed,
+	TypePaymentIntentRequiresAction, TypeChargeRefunded, TypeRefundCreated, TypeRefundUpdated, TypeRefundFailed,
 }
 
 func handled(typ string) bool { return slices.Contains(handledTypes, typ) }
@@ -237,7 +238,7 @@ func (h *Handler) handle(ctx context.Context, ev Event) (string, error) {
 		// Informational: the checkout answered 202 with the next action
 		// already, and the outcome arrives as succeeded or payment_failed.
 		return OutcomeIgnored, nil
-	case TypeChargeRefunded, TypeRefundUpdated, TypeRefundFailed:
+	case TypeChargeRefunded, TypeRefundCreated, TypeRefundUpdated, TypeRefundFailed:
 		if h.Refunds == nil {
 			// No refunds feature is wired (internal/api leaves Refunds nil
 			// when its Stripe client has no Refund API): the service has no
@@ -358,11 +359,38 @@ func (h *Handler) paymentIntent(ctx context.Context, ev Event, pi PaymentIntent)
 }
 
 // refunds applies the refunds an event carries, all in one transaction with
-// the inbox record.
+// the inbox record. A refund made outside the service (the Dashboard: none
+// of our metadata) is first given the order its PaymentIntent names in its
+// metadata, read from Stripe (GET by id, strongly consistent), so that it
+// reaches that order's refunds (Refunds.ApplyRefund adopts it when the
+// order was paid through that PaymentIntent).
 func (h *Handler) refunds(ctx context.Context, ev Event, rs []Refund) (string, error) {
+	if slices.ContainsFunc(rs, Refund.MadeOutside) {
+		// A redelivery needs no call to Stripe; inbox.Record decides.
+		if dup, err := inbox.Seen(ctx, h.DB, Consumer, ev.ID); err != nil {
+			return "", problem.Wrap(ErrUnavailable, err)
+		} else if dup {
+			return OutcomeDuplicate, nil
+		}
+	}
 	ours := rs[:0:0]
 	for _, r := range rs {
-		if r.Ours() {
+		if r.MadeOutside() {
+			pi, err := h.Stripe.RetrievePaymentIntent(ctx, r.PaymentIntentID)
+			if err != nil {
+				return "", problem.Wrap(ErrStripeUnavailable, fmt.Errorf("retrieve %s of refund %s: %w", r.PaymentIntentID, r.ID, err))
+			}
+			r.IntentOrderID, r.IntentTenantID = pi.OrderID, pi.TenantID
+			if r.OrderID != "" && (r.Status == "failed" || r.Status == "canceled") {
+				// The refund of a stray payment (ours: order metadata, no
+				// refund of ours) that Stripe failed: sent again, under
+				// the next attempt's key, before the event is recorded.
+				if err := h.Orders.SettleStrayPayment(ctx, pi); err != nil {
+					return "", problem.Wrap(ErrStripeUnavailable, fmt.Errorf("refund stray payment %s again: %w", pi.ID, err))
+				}
+			}
+		}
+		if r.Ours() || (r.IntentOrderID != "" && r.IntentTenantID != "") {
 			ours = append(ours, r)
 		}
 	}

@@ -19,8 +19,8 @@ import (
 )
 
 // External are the metric name prefixes that other software exports:
-// RabbitMQ's rabbitmq_prometheus plugin.
-var External = []string{"rabbitmq_"}
+// RabbitMQ's rabbitmq_prometheus plugin and CloudNativePG's instances.
+var External = []string{"rabbitmq_", "cnpg_"}
 
 // CheckExpr parses expr (what is named by name, in the failure messages)
 // and requires that it selects at least one series, every selector by

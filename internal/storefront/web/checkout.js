@@ -1,39 +1,57 @@
 // The checkout page's script: one Idempotency-Key per purchase.
 //
-// The key is made here, when the form is shown, and kept in sessionStorage
-// (this tab only) until a final answer. Every Pay of the purchase sends it:
-// a double click, a Pay after a reload, a Pay after an answer that never
-// came. Making a key per click, or per page load, would turn each of those
-// into a second order and a second charge.
+// The storefront keeps the session's one open purchase (its key, and from
+// its first Pay its whole request: items, email, card) until its final
+// answer, and the page starts from it (data-state): a reload, a second
+// tab, the Back button, or a tab opened again after one closed during Pay
+// all show the same purchase, and Pay sends the same key. Making a key per
+// click, per page load or per tab would turn each of those into a second
+// order and a second charge.
 //
-// The purchase is defined at its first Pay: the page stores the whole
-// request (key, items, email, card) with the key and locks the form, and
-// every Pay sends that stored request, byte for byte. A retry with other
-// details would be refused by the API (422) while the first request may
-// still be charged; and the storefront keeps nothing of the purchase in
-// memory, so a retry after its restart is answered from this request.
+// The purchase is defined at its first Pay: the form is then locked, and
+// every Pay sends that request, byte for byte. A retry with other details
+// would be refused by the API (422) while the first request may still be
+// charged. The page also keeps the request in sessionStorage: a storefront
+// restarted during Pay forgot it, and adopts the page's at the next Pay,
+// under the same API key.
 "use strict";
 
 const STORE = "storefront.purchase";
 const $ = (id) => document.getElementById(id);
+const state = JSON.parse($("pay-form").dataset.state || "{}");
 
 function load() {
   try { return JSON.parse(sessionStorage.getItem(STORE)); } catch { return null; }
 }
 
-// purchase is {key, request, pays, apiKey, attempts: [{pay, trace, n, status, code, replayed, error}]};
-// request is the body of every Pay, set at the first one.
-let purchase = load();
-if (!purchase || !purchase.key) {
-  purchase = { key: crypto.randomUUID(), request: null, pays: 0, apiKey: "", attempts: [] };
-  sessionStorage.setItem(STORE, JSON.stringify(purchase));
+// fromServer is the page's purchase for the server's.
+function fromServer(p) {
+  return { key: p.key, request: p.request, apiKey: p.api_key || "", attempts: p.attempts || [] };
 }
-let open = true;   // false once a final answer came: the key is forgotten
+
+// purchase is {key, request, apiKey, attempts: [{pay, n, status, code, replayed, error, trace_url}]}.
+let purchase = fromServer(state.open);
+const stored = load();
+if (!state.open.request && stored && stored.request && !(state.last && state.last.key === stored.key)) {
+  // The storefront restarted since this tab's first Pay: its request is
+  // the purchase, which the next Pay gives back to the storefront.
+  purchase = stored;
+}
+let open = true;   // false once a final answer came
 let inFlight = 0;  // Pays waiting for the shop's answer
 let last = null;   // the final answer, acted on when nothing is in flight
 
 function save() {
   if (open) sessionStorage.setItem(STORE, JSON.stringify(purchase));
+}
+
+// merge adds the server's attempts to the panel's, once each.
+function merge(attempts) {
+  const seen = new Set(purchase.attempts.map((a) => a.pay + "/" + a.n));
+  for (const a of attempts || []) {
+    if (!seen.has(a.pay + "/" + a.n)) purchase.attempts.push(a);
+  }
+  purchase.attempts.sort((a, b) => a.pay - b.pay || a.n - b.n);
 }
 
 function answerText(a) {
@@ -52,9 +70,7 @@ function lock() {
   $("new-purchase").hidden = true;
 }
 
-// unlock opens the form again after an "invalid" answer: the API executes
-// nothing it finds invalid, and every Pay sent the same body, so nothing
-// was done under the key yet; the fixed request is stored at the next Pay.
+// unlock opens the form for a purchase with nothing sent under its key.
 function unlock() {
   purchase.request = null;
   $("email").disabled = $("payment-method").disabled = false;
@@ -75,10 +91,10 @@ function render() {
       td.textContent = text;
       tr.append(td);
     }
-    if (a.trace) {
+    if (a.trace_url) {
       // The Pay's trace (TRACE_UI_URL): the click, the API and, later, the email.
       const link = document.createElement("a");
-      link.href = a.trace;
+      link.href = a.trace_url;
       link.target = "_blank";
       link.className = "trace-link";
       link.textContent = "#" + a.pay;
@@ -90,15 +106,32 @@ function render() {
   }));
 }
 
-function show(text, link) {
-  const result = $("result");
+function show(text, link, id) {
+  const result = $(id || "result");
   result.textContent = text + " ";
   if (link) {
     const a = document.createElement("a");
     a.href = link;
-    a.id = "order-link";
+    a.id = id === "last-purchase" ? "last-order-link" : "order-link";
     a.textContent = "View your order";
     result.append(a);
+  }
+}
+
+// next starts a new purchase after a failed one: the server's new key,
+// the form open again with the same email, for another card.
+async function next() {
+  try {
+    const res = await fetch("/checkout/purchase");
+    const v = await res.json();
+    purchase = fromServer(v.open);
+    open = true;
+    last = null;
+    unlock();
+    save();
+    render();
+  } catch {
+    // The shop did not answer: a reload starts the new purchase.
   }
 }
 
@@ -111,6 +144,14 @@ function finish() {
     return;
   }
   show(last.message, last.order_url);
+  if (last.outcome === "failed") next();
+}
+
+// conclude takes the final answer of the purchase.
+function conclude(out) {
+  open = false;
+  last = last || out;
+  sessionStorage.removeItem(STORE);
 }
 
 $("pay-form").addEventListener("submit", async (ev) => {
@@ -122,7 +163,6 @@ $("pay-form").addEventListener("submit", async (ev) => {
     purchase.request = { key: purchase.key, items, email: $("email").value, payment_method: $("payment-method").value };
     render();
   }
-  const pay = ++purchase.pays;
   save();
   inFlight++;
   show("Paying…");
@@ -138,17 +178,18 @@ $("pay-form").addEventListener("submit", async (ev) => {
     out = { outcome: "unknown", message: "No answer from the shop. Press Pay again: it is safe.", attempts: [] };
   }
   inFlight--;
-  for (const a of out.attempts || []) purchase.attempts.push({ pay, trace: out.trace_url, ...a });
+  if (out.key && out.key !== purchase.key) {
+    // Another purchase of this browser was sent since the page loaded:
+    // show that one.
+    sessionStorage.removeItem(STORE);
+    window.location.reload();
+    return;
+  }
+  merge(out.attempts);
   if (out.api_key) purchase.apiKey = out.api_key;
   if (out.outcome === "invalid" && inFlight === 0) unlock();
   save();
-  if (out.final) {
-    // A final answer ends the purchase: forget its key, so that the next
-    // purchase gets its own.
-    open = false;
-    last = last || out;
-    sessionStorage.removeItem(STORE);
-  }
+  if (out.final) conclude(out);
   render();
   if (last) finish(); else show(out.message);
 });
@@ -158,4 +199,37 @@ $("new-purchase").addEventListener("click", () => {
   window.location.reload();
 });
 
+// watch follows a purchase whose call to the API runs without this page
+// (its tab closed or reloaded during Pay) until the call ends.
+async function watch() {
+  if (inFlight > 0 || !open) return;
+  try {
+    const res = await fetch("/checkout/purchase");
+    const v = await res.json();
+    if (v.last && v.last.key === purchase.key && v.last.result) {
+      merge(v.last.attempts);
+      conclude(v.last.result);
+      render();
+      finish();
+      return;
+    }
+    if (v.open.key === purchase.key) {
+      merge(v.open.attempts);
+      render();
+      if (v.open.in_flight > 0) { setTimeout(watch, 1000); return; }
+      show("No final answer yet: press Pay again, it is safe (the same key, the same purchase).");
+    }
+  } catch {
+    setTimeout(watch, 1000);
+  }
+}
+
+if (state.last && state.last.result && !purchase.request) {
+  show("Your last purchase: " + state.last.result.message, state.last.result.order_url, "last-purchase");
+}
+if (state.open.in_flight > 0 && state.open.key === purchase.key) {
+  show("Your payment is being processed…");
+  setTimeout(watch, 1000);
+}
+save();
 render();

@@ -1,5 +1,6 @@
 // The order page's script: follows the order until it settles (and, once
 // paid, until its email is sent), polling the storefront every second.
+// The storefront says the status and the reason in words (orderView).
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -11,12 +12,16 @@ async function poll() {
     const res = await fetch("/orders/" + encodeURIComponent(id) + "/status");
     if (res.ok) {
       const v = await res.json();
-      $("order-status").textContent = v.order.status;
+      $("order-status").textContent = v.status_text;
+      $("order-status").dataset.status = v.status;
       $("order-status").dataset.settled = v.settled;
+      $("reason").textContent = v.reason || "";
+      $("reason").hidden = !v.reason;
       $("waiting").hidden = !v.waiting;
       if (v.redirect_url) $("authenticate").href = v.redirect_url;
       if (v.email_sent) $("email").textContent = "Confirmation email sent to " + v.order.email + ".";
-      const done = v.settled && (v.order.status !== "paid" || v.email_sent);
+      if (v.settled) $("following").textContent = "";
+      const done = v.settled && (v.status !== "paid" || v.email_sent);
       if (done) return;
     }
   } catch (err) {
