@@ -30,6 +30,7 @@ import (
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/ratelimit"
 	"github.com/onceonly/checkout/internal/telemetry"
+	"github.com/onceonly/checkout/internal/tracing"
 	"github.com/onceonly/checkout/internal/webhooks"
 )
 
@@ -241,6 +242,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	defer logOut.Close()
 	logger := telemetry.NewLogger(logOut, s.LogLevel)
 	logger.Info("starting api", append(config.Masked(&s), "api_keys", keys.Fingerprints())...)
+	stopTracing, err := tracing.Setup(ctx, getenv, "checkout-api")
+	if err != nil {
+		return err
+	}
+	defer tracing.Flush(stopTracing, logger)
 
 	// Waits for PostgreSQL as the other processes do: an api started (or
 	// restarted) while the database is away serves once it answers,
@@ -253,6 +259,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return fmt.Errorf("postgres: %w", err)
 	}
 	defer postgres.Close(db)
+	if err := tracing.InstrumentGORM(db); err != nil {
+		return err
+	}
 	if s.MigrateOnStart {
 		if err := postgres.Migrate(ctx, db, logger); err != nil {
 			return err
@@ -262,6 +271,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	redis.SetLogger(telemetry.RedisLogger(logger))
 	rdb := newRedis()
 	defer rdb.Close()
+	if err := tracing.InstrumentRedis(rdb); err != nil {
+		return err
+	}
 
 	reg := telemetry.NewRegistry()
 	pay := payments.NewClient(payments.Config{

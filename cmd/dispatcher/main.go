@@ -21,6 +21,7 @@ import (
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/rabbitmq"
 	"github.com/onceonly/checkout/internal/telemetry"
+	"github.com/onceonly/checkout/internal/tracing"
 )
 
 func main() {
@@ -70,6 +71,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	logger := telemetry.NewLogger(stdout, s.LogLevel).With("process", "dispatcher")
 	logger.Info("starting dispatcher", config.Masked(&s)...)
+	stopTracing, err := tracing.Setup(ctx, getenv, "checkout-dispatcher")
+	if err != nil {
+		return err
+	}
+	defer tracing.Flush(stopTracing, logger)
 
 	proc, err := daemon.Start(ctx, "dispatcher", &s.Shared, &s.Settings, s.MetricsAddr, logger, "outbox")
 	if err != nil || proc == nil {
@@ -77,6 +83,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	defer proc.Close()
 	db, conn, reg := proc.DB, proc.Conn, proc.Registry
+	if err := tracing.InstrumentGORM(db); err != nil {
+		return err
+	}
 
 	pub := rabbitmq.NewPublisher(conn, rabbitmq.PublisherConfig{Exchange: s.Exchange, ConfirmTimeout: 5 * time.Second, Logger: logger})
 	defer pub.Close()

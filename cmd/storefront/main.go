@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/onceonly/checkout/internal/storefront"
+	"github.com/onceonly/checkout/internal/tracing"
 )
 
 // shutdownTimeout bounds the drain of requests in flight on shutdown.
@@ -59,8 +60,14 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	addr := env("STOREFRONT_ADDR", ":8081")
 	apiURL := env("API_URL", "http://127.0.0.1:8080")
 	tenantKey := env("STOREFRONT_TENANT_KEY", "sk_test_acme")
+	stopTracing, err := tracing.Setup(ctx, getenv, "checkout-storefront")
+	if err != nil {
+		return err
+	}
+	defer tracing.Flush(stopTracing, logger)
 	shop, err := storefront.New(storefront.Config{APIURL: apiURL, TenantKey: tenantKey,
-		SessionSecret: getenv("STOREFRONT_SESSION_SECRET"), Logger: logger})
+		SessionSecret: getenv("STOREFRONT_SESSION_SECRET"), Logger: logger,
+		Transport: tracing.HTTPTransport(http.DefaultTransport), TraceUI: getenv("TRACE_UI_URL")})
 	if err != nil {
 		return fmt.Errorf("API_URL %q: %w", apiURL, err)
 	}

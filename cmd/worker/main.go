@@ -39,6 +39,7 @@ import (
 	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/sweep"
 	"github.com/onceonly/checkout/internal/telemetry"
+	"github.com/onceonly/checkout/internal/tracing"
 )
 
 func main() {
@@ -216,6 +217,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	logger := telemetry.NewLogger(stdout, s.LogLevel).With("process", "worker")
 	logger.Info("starting worker", config.Masked(&s)...)
+	stopTracing, err := tracing.Setup(ctx, getenv, "checkout-worker")
+	if err != nil {
+		return err
+	}
+	defer tracing.Flush(stopTracing, logger)
 
 	proc, err := daemon.Start(ctx, "worker", &s.Shared, &s.Settings, s.MetricsAddr, logger, "notifications", "inbox", "dead_letters")
 	if err != nil || proc == nil {
@@ -223,6 +229,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	defer proc.Close()
 	db, conn, reg := proc.DB, proc.Conn, proc.Registry
+	if err := tracing.InstrumentGORM(db); err != nil {
+		return err
+	}
 
 	mailer, err := s.smtpMailer()
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/onceonly/checkout/internal/ratelimit"
 	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/telemetry"
+	"github.com/onceonly/checkout/internal/tracing"
 	"github.com/onceonly/checkout/internal/webhooks"
 )
 
@@ -135,7 +136,9 @@ func New(cfg Config, d Deps) *API {
 	// /v1/checkouts/ is not /v1/checkouts: a 404 problem, not a bare redirect
 	// a client would follow with its body and key dropped.
 	r.RedirectTrailingSlash = false
-	r.Use(telemetry.RequestID(), telemetry.HTTPMetrics(reg, d.Logger), recovery(d.Logger))
+	// The request's server span first, so that everything after it, the
+	// metrics' exemplars and the log lines included, is inside it.
+	r.Use(tracing.Gin("checkout-api"), telemetry.RequestID(), telemetry.HTTPMetrics(reg, d.Logger), recovery(d.Logger))
 	r.NoRoute(func(c *gin.Context) {
 		problem.Write(c.Writer, problem.New(problem.CodeNotFound, "No such route."))
 	})

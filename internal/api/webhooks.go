@@ -9,7 +9,9 @@ import (
 
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/orders"
+	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/refunds"
+	"github.com/onceonly/checkout/internal/tracing"
 	"github.com/onceonly/checkout/internal/webhooks"
 )
 
@@ -35,8 +37,14 @@ func (o webhookOrders) OrderStatus(ctx context.Context, tenantID, orderID string
 }
 
 // ApplyPaymentIntent is checkout.Service.ApplyPaymentIntent, its errors
-// in the handler's terms.
+// in the handler's terms. It links the webhook's span (a trace of its own:
+// Stripe's event is its cause) to the order's checkout trace.
 func (o webhookOrders) ApplyPaymentIntent(ctx context.Context, pi webhooks.PaymentIntent, record func(tx *gorm.DB) (bool, error)) (bool, error) {
+	tp, err := outbox.TraceParentOf(ctx, o.svc.DB, pi.OrderID)
+	if err != nil {
+		return false, err
+	}
+	tracing.LinkTo(ctx, tp)
 	changed, err := o.svc.ApplyPaymentIntent(ctx, toState(pi), record)
 	switch {
 	case errors.Is(err, checkout.ErrOrderNotFound):

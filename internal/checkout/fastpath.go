@@ -82,7 +82,7 @@ func (s *Service) beginFastPath(ctx context.Context, cmd CheckoutCommand) (*firs
 
 	var b postgres.Batch
 	claim := s.Keys.QueueClaimNew(&b, scope, cmd.Fingerprint, cmd.Owner, RecoveryPointOrderCreated, o.ID)
-	if err := s.queueOrderCreated(&b, o, want, products); err != nil {
+	if err := s.queueOrderCreated(ctx, &b, o, want, products); err != nil {
 		return nil, err
 	}
 	stripestep.QueueInsert(&b, create)

@@ -43,8 +43,8 @@ VALUES (:ord, :tenant, :pending, :email, :currency, :amount, :pm, NULLIF(:return
 INSERT INTO order_items (order_id, line, sku, quantity, unit_amount, amount)
 SELECT :ord, t.line, t.sku, t.quantity, t.unit_amount, t.amount
 FROM unnest(:lines::int[], :skus::text[], :qtys::int[], :amounts::bigint[], :amounts::bigint[]) AS t (line, sku, quantity, unit_amount, amount);
-INSERT INTO outbox (id, tenant_id, aggregate_id, aggregate_seq, type, payload, occurred_at)
-SELECT :ev1, :tenant, :ord, s.n, :created, (:payload_seq || s.n || '}')::json, :now
+INSERT INTO outbox (id, tenant_id, aggregate_id, aggregate_seq, type, payload, occurred_at, traceparent)
+SELECT :ev1, :tenant, :ord, s.n, :created, (:payload_seq || s.n || '}')::json, :now, :traceparent
 FROM (SELECT outbox_next_seq(:ord) AS n) s;
 WITH g AS (INSERT INTO payment_attempts
   (order_id, tenant_id, step, attempt, idempotency_key, payment_intent_id, request_params, created_at, updated_at)
@@ -103,7 +103,7 @@ WITH g AS (UPDATE orders SET status = :paid,
   WHERE id = :ord AND status = ANY(:to_paid_from::text[]) RETURNING id),
 ok AS MATERIALIZED (SELECT batch_guard(EXISTS (SELECT 1 FROM g), :guard) AS held)
 SELECT g.* FROM ok LEFT JOIN g ON true;
-INSERT INTO outbox (id, tenant_id, aggregate_id, aggregate_seq, type, payload, occurred_at)
-SELECT :ev2, :tenant, :ord, s.n, :paid_event, (:payload_seq || s.n || '}')::json, :now
+INSERT INTO outbox (id, tenant_id, aggregate_id, aggregate_seq, type, payload, occurred_at, traceparent)
+SELECT :ev2, :tenant, :ord, s.n, :paid_event, (:payload_seq || s.n || '}')::json, :now, :traceparent
 FROM (SELECT outbox_next_seq(:ord) AS n) s;
 \endpipeline

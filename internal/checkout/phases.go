@@ -34,10 +34,10 @@ import (
 // key comes before it: claimed in the same batch on the fast path
 // (Store.QueueClaimNew), or by the claim's transaction on the general path
 // (Store.Claim), which then advances it.
-func (s *Service) queueOrderCreated(b *postgres.Batch, o *orders.Order, want map[string]int64, products map[string]Product) error {
+func (s *Service) queueOrderCreated(ctx context.Context, b *postgres.Batch, o *orders.Order, want map[string]int64, products map[string]Product) error {
 	queueReserve(b, want, products)
 	orders.QueueInsert(b, o)
-	return outbox.Queue(b, s.event(outbox.TypeOrderCreated, o, o.CreatedAt))
+	return outbox.Queue(ctx, b, s.event(outbox.TypeOrderCreated, o, o.CreatedAt))
 }
 
 // queueReserve queues in b the check that products are still the
@@ -144,7 +144,7 @@ func (r *run) queueOutcome(ctx context.Context, b *postgres.Batch, cur *orders.O
 		return next, resp, nil
 	}
 	ch := out.change
-	if _, err := orders.QueueApply(b, cur, ch, now); err != nil {
+	if _, err := orders.QueueApply(ctx, b, cur, ch, now); err != nil {
 		return nil, nil, err
 	}
 	if ch.To.LeavesTheWayToPaid() {

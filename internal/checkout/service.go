@@ -16,6 +16,7 @@ import (
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/problem"
+	"github.com/onceonly/checkout/internal/tracing"
 )
 
 // Service runs checkouts and their payment sagas. DB, Keys, Payments,
@@ -115,9 +116,18 @@ func (x *checkoutCommand) Start(ctx context.Context, tx *gorm.DB, c *idempotency
 	return final, err
 }
 
-// Resume loads the order of a key taken over at order_created.
+// Resume loads the order of a key taken over at order_created, and links
+// the span of whoever resumes it (the completer, a client's retry) to the
+// order's checkout trace.
 func (x *checkoutCommand) Resume(ctx context.Context, tx *gorm.DB, c *idempotency.Claim) (err error) {
 	x.order, err = x.s.resumedOrder(ctx, tx, c)
+	if err == nil {
+		tp, terr := outbox.TraceParentOf(ctx, tx, c.OrderID)
+		if terr != nil {
+			return terr
+		}
+		tracing.LinkTo(ctx, tp)
+	}
 	return err
 }
 
@@ -179,7 +189,7 @@ func (s *Service) createOrder(ctx context.Context, tx *gorm.DB, c *idempotency.C
 		return nil, nil, fmt.Errorf("savepoint: %w", err)
 	}
 	var b postgres.Batch
-	if err := s.queueOrderCreated(&b, o, want, products); err != nil {
+	if err := s.queueOrderCreated(ctx, &b, o, want, products); err != nil {
 		return nil, nil, err
 	}
 	err = postgres.Send(ctx, tx, &b)

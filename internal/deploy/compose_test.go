@@ -57,11 +57,16 @@ const (
 // infrastructure are the services a developer's machine may run too.
 var infrastructure = []string{"postgres", "redis", "rabbitmq"}
 
+// otlpEndpoint is where compose's processes send their traces: Jaeger's
+// OTLP/HTTP receiver (issue 38).
+const otlpEndpoint = "http://jaeger:4318"
+
 func TestComposeMatchesTheContract(t *testing.T) {
 	t.Parallel()
 	p := loadProject(t)
 	require.ElementsMatch(t,
-		[]string{"postgres", "redis", "rabbitmq", "stripe-emulator", "mailpit", "migrate", "api", "dispatcher", "worker", "storefront"},
+		[]string{"postgres", "redis", "rabbitmq", "stripe-emulator", "mailpit", "migrate", "api", "dispatcher", "worker", "storefront",
+			"jaeger", "prometheus", "grafana"},
 		p.ServiceNames())
 
 	tests := []struct {
@@ -100,7 +105,7 @@ func TestComposeMatchesTheContract(t *testing.T) {
 				"STRIPE_SECRET_KEY": "sk_test_123", "STRIPE_WEBHOOK_SECRET": "whsec_test_checkout",
 				"IDEMPOTENCY_TTL": "24h", "IDEMPOTENCY_LEASE": "30s",
 				"DEDUP_FAILURE_MODE": "closed", "CHECKOUT_API_KEYS": "acme:sk_test_acme,globex:sk_test_globex",
-				"LOG_LEVEL": "info",
+				"LOG_LEVEL": "info", "OTEL_EXPORTER_OTLP_ENDPOINT": otlpEndpoint,
 			},
 			dependsOn: map[string]string{"postgres": "service_healthy", "redis": "service_healthy", "stripe-emulator": "service_healthy",
 				"migrate": "service_completed_successfully"},
@@ -109,13 +114,15 @@ func TestComposeMatchesTheContract(t *testing.T) {
 		{
 			// CONTRACT.md (v3) Clients: the shop of one tenant, by the api's service name.
 			service: "storefront", ports: []uint32{8081}, command: []string{"storefront"}, target: "dev",
-			env:       map[string]string{"STOREFRONT_ADDR": ":8081", "STOREFRONT_TENANT_KEY": "sk_test_acme", "API_URL": "http://api:8080"},
+			env: map[string]string{"STOREFRONT_ADDR": ":8081", "STOREFRONT_TENANT_KEY": "sk_test_acme", "API_URL": "http://api:8080",
+				"TRACE_UI_URL": "http://localhost:16686", "OTEL_EXPORTER_OTLP_ENDPOINT": otlpEndpoint},
 			dependsOn: map[string]string{"api": "service_healthy"},
 			readyURL:  "http://127.0.0.1:8081/healthz",
 		},
 		{
 			service: "dispatcher", ports: []uint32{9091}, command: []string{"dispatcher"}, target: "all",
-			env:       map[string]string{"DATABASE_URL": databaseURL, "AMQP_URL": amqpURL, "METRICS_ADDR": ":9091", "LOG_LEVEL": "info"},
+			env: map[string]string{"DATABASE_URL": databaseURL, "AMQP_URL": amqpURL, "METRICS_ADDR": ":9091", "LOG_LEVEL": "info",
+				"OTEL_EXPORTER_OTLP_ENDPOINT": otlpEndpoint},
 			dependsOn: map[string]string{"postgres": "service_healthy", "rabbitmq": "service_healthy", "api": "service_healthy"},
 			readyURL:  "http://127.0.0.1:9091/readyz",
 		},
@@ -123,7 +130,7 @@ func TestComposeMatchesTheContract(t *testing.T) {
 			service: "worker", ports: []uint32{9092}, command: []string{"worker"}, target: "all",
 			env: map[string]string{
 				"DATABASE_URL": databaseURL, "AMQP_URL": amqpURL, "SMTP_ADDR": "mailpit:1025",
-				"SMTP_FROM": "orders@checkout.local", "METRICS_ADDR": ":9092", "LOG_LEVEL": "info",
+				"SMTP_FROM": "orders@checkout.local", "METRICS_ADDR": ":9092", "LOG_LEVEL": "info", "OTEL_EXPORTER_OTLP_ENDPOINT": otlpEndpoint,
 				"STRIPE_API_BASE": "http://stripe-emulator:12111", "STRIPE_SECRET_KEY": "sk_test_123",
 				"IDEMPOTENCY_TTL": "24h", "IDEMPOTENCY_LEASE": "30s",
 			},

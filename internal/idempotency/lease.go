@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/onceonly/checkout/internal/tracing"
 )
 
 // Leases is the Redis layer: a soft lease per scope, so that of many
@@ -169,8 +171,12 @@ func leaseValue(owner, fingerprint string) string { return owner + " " + fingerp
 // that does not decode is treated as absent: it is deleted and the lease
 // taken, so that Postgres, the authority, answers. An error means Redis did
 // not answer; DEDUP_FAILURE_MODE decides what happens then.
-func (l *Leases) Acquire(ctx context.Context, s Scope, fingerprint, owner string, ttl time.Duration) (Acquisition, error) {
-	acq, err := l.acquire(ctx, s, fingerprint, owner, ttl)
+//
+// It is one span, idempotency.lease, over its Redis commands.
+func (l *Leases) Acquire(ctx context.Context, s Scope, fingerprint, owner string, ttl time.Duration) (acq Acquisition, err error) {
+	ctx, span := tracing.Start(ctx, "idempotency.lease")
+	defer func() { tracing.End(span, err) }()
+	acq, err = l.acquire(ctx, s, fingerprint, owner, ttl)
 	if !errors.Is(err, errCorruptCache) {
 		return acq, err
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/deadletter"
@@ -22,6 +23,7 @@ import (
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/rabbitmq"
+	"github.com/onceonly/checkout/internal/tracing"
 )
 
 // ConsumerConfig configures a Consumer.
@@ -110,6 +112,11 @@ type envelope struct {
 	AggregateID string          `json:"aggregate_id"`
 	Sequence    int64           `json:"sequence"`
 	Data        json.RawMessage `json:"data"`
+
+	// traceParent is the consume span's W3C traceparent (from the
+	// delivery, not the body; "" outside a trace), which the notification
+	// row keeps so that its SMTP send joins the checkout's trace.
+	traceParent string
 }
 
 // orderData is what the consumer reads of an order (order.paid's data).
@@ -190,6 +197,9 @@ type item struct {
 	notificationID string
 	first          bool
 	adm            inbox.Admission
+	// span is the delivery's consume span, a child of the traceparent in
+	// its AMQP headers.
+	span trace.Span
 }
 
 // sequenced reports whether it is applied in its order's sequence
@@ -251,6 +261,12 @@ func (c *Consumer) HandleBatch(ctx context.Context, ds []amqp.Delivery) []error 
 			continue
 		}
 		it := &item{messageID: messageID, ev: ev, body: d.Body}
+		var ictx context.Context
+		ictx, it.span = tracing.Start(tracing.FromHeaders(ctx, d.Headers), "notify.order_paid process",
+			trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
+				tracing.AttrEventID.String(messageID), tracing.AttrEventType.String(ev.Type),
+				tracing.AttrOrderID.String(ev.AggregateID)))
+		it.ev.traceParent = tracing.TraceParent(ictx)
 		if !it.sequenced() && ev.Type == outbox.TypeOrderPaid {
 			it.notificationID = ids.New("ntf")
 		}
@@ -262,7 +278,9 @@ func (c *Consumer) HandleBatch(ctx context.Context, ds []amqp.Delivery) []error 
 		return errs
 	}
 
+	recordStart := time.Now()
 	created, err := c.record(ctx, items)
+	traceRecord(items, recordStart, err)
 	if err != nil && len(ds) > 1 && !transient(err) {
 		// Some message of the batch is at fault: find it.
 		for i, d := range ds {
@@ -313,6 +331,24 @@ func (c *Consumer) HandleBatch(ctx context.Context, ds []amqp.Delivery) []error 
 		c.cfg.OnNew()
 	}
 	return errs
+}
+
+// traceRecord ends each item's consume span with a child span, inbox.record,
+// for the batch's shared transaction (which began at start and ended with
+// err): the inbox insert and the notification it wrote, with
+// checkout.inbox.first telling a first delivery from a duplicate.
+func traceRecord(items []*item, start time.Time, err error) {
+	for _, it := range items {
+		if !it.span.IsRecording() {
+			it.span.End()
+			continue
+		}
+		ctx := trace.ContextWithSpan(context.Background(), it.span)
+		_, rec := tracing.Start(ctx, "inbox.record", trace.WithTimestamp(start),
+			trace.WithAttributes(tracing.AttrInboxFirst.Bool(it.first)))
+		tracing.End(rec, err)
+		tracing.End(it.span, err)
+	}
 }
 
 // transient reports whether err, from a batch's transaction, is the
@@ -451,8 +487,8 @@ func recordBatch(ctx context.Context, db *gorm.DB, items []*item) (int, error) {
 // its arguments; "" when no item has one.
 func notificationsStatement(items []*item) (string, []any) {
 	var b strings.Builder
-	b.WriteString(`WITH ev (notification_id, order_id, tenant_id, recipient, order_amount, currency) AS (VALUES `)
-	args := make([]any, 0, 6*len(items)+2)
+	b.WriteString(`WITH ev (notification_id, order_id, tenant_id, recipient, order_amount, currency, traceparent) AS (VALUES `)
+	args := make([]any, 0, 7*len(items)+2)
 	n := 0
 	for _, it := range items {
 		if it.notificationID == "" {
@@ -462,17 +498,17 @@ func notificationsStatement(items []*item) (string, []any) {
 			b.WriteString(", ")
 		}
 		n++
-		b.WriteString("(?, ?, ?, ?, ?::bigint, ?)")
+		b.WriteString("(?, ?, ?, ?, ?::bigint, ?, ?::text)")
 		var o orderData
 		_ = json.Unmarshal(it.ev.Data, &o) // checked by parse
-		args = append(args, it.notificationID, o.ID, it.ev.TenantID, o.Email, o.AmountTotal, o.Currency)
+		args = append(args, it.notificationID, o.ID, it.ev.TenantID, o.Email, o.AmountTotal, o.Currency, nullable(it.ev.traceParent))
 	}
 	if n == 0 {
 		return "", nil
 	}
 	b.WriteString(`),
-notified AS (INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, event_seq, order_amount, currency)
-	SELECT ev.notification_id, ev.order_id, ev.tenant_id, ?, ev.recipient, 'pending', ?, NULL, ev.order_amount, ev.currency
+notified AS (INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, event_seq, order_amount, currency, traceparent)
+	SELECT ev.notification_id, ev.order_id, ev.tenant_id, ?, ev.recipient, 'pending', ?, NULL, ev.order_amount, ev.currency, ev.traceparent
 	FROM ev
 	ON CONFLICT DO NOTHING RETURNING id)
 SELECT count(*) FROM notified`)
@@ -561,10 +597,10 @@ func (c *Consumer) apply(ctx context.Context, tx *gorm.DB, ev envelope) (int, er
 	case outbox.TypeOrderPaid:
 		var o orderData
 		_ = json.Unmarshal(ev.Data, &o) // checked by parse
-		res = tx.WithContext(ctx).Exec(`INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, event_seq, order_amount, currency)
-			VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)
+		res = tx.WithContext(ctx).Exec(`INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, event_seq, order_amount, currency, traceparent)
+			VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?)
 			ON CONFLICT DO NOTHING`,
-			ids.New("ntf"), o.ID, ev.TenantID, ChannelEmail, o.Email, KindOrderPaid, seq, o.AmountTotal, o.Currency)
+			ids.New("ntf"), o.ID, ev.TenantID, ChannelEmail, o.Email, KindOrderPaid, seq, o.AmountTotal, o.Currency, nullable(ev.traceParent))
 	case outbox.TypeOrderRefunded:
 		var r refundData
 		_ = json.Unmarshal(ev.Data, &r) // checked by parse
@@ -575,10 +611,10 @@ func (c *Consumer) apply(ctx context.Context, tx *gorm.DB, ev envelope) (int, er
 		if err != nil {
 			return 0, err
 		}
-		res = tx.WithContext(ctx).Exec(`INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, refund_id, refund_amount, event_seq, order_amount, currency)
-			VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?)
+		res = tx.WithContext(ctx).Exec(`INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, refund_id, refund_amount, event_seq, order_amount, currency, traceparent)
+			VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT DO NOTHING`,
-			ids.New("ntf"), r.OrderID, ev.TenantID, ChannelEmail, to.Email, KindOrderRefunded, r.ID, r.Amount, seq, to.AmountTotal, to.Currency)
+			ids.New("ntf"), r.OrderID, ev.TenantID, ChannelEmail, to.Email, KindOrderRefunded, r.ID, r.Amount, seq, to.AmountTotal, to.Currency, nullable(ev.traceParent))
 	default:
 		return 0, nil // sequenced, nothing to send
 	}
@@ -586,4 +622,12 @@ func (c *Consumer) apply(ctx context.Context, tx *gorm.DB, ev envelope) (int, er
 		return 0, fmt.Errorf("insert %s notification for %s: %w", ev.Type, ev.ID, res.Error)
 	}
 	return int(res.RowsAffected), nil
+}
+
+// nullable is s, or NULL for "".
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }

@@ -71,25 +71,25 @@ WITH r AS (INSERT INTO inbox (consumer, message_id) SELECT :consumer, m.id FROM 
     (:msg1::text), (:msg2::text), (:msg3::text), (:msg4::text), (:msg5::text), (:msg6::text), (:msg7::text), (:msg8::text), (:msg9::text), (:msg10::text), (:msg11::text), (:msg12::text), (:msg13::text), (:msg14::text), (:msg15::text), (:msg16::text)) AS m (id)
   ON CONFLICT DO NOTHING RETURNING message_id)
 SELECT coalesce(json_agg(message_id), '[]') FROM r;
-WITH ev (notification_id, order_id, tenant_id, recipient, order_amount, currency) AS (VALUES
-    (:ntf1, :ord1, :tenant, :email, :amount::bigint, :currency),
-    (:ntf2, :ord2, :tenant, :email, :amount::bigint, :currency),
-    (:ntf3, :ord3, :tenant, :email, :amount::bigint, :currency),
-    (:ntf4, :ord4, :tenant, :email, :amount::bigint, :currency),
-    (:ntf5, :ord5, :tenant, :email, :amount::bigint, :currency),
-    (:ntf6, :ord6, :tenant, :email, :amount::bigint, :currency),
-    (:ntf7, :ord7, :tenant, :email, :amount::bigint, :currency),
-    (:ntf8, :ord8, :tenant, :email, :amount::bigint, :currency),
-    (:ntf9, :ord9, :tenant, :email, :amount::bigint, :currency),
-    (:ntf10, :ord10, :tenant, :email, :amount::bigint, :currency),
-    (:ntf11, :ord11, :tenant, :email, :amount::bigint, :currency),
-    (:ntf12, :ord12, :tenant, :email, :amount::bigint, :currency),
-    (:ntf13, :ord13, :tenant, :email, :amount::bigint, :currency),
-    (:ntf14, :ord14, :tenant, :email, :amount::bigint, :currency),
-    (:ntf15, :ord15, :tenant, :email, :amount::bigint, :currency),
-    (:ntf16, :ord16, :tenant, :email, :amount::bigint, :currency)),
-notified AS (INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, event_seq, order_amount, currency)
-    SELECT ev.notification_id, ev.order_id, ev.tenant_id, :channel, ev.recipient, 'pending', :kind, NULL, ev.order_amount, ev.currency
+WITH ev (notification_id, order_id, tenant_id, recipient, order_amount, currency, traceparent) AS (VALUES
+    (:ntf1, :ord1, :tenant, :email, :amount::bigint, :currency, :traceparent::text),
+    (:ntf2, :ord2, :tenant, :email, :amount::bigint, :currency, :traceparent::text),
+    (:ntf3, :ord3, :tenant, :email, :amount::bigint, :currency, :traceparent::text),
+    (:ntf4, :ord4, :tenant, :email, :amount::bigint, :currency, :traceparent::text),
+    (:ntf5, :ord5, :tenant, :email, :amount::bigint, :currency, :traceparent::text),
+    (:ntf6, :ord6, :tenant, :email, :amount::bigint, :currency, :traceparent::text),
+    (:ntf7, :ord7, :tenant, :email, :amount::bigint, :currency, :traceparent::text),
+    (:ntf8, :ord8, :tenant, :email, :amount::bigint, :currency, :traceparent::text),
+    (:ntf9, :ord9, :tenant, :email, :amount::bigint, :currency, :traceparent::text),
+    (:ntf10, :ord10, :tenant, :email, :amount::bigint, :currency, :traceparent::text),
+    (:ntf11, :ord11, :tenant, :email, :amount::bigint, :currency, :traceparent::text),
+    (:ntf12, :ord12, :tenant, :email, :amount::bigint, :currency, :traceparent::text),
+    (:ntf13, :ord13, :tenant, :email, :amount::bigint, :currency, :traceparent::text),
+    (:ntf14, :ord14, :tenant, :email, :amount::bigint, :currency, :traceparent::text),
+    (:ntf15, :ord15, :tenant, :email, :amount::bigint, :currency, :traceparent::text),
+    (:ntf16, :ord16, :tenant, :email, :amount::bigint, :currency, :traceparent::text)),
+notified AS (INSERT INTO notifications (id, order_id, tenant_id, channel, recipient, status, kind, event_seq, order_amount, currency, traceparent)
+    SELECT ev.notification_id, ev.order_id, ev.tenant_id, :channel, ev.recipient, 'pending', :kind, NULL, ev.order_amount, ev.currency, ev.traceparent
     FROM ev
     ON CONFLICT DO NOTHING RETURNING id)
 SELECT count(*) FROM notified;

@@ -11,9 +11,12 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/tracing"
 )
 
 // SenderConfig configures a Sender. Zero values get the defaults shown.
@@ -240,6 +243,9 @@ type due struct {
 	AmountTotal  int64
 	Currency     string
 	RefundAmount *int64
+	// TraceParent is the consume span that created the notification
+	// ("" when none did); the send is its child.
+	TraceParent string
 }
 
 // SendDue claims up to BatchSize due notifications, sends them and records
@@ -295,7 +301,8 @@ func (s *Sender) claim(ctx context.Context) ([]due, error) {
 		) d
 		WHERE n.id = d.id
 		RETURNING n.id, n.order_id, n.recipient, n.attempts, n.kind, n.refund_id,
-		          coalesce(n.order_amount, 0) AS amount_total, coalesce(n.currency, '') AS currency, n.refund_amount`,
+		          coalesce(n.order_amount, 0) AS amount_total, coalesce(n.currency, '') AS currency, n.refund_amount,
+		          coalesce(n.traceparent, '') AS trace_parent`,
 		s.cfg.ClaimTTL.String(), s.cfg.ClaimTTL.String(), s.cfg.BatchSize).Scan(&batch).Error
 	if err != nil {
 		return nil, fmt.Errorf("notify: claim: %w", err)
@@ -303,11 +310,18 @@ func (s *Sender) claim(ctx context.Context) ([]due, error) {
 	return batch, nil
 }
 
-// send sends one claimed notification and records the outcome.
+// send sends one claimed notification and records the outcome. The send
+// is a span, smtp send, the child of the span that created the
+// notification: the checkout's trace ends with its email.
 func (s *Sender) send(ctx context.Context, n due) {
+	ctx, span := tracing.Start(tracing.WithTraceParent(ctx, n.TraceParent), "smtp send",
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
+			tracing.AttrNotificationID.String(n.ID), tracing.AttrOrderID.String(n.OrderID),
+			attribute.Int("checkout.notification.attempt", n.Attempts)))
 	sctx, cancel := context.WithTimeout(ctx, s.cfg.SendTimeout)
 	err := s.mailer.Send(sctx, s.email(n))
 	cancel()
+	tracing.End(span, err)
 	if err == nil {
 		s.markSent(ctx, n)
 		return

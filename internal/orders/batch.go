@@ -1,6 +1,7 @@
 package orders
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -83,7 +84,7 @@ func QueueRecordFirstIntent(b *postgres.Batch, id, piID string, piStatus stripei
 // one, so a ch.To that leaves the way to paid (payment_failed, canceled)
 // without ch.closes() is refused with ErrPaymentOpen, ErrNoTransition one
 // that no status reaches, and nothing is queued then.
-func QueueApply(b *postgres.Batch, o *Order, ch Change, now time.Time) (*Order, error) {
+func QueueApply(ctx context.Context, b *postgres.Batch, o *Order, ch Change, now time.Time) (*Order, error) {
 	if ch.To.LeavesTheWayToPaid() && !ch.closes() {
 		return nil, fmt.Errorf("order %s to %q in a batch: %w", o.ID, ch.To, ErrPaymentOpen)
 	}
@@ -99,7 +100,7 @@ func QueueApply(b *postgres.Batch, o *Order, ch Change, now time.Time) (*Order, 
 	}
 	b.QueueGuarded(GuardMoved, query+` RETURNING id`, args, nil)
 	if event != nil {
-		if err := outbox.Queue(b, *event); err != nil {
+		if err := outbox.Queue(ctx, b, *event); err != nil {
 			return nil, err
 		}
 	}

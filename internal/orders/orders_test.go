@@ -179,12 +179,12 @@ func TestApplyRefusesAnOpenExit(t *testing.T) {
 	// is closed, and queues nothing otherwise.
 	for _, to := range []orders.Status{orders.PaymentFailed, orders.Canceled} {
 		var b postgres.Batch
-		_, err := orders.QueueApply(&b, &orders.Order{ID: ids.New("ord")}, orders.Change{To: to, FailureCode: "card_declined"}, time.Now())
+		_, err := orders.QueueApply(t.Context(), &b, &orders.Order{ID: ids.New("ord")}, orders.Change{To: to, FailureCode: "card_declined"}, time.Now())
 		require.ErrorIs(t, err, orders.ErrPaymentOpen, "QueueApply to %s", to)
 		require.Zero(t, b.Len())
 		for _, closed := range []orders.Change{{To: to, PaymentStatus: "canceled"}, {To: to, Closed: true}} {
 			var b postgres.Batch
-			_, err := orders.QueueApply(&b, &orders.Order{ID: ids.New("ord")}, closed, time.Now())
+			_, err := orders.QueueApply(t.Context(), &b, &orders.Order{ID: ids.New("ord")}, closed, time.Now())
 			require.NoError(t, err, "QueueApply to %s of a closed PaymentIntent", to)
 			require.NotZero(t, b.Len())
 		}
@@ -202,7 +202,7 @@ func TestQueueApply(t *testing.T) {
 	now := time.Now().UTC().Truncate(time.Microsecond)
 
 	var b postgres.Batch
-	paid, err := orders.QueueApply(&b, o, orders.Change{To: orders.Paid, PaymentIntentID: "pi_1", PaymentStatus: "succeeded"}, now)
+	paid, err := orders.QueueApply(t.Context(), &b, o, orders.Change{To: orders.Paid, PaymentIntentID: "pi_1", PaymentStatus: "succeeded"}, now)
 	require.NoError(t, err)
 	require.NoError(t, postgres.Send(ctx, db, &b))
 	got, err := orders.Load(ctx, db, "acme", o.ID)
@@ -216,7 +216,7 @@ func TestQueueApply(t *testing.T) {
 	// Paid again: it moved; the statement queued before it is undone too.
 	var again postgres.Batch
 	again.Queue(`UPDATE orders SET email = 'x@example.com' WHERE id = ?`, []any{o.ID}, nil)
-	_, err = orders.QueueApply(&again, o, orders.Change{To: orders.RequiresAction, PaymentStatus: "requires_action"}, now)
+	_, err = orders.QueueApply(t.Context(), &again, o, orders.Change{To: orders.RequiresAction, PaymentStatus: "requires_action"}, now)
 	require.NoError(t, err)
 	require.True(t, postgres.IsGuard(postgres.Send(ctx, db, &again), orders.GuardMoved))
 	after, err := orders.Load(ctx, db, "acme", o.ID)
@@ -228,7 +228,7 @@ func TestQueueApply(t *testing.T) {
 	// requires_action shows Stripe's next action, as Load does.
 	pending := newOrder(t, db, orders.PendingPayment, "pi_2")
 	var ra postgres.Batch
-	next, err := orders.QueueApply(&ra, pending, orders.Change{To: orders.RequiresAction, PaymentStatus: "requires_action",
+	next, err := orders.QueueApply(t.Context(), &ra, pending, orders.Change{To: orders.RequiresAction, PaymentStatus: "requires_action",
 		NextAction: []byte(`{"type":"redirect_to_url"}`), ClientSecret: "pi_2_secret"}, now)
 	require.NoError(t, err)
 	require.NoError(t, postgres.Send(ctx, db, &ra))

@@ -15,10 +15,12 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/ids"
 	"github.com/onceonly/checkout/internal/postgres"
+	"github.com/onceonly/checkout/internal/tracing"
 )
 
 // Routing keys of the events this service publishes to the checkout.events
@@ -58,6 +60,11 @@ type Event struct {
 	// relay publishes with several processes and retries, so the broker's
 	// order is not the commit order.
 	Sequence int64 `json:"sequence,omitempty"`
+
+	// TraceParent is the W3C traceparent stored with the row (not in the
+	// body): Add and Queue take it from their context's span, and the
+	// relay publishes the event as that span's child (internal/tracing).
+	TraceParent string `json:"-"`
 }
 
 // NewID returns a fresh event id: "evt_" and a UUIDv7 in hex.
@@ -73,8 +80,13 @@ func NewID() string { return ids.New("evt") }
 // Commit makes the event durable and due for publication together with the
 // caller's other writes; rollback discards it with them, so no event is ever
 // published for a change that did not happen. Add never talks to the broker.
-func Add(ctx context.Context, tx *gorm.DB, e Event) error {
-	query, args, err := statement(e)
+//
+// The insert is a span, outbox.add, whose traceparent the row keeps.
+func Add(ctx context.Context, tx *gorm.DB, e Event) (err error) {
+	ctx, span := tracing.Start(ctx, "outbox.add", trace.WithAttributes(
+		tracing.AttrEventType.String(e.Type), tracing.AttrOrderID.String(e.AggregateID)))
+	defer func() { tracing.End(span, err) }()
+	query, args, err := statement(ctx, e)
 	if err != nil {
 		return err
 	}
@@ -86,9 +98,10 @@ func Add(ctx context.Context, tx *gorm.DB, e Event) error {
 
 // Queue queues in b what Add does inside a transaction: e written to the
 // outbox, committed with the rest of b (postgres.Batch) or discarded with
-// it. Errors are those of encoding e; nothing was queued then.
-func Queue(b *postgres.Batch, e Event) error {
-	query, args, err := statement(e)
+// it. Errors are those of encoding e; nothing was queued then. The row
+// keeps the traceparent of ctx's span (the batch's sender's).
+func Queue(ctx context.Context, b *postgres.Batch, e Event) error {
+	query, args, err := statement(ctx, e)
 	if err != nil {
 		return err
 	}
@@ -97,8 +110,15 @@ func Queue(b *postgres.Batch, e Event) error {
 }
 
 // statement returns Add's INSERT of e and its arguments, with Add's
-// defaults applied.
-func statement(e Event) (string, []any, error) {
+// defaults applied; e's TraceParent defaults to ctx's span's.
+func statement(ctx context.Context, e Event) (string, []any, error) {
+	if e.TraceParent == "" {
+		e.TraceParent = tracing.TraceParent(ctx)
+	}
+	var traceparent *string // NULL when tracing is off
+	if e.TraceParent != "" {
+		traceparent = &e.TraceParent
+	}
 	if e.ID == "" {
 		e.ID = NewID()
 	}
@@ -112,16 +132,16 @@ func statement(e Event) (string, []any, error) {
 		return "", nil, fmt.Errorf("outbox: encode %s: %w", e.Type, err)
 	}
 	if e.AggregateID == "" {
-		return `INSERT INTO outbox (id, tenant_id, aggregate_id, type, payload, occurred_at)
-			 SELECT ?, ?, ?, ?, ?, ?`,
-			[]any{e.ID, e.TenantID, e.AggregateID, e.Type, string(body), e.OccurredAt}, nil
+		return `INSERT INTO outbox (id, tenant_id, aggregate_id, type, payload, occurred_at, traceparent)
+			 SELECT ?, ?, ?, ?, ?, ?, ?`,
+			[]any{e.ID, e.TenantID, e.AggregateID, e.Type, string(body), e.OccurredAt, traceparent}, nil
 	}
 	// Sequence is Event's last field, omitted while zero: the body with it
 	// is the body without it, its closing brace replaced by
 	// ,"sequence":N} — what json.Marshal would give, byte for byte. The
 	// aggregate's next number comes from outbox_next_seq (migration 00004).
-	return `INSERT INTO outbox (id, tenant_id, aggregate_id, aggregate_seq, type, payload, occurred_at)
-			 SELECT ?, ?, ?, s.n, ?, (? || s.n || '}')::json, ?
+	return `INSERT INTO outbox (id, tenant_id, aggregate_id, aggregate_seq, type, payload, occurred_at, traceparent)
+			 SELECT ?, ?, ?, s.n, ?, (? || s.n || '}')::json, ?, ?
 			 FROM (SELECT outbox_next_seq(?) AS n) s`,
-		[]any{e.ID, e.TenantID, e.AggregateID, e.Type, string(body[:len(body)-1]) + `,"sequence":`, e.OccurredAt, e.AggregateID}, nil
+		[]any{e.ID, e.TenantID, e.AggregateID, e.Type, string(body[:len(body)-1]) + `,"sequence":`, e.OccurredAt, traceparent, e.AggregateID}, nil
 }

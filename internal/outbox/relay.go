@@ -10,9 +10,13 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/rabbitmq"
+	"github.com/onceonly/checkout/internal/tracing"
 )
 
 // Publisher is what the relay needs of the broker; *rabbitmq.Publisher is
@@ -237,6 +241,8 @@ type row struct {
 	Payload    []byte
 	Attempts   int
 	OccurredAt time.Time
+	// TraceParent is the span that wrote the event, "" when none did.
+	TraceParent string
 }
 
 // batch is claimed rows, locked by their open transaction until finish.
@@ -246,6 +252,9 @@ type batch struct {
 	tx     *gorm.DB
 	rows   []row
 	wait   func() []error
+	// spans are the rows' publish spans (nil for a row without a trace),
+	// ended by finish with the confirm's outcome.
+	spans []trace.Span
 }
 
 // RelayBatch claims up to BatchSize due rows, publishes them, waits for the
@@ -325,7 +334,7 @@ func (r *Relay) claimRows(tx *gorm.DB) ([]row, error) {
 			LIMIT ?
 			FOR UPDATE SKIP LOCKED))
 		AND published_at IS NULL
-		RETURNING seq, id, type, payload::text, attempts, occurred_at`, r.cfg.BatchSize).Rows()
+		RETURNING seq, id, type, payload::text, attempts, occurred_at, coalesce(traceparent, '')`, r.cfg.BatchSize).Rows()
 	if err != nil {
 		return nil, err
 	}
@@ -333,7 +342,7 @@ func (r *Relay) claimRows(tx *gorm.DB) ([]row, error) {
 	rows := make([]row, 0, r.cfg.BatchSize)
 	for rs.Next() {
 		var rw row
-		if err := rs.Scan(&rw.Seq, &rw.ID, &rw.Type, &rw.Payload, &rw.Attempts, &rw.OccurredAt); err != nil {
+		if err := rs.Scan(&rw.Seq, &rw.ID, &rw.Type, &rw.Payload, &rw.Attempts, &rw.OccurredAt, &rw.TraceParent); err != nil {
 			return nil, err
 		}
 		rows = append(rows, rw)
@@ -346,9 +355,12 @@ func (r *Relay) claimRows(tx *gorm.DB) ([]row, error) {
 }
 
 // send publishes b's rows: at once when the publisher can send without
-// waiting, else in the wait.
+// waiting, else in the wait. A row written inside a trace is published
+// as a child span of the span that wrote it, whose traceparent goes in the
+// message's headers (internal/tracing says why a child, not a link).
 func (r *Relay) send(b *batch) {
 	msgs := make([]rabbitmq.Message, len(b.rows))
+	b.spans = make([]trace.Span, len(b.rows))
 	for i, rw := range b.rows {
 		msgs[i] = rabbitmq.Message{
 			MessageID:   rw.ID,
@@ -356,6 +368,15 @@ func (r *Relay) send(b *batch) {
 			ContentType: "application/json",
 			Body:        rw.Payload,
 			Timestamp:   rw.OccurredAt,
+		}
+		if rw.TraceParent != "" {
+			ctx, span := tracing.Start(tracing.WithTraceParent(b.ctx, rw.TraceParent), "checkout.events publish",
+				trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
+					tracing.AttrEventID.String(rw.ID), tracing.AttrEventType.String(rw.Type),
+					attribute.Int("checkout.outbox.attempts", rw.Attempts+1)))
+			msgs[i].Headers = amqp.Table{}
+			tracing.InjectHeaders(ctx, msgs[i].Headers)
+			b.spans[i] = span
 		}
 	}
 	if s, ok := r.pub.(sender); ok {
@@ -373,6 +394,11 @@ func (r *Relay) send(b *batch) {
 func (r *Relay) finish(b *batch) (err error) {
 	defer b.cancel()
 	defer func() {
+		for _, span := range b.spans {
+			if span != nil { // not reached: the batch failed before its confirms were read
+				tracing.End(span, err)
+			}
+		}
 		if err != nil {
 			b.tx.Rollback()
 			err = fmt.Errorf("outbox: relay: %w", err)
@@ -388,8 +414,19 @@ func (r *Relay) finish(b *batch) (err error) {
 	failed := 0
 	for i, perr := range errs {
 		rw := b.rows[i]
+		span := b.spans[i]
+		if span != nil {
+			tracing.End(span, perr)
+			b.spans[i] = nil
+		}
 		if perr == nil {
-			r.lag.Observe(confirmedAt.Sub(rw.OccurredAt).Seconds())
+			// With the publish span's trace as the exemplar: a slow
+			// bucket leads to the checkout whose event waited.
+			ctx := b.ctx
+			if span != nil {
+				ctx = trace.ContextWithSpan(ctx, span)
+			}
+			tracing.Observe(ctx, r.lag, confirmedAt.Sub(rw.OccurredAt).Seconds())
 			continue
 		}
 		failed++

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/onceonly/checkout/internal/tracing"
 )
 
 // Stored is one outbox row as the relay sees it: an event and how its
@@ -53,4 +55,24 @@ func ForAggregate(ctx context.Context, db *gorm.DB, aggregateID string) ([]Store
 		return nil, fmt.Errorf("outbox: events of %s: %w", aggregateID, err)
 	}
 	return out, nil
+}
+
+// TraceParentOf returns the traceparent stored with the first event of
+// aggregateID that has one (the order's checkout trace), or "" when tracing
+// is off or the outbox holds none (Reap removed them). The webhook and the
+// completer link their spans to it (tracing.LinkTo). The error wraps the
+// database's.
+func TraceParentOf(ctx context.Context, db *gorm.DB, aggregateID string) (string, error) {
+	if !tracing.Enabled() {
+		return "", nil
+	}
+	var tp []string
+	if err := db.WithContext(ctx).Raw(`SELECT traceparent FROM outbox
+		WHERE aggregate_id = ? AND traceparent IS NOT NULL ORDER BY seq LIMIT 1`, aggregateID).Scan(&tp).Error; err != nil {
+		return "", fmt.Errorf("outbox: trace of %s: %w", aggregateID, err)
+	}
+	if len(tp) == 0 {
+		return "", nil
+	}
+	return tp[0], nil
 }

@@ -35,10 +35,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stripe/stripe-go/v76"
 	"github.com/stripe/stripe-go/v76/paymentintent"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/stripeintent"
 	"github.com/onceonly/checkout/internal/stripestep"
+	"github.com/onceonly/checkout/internal/tracing"
 )
 
 // ErrUnavailable is stripestep.ErrUnanswered: no final answer within
@@ -141,7 +143,7 @@ func NewClient(cfg Config, logger *slog.Logger, reg prometheus.Registerer) *Clie
 		URL: stripe.String(cfg.APIBase),
 		// Each attempt is bounded by its context (Config.Timeout); the
 		// client-wide timeout is only a backstop.
-		HTTPClient:        &http.Client{Timeout: cfg.Timeout + time.Second, Transport: transport()},
+		HTTPClient:        &http.Client{Timeout: cfg.Timeout + time.Second, Transport: tracing.HTTPTransport(transport())},
 		MaxNetworkRetries: stripe.Int64(0),
 		EnableTelemetry:   stripe.Bool(false),
 		LeveledLogger:     stripeLogger{logger},
@@ -325,11 +327,18 @@ func (c *Client) call(ctx context.Context, o op, key string, do func(context.Con
 // idempotency key of a write, "" for a read.
 func callT[T any](ctx context.Context, c *Client, o op, key string, do func(context.Context) (T, error)) (T, error) {
 	write := key != ""
+	tries := 0
 	attempt := func() (T, error) {
 		var zero T
-		actx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+		tries++
+		// One span per try, so a retry under the same key shows as a
+		// second stripe span with the same key and the next attempt.
+		sctx, span := tracing.Start(ctx, "stripe "+string(o), trace.WithSpanKind(trace.SpanKindClient),
+			trace.WithAttributes(tracing.AttrIdempotencyKey.String(key), tracing.AttrAttempt.Int(tries)))
+		actx, cancel := context.WithTimeout(sctx, c.cfg.Timeout)
 		defer cancel()
 		v, err := do(actx)
+		tracing.End(span, err)
 		res, err := classify(err, write)
 		c.calls.WithLabelValues(string(o), string(res)).Inc()
 		switch {

@@ -12,7 +12,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"gorm.io/gorm"
+
+	"github.com/onceonly/checkout/internal/tracing"
 )
 
 // A Batch is one transaction sent to PostgreSQL in one round trip: the
@@ -100,7 +104,11 @@ func (b *Batch) Len() int { return len(b.items) }
 // When db is a transaction, Send runs b's statements in it, in order, and
 // returns the first error; the caller rolls the transaction back then.
 // CommitWithoutFlush applies to the rest of that transaction.
-func Send(ctx context.Context, db *gorm.DB, b *Batch) error {
+//
+// The batch is one span, postgres.batch, with its statement count.
+func Send(ctx context.Context, db *gorm.DB, b *Batch) (err error) {
+	ctx, span := tracing.Start(ctx, "postgres.batch", trace.WithAttributes(attribute.Int("db.operation.batch.size", len(b.items))))
+	defer func() { tracing.End(span, err) }()
 	items := b.items
 	if b.async {
 		// First, so that it holds for the whole transaction: set_config's
@@ -114,7 +122,6 @@ func Send(ctx context.Context, db *gorm.DB, b *Batch) error {
 		}
 		o.ObserveBatch(stmts)
 	}
-	var err error
 	if _, inTx := db.Statement.ConnPool.(gorm.TxCommitter); inTx {
 		err = sendInTx(ctx, db.Statement.ConnPool, items)
 	} else {

@@ -19,6 +19,8 @@ import (
 	"github.com/pressly/goose/v3/lock"
 	gormpg "gorm.io/driver/postgres"
 	"gorm.io/gorm"
+
+	"github.com/onceonly/checkout/internal/tracing"
 	gormlogger "gorm.io/gorm/logger"
 
 	"github.com/onceonly/checkout/migrations"
@@ -134,7 +136,11 @@ func Migrate(ctx context.Context, db *gorm.DB, logger *slog.Logger) error {
 // The commit error is returned as is: after a failed commit the caller must
 // assume nothing was written. Inside fn use only tx, never the root handle, or
 // a small pool can deadlock.
-func WithTx(ctx context.Context, db *gorm.DB, fn func(tx *gorm.DB) error) error {
+//
+// The transaction is one span, postgres.tx, parent of its statements'.
+func WithTx(ctx context.Context, db *gorm.DB, fn func(tx *gorm.DB) error) (err error) {
+	ctx, span := tracing.Start(ctx, "postgres.tx")
+	defer func() { tracing.End(span, err) }()
 	tx := db.WithContext(ctx).Begin()
 	if tx.Error != nil {
 		return fmt.Errorf("begin: %w", tx.Error)

@@ -24,7 +24,8 @@ type Message struct {
 	// sent through the default exchange to one queue (a retry, a dead
 	// letter sent again) keeps its event type (optional).
 	Type string
-	// Headers are the AMQP headers (optional).
+	// Headers are the AMQP headers (optional), e.g. the W3C traceparent
+	// the relay sends along (internal/tracing).
 	Headers amqp.Table
 	// ContentType is the AMQP content_type (default "application/json").
 	ContentType string

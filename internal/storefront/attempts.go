@@ -27,6 +27,9 @@ type Attempt struct {
 	Replayed bool `json:"replayed"`
 	// Error says why no answer came (a reset connection, a timeout).
 	Error string `json:"error,omitempty"`
+	// TraceURL is the Pay's trace in the trace UI (Config.TraceUI), when
+	// one is configured and the Pay was traced.
+	TraceURL string `json:"trace_url,omitempty"`
 }
 
 // attemptLog collects the attempts of one browser request; the recording

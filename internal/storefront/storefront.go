@@ -60,7 +60,10 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/onceonly/checkout/client"
+	"github.com/onceonly/checkout/internal/tracing"
 )
 
 //go:embed web
@@ -87,6 +90,11 @@ type Config struct {
 	// Logger logs each request (method, path, route, status, duration) and
 	// failures (default: none).
 	Logger *slog.Logger
+	// TraceUI is the base URL of a trace UI (env TRACE_UI_URL, e.g.
+	// Jaeger's http://localhost:16686): when set and the process traces
+	// (internal/tracing), each attempt of a Pay links to the Pay's trace
+	// at TraceUI/trace/{trace id}, the click's span with the API's under it.
+	TraceUI string
 }
 
 // readWait bounds a page's reads from the API (products, an order): a page
@@ -108,6 +116,7 @@ const DefaultCheckoutWait = 10 * time.Second
 type Server struct {
 	api      *client.Client
 	logger   *slog.Logger
+	traceUI  string
 	sessions *sessions
 	pages    map[string]*template.Template
 	mux      *http.ServeMux
@@ -152,7 +161,7 @@ func New(cfg Config) (*Server, error) {
 		m.Write([]byte("storefront session cookies"))
 		secret = m.Sum(nil)
 	}
-	s := &Server{api: api, logger: cfg.Logger, sessions: &sessions{secret: secret, all: map[string]*session{}},
+	s := &Server{api: api, logger: cfg.Logger, traceUI: cfg.TraceUI, sessions: &sessions{secret: secret, all: map[string]*session{}},
 		pages: map[string]*template.Template{}, mux: http.NewServeMux(),
 		// The client stops retrying after MaxElapsed; one attempt may
 		// have started just before.
@@ -551,6 +560,10 @@ func (s *Server) pay(w http.ResponseWriter, r *http.Request) {
 		// purchase whether or not anyone still waits for it.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.payWait)
 		defer cancel()
+		// One span per Pay, parent of the API calls it makes (their
+		// traceparent), so that the trace runs from the click to the email.
+		ctx, span := tracing.Start(ctx, "storefront pay", trace.WithSpanKind(trace.SpanKindServer))
+		defer span.End()
 		ctx, log := withAttemptLog(ctx)
 		res, err := s.api.CreateCheckout(ctx, view.APIKey, client.CheckoutRequest{
 			Email: request.Email, Items: request.Items, PaymentMethod: request.PaymentMethod,
@@ -562,8 +575,14 @@ func (s *Server) pay(w http.ResponseWriter, r *http.Request) {
 		if res != nil {
 			out.paymentIntentID = res.Order.Payment.PaymentIntentID
 		}
+		attempts := log.list()
+		if sc := span.SpanContext(); s.traceUI != "" && sc.IsSampled() {
+			for i := range attempts {
+				attempts[i].TraceURL = strings.TrimRight(s.traceUI, "/") + "/trace/" + sc.TraceID().String()
+			}
+		}
 		s.sessions.byID(sessionID, func(ss *session) {
-			ss.settle(p, pay, out, log.list())
+			ss.settle(p, pay, out, attempts)
 			out.Attempts = slices.Clone(p.Attempts)
 		})
 		answered <- out

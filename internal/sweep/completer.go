@@ -15,10 +15,13 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/idempotency"
+	"github.com/onceonly/checkout/internal/tracing"
 )
 
 // KeyCompleter pushes one unfinished idempotency key forward through its
@@ -272,7 +275,12 @@ func (c *Completer) complete(ctx context.Context, id int64) string {
 	// cheaper and leaves no 502 for the log.
 	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.KeyTimeout)
 	defer cancel()
+	// A trace of its own (its cause is a lease that expired), which the
+	// resumed command links to the order's checkout trace.
+	kctx, span := tracing.Start(kctx, "completer complete", trace.WithNewRoot(),
+		trace.WithAttributes(attribute.Int64("checkout.idempotency_key_id", id)))
 	done, err := c.svc.Complete(kctx, id)
+	tracing.End(span, err)
 
 	result := ResultSkipped
 	switch {

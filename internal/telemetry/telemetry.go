@@ -20,12 +20,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/onceonly/checkout/internal/tracing"
 )
 
 // NewLogger returns a JSON logger at level whose records also carry the
-// attributes added to their context with WithAttrs.
+// attributes added to their context with WithAttrs, and trace_id and
+// span_id inside a trace (tracing.LogHandler).
 func NewLogger(w io.Writer, level slog.Level) *slog.Logger {
-	return slog.New(contextHandler{slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})})
+	return slog.New(tracing.LogHandler(contextHandler{slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})}))
 }
 
 type attrsKey struct{}
@@ -92,7 +95,8 @@ func validRequestID(s string) bool {
 // HTTPMetrics records checkout_http_request_duration_seconds{method,route,status}
 // (route is the template, e.g. /v1/orders/:id) and logs each request once: a
 // passing health probe (/healthz, /readyz: the container's healthcheck, every
-// few seconds) at debug level, every other request at info.
+// few seconds) at debug level, every other request at info. An observation
+// made inside a sampled trace carries its trace_id as an exemplar.
 func HTTPMetrics(reg prometheus.Registerer, logger *slog.Logger) gin.HandlerFunc {
 	hist := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "checkout_http_request_duration_seconds",
@@ -109,7 +113,7 @@ func HTTPMetrics(reg prometheus.Registerer, logger *slog.Logger) gin.HandlerFunc
 		}
 		status := strconv.Itoa(c.Writer.Status())
 		elapsed := time.Since(start)
-		hist.WithLabelValues(c.Request.Method, route, status).Observe(elapsed.Seconds())
+		tracing.Observe(c.Request.Context(), hist.WithLabelValues(c.Request.Method, route, status), elapsed.Seconds())
 		level := slog.LevelInfo
 		if (route == "/healthz" || route == "/readyz") && c.Writer.Status() < http.StatusBadRequest {
 			level = slog.LevelDebug
@@ -170,9 +174,10 @@ func Healthy(w http.ResponseWriter, _ *http.Request) {
 }
 
 // MetricsHandler serves reg's series and the Go runtime's in the Prometheus
-// text format.
+// text format, or in OpenMetrics to a scraper that asks for it, which is
+// the format that carries the latency histograms' trace exemplars.
 func MetricsHandler(reg *prometheus.Registry) http.Handler {
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true})
 }
 
 // NewRegistry returns a registry with the Go runtime and process collectors.

@@ -25,11 +25,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -51,6 +53,9 @@ type config struct {
 	dur                                   time.Duration
 	largeKeys                             int
 	only                                  map[string]bool
+	// merge keeps, from the record in outDir/latest.json, every figure the
+	// sections of this record (-only) did not measure.
+	merge bool
 }
 
 // want reports whether section runs (-only, for working on one part; the
@@ -59,18 +64,21 @@ func (c *config) want(section string) bool { return len(c.only) == 0 || c.only[s
 
 var benchCfg config
 
-// targets are issue 20's restated targets: same-run ratios, each judged on
-// the median of the runs with its spread beside it. below: the figure must
-// stay at or below the bound. checkout_over_baseline is judged only when
-// -baseline names binaries to compare with.
+// targets are issue 20's restated targets and issue 38's: same-run
+// ratios, each judged on the median of the runs with its spread beside it.
+// below: the figure must stay at or below the bound. checkout_over_baseline
+// is judged only when -baseline names binaries to compare with. Issue 38
+// dropped go_cpu_over_pg_cpu <= 0.5, sql_over_minimal >= 0.33 and
+// confirm_over_raw <= 1.5, which cannot be met by design (bench/README.md
+// says why); they are still measured and recorded.
 var targets = []struct {
 	key   string
 	bound float64
 	below bool
 }{
-	{"go_cpu_over_pg_cpu", 0.5, true},
-	{"confirm_over_raw", 1.5, true},
-	{"sql_over_minimal", 0.33, false},
+	{"exactly_once_over_naive", 0.5, false},
+	{"exactly_once_p50_over_naive", 2, true},
+	{"tracing_on_over_off", 0.95, false},
 	{"dispatch_over_raw_publish", 0.7, false},
 	{"hot_sku_over_spread", 0.8, false},
 	{"replay_over_http", 0.3, false},
@@ -89,6 +97,10 @@ func main() {
 		serveGin()
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == "naive" {
+		serveNaive()
+		return
+	}
 	c := &benchCfg
 	flag.IntVar(&c.runs, "runs", 5, "runs; the record is the median, with the spread")
 	flag.DurationVar(&c.dur, "dur", 5*time.Second, "duration of each timed point")
@@ -96,7 +108,8 @@ func main() {
 	flag.StringVar(&c.baseline, "baseline", "", "directory of another build's binaries (scripts/bench.sh BASELINE=<rev>): the 16-client checkout of both, alternately, in each run")
 	flag.StringVar(&c.outDir, "out", "bench/results", "where latest.json and the dated copy go")
 	flag.IntVar(&c.largeKeys, "large-keys", 5_000_000, "idempotency keys in the large-table database")
-	only := flag.String("only", "", "comma-separated sections to run, for development: curve,spread,replay,paced,broker,large,gin,pgbench,ab")
+	flag.BoolVar(&c.merge, "merge", false, "with -only: keep the figures of the sections not run from the last record (outDir/latest.json)")
+	only := flag.String("only", "", "comma-separated sections to run, for development: curve,naive,spread,replay,paced,broker,large,gin,pgbench,ab,tracing")
 	flag.Parse()
 	if *only != "" {
 		c.only = map[string]bool{}
@@ -273,6 +286,10 @@ func oneRun(c *config, i int, large string) (map[string]float64, error) {
 	if err := curve(curveClients[3]); err != nil {
 		return nil, err
 	}
+	// The naive checkout on the same stack, right after the full one.
+	if err := naiveCurve(c, s, f, id); err != nil {
+		return nil, err
+	}
 	if err := pgbenches(c, f, pgURL, "pgbench_checkout", "pgbench_minimal"); err != nil {
 		return nil, err
 	}
@@ -315,6 +332,9 @@ func oneRun(c *config, i int, large string) (map[string]float64, error) {
 	if err := baseline(c, f, i, id); err != nil {
 		return nil, err
 	}
+	if err := tracingPoint(c, f, i, id); err != nil {
+		return nil, err
+	}
 	ratios(f)
 	return f, nil
 }
@@ -335,6 +355,12 @@ func ratios(f map[string]float64) {
 	// p99 in the same window of paced load: the broker's own latency, and
 	// the machine's stalls in that window, divided out.
 	f["confirm_over_raw"] = f["paired_commit_to_publish_p99_ms"] / f["raw_confirm_p99_ms"]
+	// What exactly-once costs (issue 38): the full checkout against the
+	// naive one on the same stack, throughput at 16 clients and p50 at 1;
+	// and tracing every span against tracing off.
+	f["exactly_once_over_naive"] = f["checkout_hot_c16_per_s"] / f["naive_c16_per_s"]
+	f["exactly_once_p50_over_naive"] = f["checkout_hot_c1_p50_ms"] / f["naive_c1_p50_ms"]
+	f["tracing_on_over_off"] = f["tracing_on_per_s"] / f["tracing_off_per_s"]
 	if f["baseline_checkout_per_s"] > 0 {
 		f["checkout_over_baseline"] = f["ab_checkout_per_s"] / f["baseline_checkout_per_s"]
 	} else {
@@ -785,6 +811,40 @@ func finite(runs []map[string]float64) []map[string]float64 {
 	return out
 }
 
+// record is what -merge reads of the last record.
+type record struct {
+	Date    string                `json:"date"`
+	Figures map[string]float64    `json:"figures"`
+	Spread  map[string][2]float64 `json:"spread"`
+}
+
+func readRecord(path string) (record, error) {
+	var r record
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return r, err
+	}
+	return r, json.Unmarshal(b, &r)
+}
+
+// mergeFigures returns prev's figures with those this record measured
+// laid over them: a figure is measured when it is a number (not -1) other
+// than 0, or the error count of a measured point. A ratio of a section not run is NaN (-1) or
+// 0, and keeps prev's value.
+func mergeFigures(prev, med map[string]float64) map[string]float64 {
+	out := maps.Clone(prev)
+	if out == nil {
+		out = map[string]float64{}
+	}
+	for k, v := range med {
+		base, isErrors := strings.CutSuffix(k, "_errors")
+		if v != -1 && (v != 0 || isErrors && med[base+"_per_s"] > 0) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
 func median(xs []float64) float64 {
 	s := append([]float64{}, xs...)
 	sort.Float64s(s)
@@ -803,6 +863,14 @@ func report(c *config, runs []map[string]float64, before, after string, took tim
 		}
 		med[k] = round(median(xs))
 	}
+	var prev record
+	if c.merge {
+		var err error
+		if prev, err = readRecord(filepath.Join(c.outDir, "latest.json")); err != nil {
+			return fmt.Errorf("merge: %w", err)
+		}
+		med = mergeFigures(prev.Figures, med)
+	}
 	out := map[string]any{
 		"date":          time.Now().UTC().Format(time.RFC3339),
 		"command":       "make bench",
@@ -820,6 +888,10 @@ func report(c *config, runs []map[string]float64, before, after string, took tim
 		"large_keys":    c.largeKeys,
 		"nproc":         nproc(),
 		"curve_clients": curveClients,
+	}
+	if c.merge {
+		out["merged_into"] = prev.Date
+		out["command"] = "bin/bench -merge -only " + strings.Join(slices.Sorted(maps.Keys(c.only)), ",")
 	}
 	fmt.Printf("\nmedian of %d runs, %gs per point (%s)\n\n", c.runs, c.dur.Seconds(), after)
 	spread := map[string][2]float64{}
@@ -840,6 +912,10 @@ func report(c *config, runs []map[string]float64, before, after string, took tim
 			lo, hi = min(lo, r[t.key]), max(hi, r[t.key])
 		}
 		spread[t.key] = [2]float64{round(lo), round(hi)}
+		if old, ok := prev.Spread[t.key]; ok && c.merge && (math.IsNaN(lo) || math.IsInf(lo, 0) || lo == 0) {
+			spread[t.key] = old // not measured by this record: the last one's
+			lo, hi = old[0], old[1]
+		}
 		out[t.key] = v
 		out["targets"].(map[string]string)[t.key] = fmt.Sprintf("%s %g", op, t.bound)
 		out["met"].(map[string]bool)[t.key] = met
@@ -853,10 +929,18 @@ func report(c *config, runs []map[string]float64, before, after string, took tim
 		fmt.Printf("| %d | %.0f | %.1f | %.1f |\n", n, med[k+"_per_s"], med[k+"_p50_ms"], med[k+"_p99_ms"])
 	}
 	out["curve"] = curve
+	var naive []map[string]float64
+	for _, n := range curveClients {
+		k := fmt.Sprintf("naive_c%d", n)
+		naive = append(naive, map[string]float64{"clients": float64(n), "per_s": med[k+"_per_s"], "p50_ms": med[k+"_p50_ms"], "p99_ms": med[k+"_p99_ms"]})
+	}
+	out["naive_curve"] = naive
 	fmt.Printf("\n| figure | median |\n|---|---|\n")
 	for _, k := range []string{"checkout_over_pgbench", "commit_to_publish_p99_ms", "ab_checkout_per_s", "baseline_checkout_per_s", "checkout_hot_c16_per_s", "checkout_spread_per_s", "checkout_empty_per_s", "checkout_large_per_s", "pgbench_checkout_tps",
 		"pgbench_minimal_tps", "replay_per_s", "replay_p99_ms", "bare_gin_per_s", "relay_per_s", "raw_publish_per_s",
-		"paced_checkouts_per_s", "commit_to_publish_p50_ms", "raw_confirm_p50_ms", "raw_confirm_p99_ms", "paired_commit_to_publish_p99_ms", "worker_per_s", "pgbench_worker_events_per_s"} {
+		"paced_checkouts_per_s", "commit_to_publish_p50_ms", "raw_confirm_p50_ms", "raw_confirm_p99_ms", "paired_commit_to_publish_p99_ms", "worker_per_s", "pgbench_worker_events_per_s",
+		"naive_c16_per_s", "naive_c1_p50_ms", "checkout_hot_c1_p50_ms", "tracing_off_per_s", "tracing_on_per_s",
+		"go_cpu_over_pg_cpu", "sql_over_minimal", "confirm_over_raw"} {
 		fmt.Printf("| %s | %.1f |\n", k, med[k])
 	}
 	fmt.Printf("\n| CPU ms per checkout (median) | the service, one sku, %d clients | pgbench of its SQL |\n|---|---|---|\n", clients)
@@ -878,6 +962,13 @@ func report(c *config, runs []map[string]float64, before, after string, took tim
 		if err := os.WriteFile(p, append(b, '\n'), 0o644); err != nil {
 			return err
 		}
+	}
+	if c.want("curve") && c.want("naive") {
+		png := filepath.Join(c.outDir, "exactly-once-cost.png")
+		if err := plotCurves(med, png); err != nil {
+			return fmt.Errorf("plot: %w", err)
+		}
+		fmt.Printf("\nwrote %s\n", png)
 	}
 	fmt.Printf("\nwrote %s and %s (took %s)\n", filepath.Join(c.outDir, "latest.json"), dated, took.Round(time.Second))
 	return nil

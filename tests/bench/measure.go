@@ -122,6 +122,8 @@ func pgbenchVars() map[string]string {
 		"step_create": "create", "step_confirm": "confirm", "one": "1", "params": `{"amount":2500,"currency":"usd"}`,
 		"pi_created": "requires_confirmation", "payment_unknown": "payment_unknown", "requires_action": "requires_action",
 		"kind": "order_paid", "guard": "bench",
+		// A traced checkout's traceparent (outbox and notification rows).
+		"traceparent":  "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
 		"to_paid_from": "{pending_payment,payment_unknown,requires_action}",
 	}
 }

@@ -74,10 +74,11 @@ func (p *proc) start() error {
 	return fmt.Errorf("%s not ready at %s (log: %s)", p.name, p.ready, p.log)
 }
 
-// args lets the bench binary run itself as the bare gin server.
+// args lets the bench binary run itself as the bare gin server or the
+// naive checkout.
 func (p *proc) args() []string {
-	if p.name == "gin" {
-		return []string{"gin"}
+	if p.name == "gin" || p.name == "naive" {
+		return []string{p.name}
 	}
 	return nil
 }
@@ -144,13 +145,14 @@ func (p *proc) stop() {
 // sink, the api, the dispatcher and the worker, each its own process, on
 // one database, a Redis key prefix and RabbitMQ names of their own.
 type stack struct {
-	dbURL   string
-	names   rabbitmq.Names
-	apiURL  string
-	dispOps string
-	workOps string
-	procs   []*proc // in start order
-	byName  map[string]*proc
+	dbURL     string
+	stripeURL string // the stack's Stripe emulator
+	names     rabbitmq.Names
+	apiURL    string
+	dispOps   string
+	workOps   string
+	procs     []*proc // in start order
+	byName    map[string]*proc
 }
 
 // freeAddr is a port for one of the stack's processes; testenv.Port says
@@ -164,19 +166,21 @@ func freeAddr() string {
 }
 
 // startStack starts the stack's processes from the binaries in binDir (this
-// build's, or -baseline's) on dbURL.
-func startStack(cfg *config, binDir, dbURL, id string) (*stack, error) {
+// build's, or -baseline's) on dbURL; extra is more environment of the api,
+// the dispatcher and the worker (tracingPoint's OTLP endpoint).
+func startStack(cfg *config, binDir, dbURL, id string, extra ...string) (*stack, error) {
 	addr := map[string]string{}
 	for _, n := range []string{"api", "emulator", "smtp", "sink", "dispatcher", "worker"} {
 		addr[n] = freeAddr()
 	}
 	s := &stack{
-		dbURL:   dbURL,
-		names:   rabbitmq.DefaultNames().WithPrefix("bench." + id + "."),
-		apiURL:  "http://" + addr["api"],
-		dispOps: "http://" + addr["dispatcher"],
-		workOps: "http://" + addr["worker"],
-		byName:  map[string]*proc{},
+		dbURL:     dbURL,
+		stripeURL: "http://" + addr["emulator"],
+		names:     rabbitmq.DefaultNames().WithPrefix("bench." + id + "."),
+		apiURL:    "http://" + addr["api"],
+		dispOps:   "http://" + addr["dispatcher"],
+		workOps:   "http://" + addr["worker"],
+		byName:    map[string]*proc{},
 	}
 	base := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "LOG_LEVEL=info", "SHUTDOWN_TIMEOUT=10s",
 		"DATABASE_URL=" + dbURL, "AMQP_URL=" + cfg.amqpURL, "REDIS_URL=" + cfg.redisURL,
@@ -196,9 +200,9 @@ func startStack(cfg *config, binDir, dbURL, id string) (*stack, error) {
 	// RATE_LIMIT=0 (and its replay bucket): the load generator is one
 	// tenant far above any sane per-tenant limit; the limit is not what is
 	// measured.
-	add("api", s.apiURL+"/readyz", env("HTTP_ADDR="+addr["api"], "REDIS_KEY_PREFIX=bench:"+id+":", "RATE_LIMIT=0", "RATE_LIMIT_REPLAY=0"))
-	add("dispatcher", s.dispOps+"/readyz", env("METRICS_ADDR="+addr["dispatcher"]))
-	add("worker", s.workOps+"/readyz", env("METRICS_ADDR="+addr["worker"], "SMTP_ADDR="+addr["smtp"]))
+	add("api", s.apiURL+"/readyz", env(append([]string{"HTTP_ADDR=" + addr["api"], "REDIS_KEY_PREFIX=bench:" + id + ":", "RATE_LIMIT=0", "RATE_LIMIT_REPLAY=0"}, extra...)...))
+	add("dispatcher", s.dispOps+"/readyz", env(append([]string{"METRICS_ADDR=" + addr["dispatcher"]}, extra...)...))
+	add("worker", s.workOps+"/readyz", env(append([]string{"METRICS_ADDR=" + addr["worker"], "SMTP_ADDR=" + addr["smtp"]}, extra...)...))
 	for _, p := range s.procs {
 		if err := p.start(); err != nil {
 			s.stop()

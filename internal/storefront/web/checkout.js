@@ -33,7 +33,7 @@ function fromServer(p) {
   return { key: p.key, request: p.request, apiKey: p.api_key || "", attempts: p.attempts || [] };
 }
 
-// purchase is {key, request, apiKey, attempts: [{pay, n, status, code, replayed, error}]}.
+// purchase is {key, request, apiKey, attempts: [{pay, n, status, code, replayed, error, trace_url}]}.
 let purchase = fromServer(state.open);
 const stored = load();
 if (state.forgotten && !state.open.request && stored && stored.request) {
@@ -96,6 +96,15 @@ function render() {
       const td = document.createElement("td");
       td.textContent = text;
       tr.append(td);
+    }
+    if (a.trace_url) {
+      // The Pay's trace (TRACE_UI_URL): the click, the API and, later, the email.
+      const link = document.createElement("a");
+      link.href = a.trace_url;
+      link.target = "_blank";
+      link.className = "trace-link";
+      link.textContent = "#" + a.pay;
+      tr.firstChild.replaceChildren(link);
     }
     tr.dataset.status = a.status;
     tr.dataset.replayed = a.replayed;

@@ -68,6 +68,8 @@ type Client struct {
 	APIKey string
 	// HTTP is the client used; its Timeout bounds one attempt.
 	HTTP *http.Client
+	// Header is added to every request (optional), e.g. a traceparent.
+	Header http.Header
 }
 
 // Body is a checkout request body.
@@ -102,6 +104,9 @@ func (c *Client) post(ctx context.Context, path, key string, b []byte) Result {
 	req.Header.Set("Authorization", "Bearer "+c.APIKey)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
+	for k, vs := range c.Header {
+		req.Header[k] = vs
+	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		return Result{Err: err}
@@ -182,6 +187,9 @@ func (c *Client) Refund(ctx context.Context, orderID, key, body string) Result {
 	req.Header.Set("Authorization", "Bearer "+c.APIKey)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
+	for k, vs := range c.Header {
+		req.Header[k] = vs
+	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		return Result{Err: err}
