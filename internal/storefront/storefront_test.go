@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/checkout/client"
+	"github.com/onceonly/checkout/internal/stripeemu"
 )
 
 // testRetry is the storefront's retry policy in these tests: a Pay gives
@@ -36,6 +37,11 @@ func TestDoubleClickPaysOnce(t *testing.T) {
 	ctx := e.tab(t, time.Minute)
 	buyer := email("double-click")
 	e.toCheckout(t, ctx, buyer, "pm_card_visa")
+	// Stripe slow, so that the first Pay is still in flight when the second
+	// click lands, however busy the machine: on a loaded CI runner the
+	// whole first Pay once finished between the two clicks.
+	e.st.Fault(stripeemu.Fault{Kind: stripeemu.FaultDelay, Op: stripeemu.OpPICreate, Count: 1, Before: time.Second})
+	t.Cleanup(e.st.ClearFaults)
 	doubleClick(t, ctx, "pay")
 	until(t, ctx, 20*time.Second, `document.getElementById("order-link")`)
 
