@@ -2,13 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"time"
 
-	"github.com/onceonly/checkout/internal/config"
 	"github.com/onceonly/checkout/internal/deadletter"
 	"github.com/onceonly/checkout/internal/postgres"
 	"github.com/onceonly/checkout/internal/rabbitmq"
@@ -27,25 +25,9 @@ func redrive(ctx context.Context, args []string, getenv func(string) string, std
 	fs.SetOutput(stdout)
 	id := fs.String("id", "", "send only this dead letter (dead_letters.id)")
 	messageID := fs.String("message", "", "send only the dead letters of this event (message id)")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("redrive-dead-letters: unexpected arguments %q", fs.Args())
-	}
-	var s struct {
-		config.Shared
-		rabbitmq.Settings
-	}
-	if err := config.Load(getenv, &s); err != nil {
-		return err
-	}
-	if errs := append(s.Shared.Check(), s.Settings.Check()...); len(errs) > 0 {
-		return errors.Join(errs...)
-	}
-	db, err := postgres.Open(ctx, postgres.Config{URL: s.DatabaseURL, MaxConns: 1})
+	db, s, err := openCommand(ctx, fs, args, getenv)
 	if err != nil {
-		return fmt.Errorf("DATABASE_URL: %w", err)
+		return err
 	}
 	defer postgres.Close(db)
 	dialCtx, cancel := context.WithTimeout(ctx, 30*time.Second)

@@ -2,15 +2,12 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 
-	"github.com/onceonly/checkout/internal/config"
 	"github.com/onceonly/checkout/internal/notify"
 	"github.com/onceonly/checkout/internal/postgres"
-	"github.com/onceonly/checkout/internal/rabbitmq"
 )
 
 // usage is the worker's command line.
@@ -48,25 +45,9 @@ func requeue(ctx context.Context, args []string, getenv func(string) string, std
 	fs := flag.NewFlagSet("requeue-notifications", flag.ContinueOnError)
 	fs.SetOutput(stdout)
 	orderID := fs.String("order", "", "requeue only this order's failed notifications (default: every failed one)")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("requeue-notifications: unexpected arguments %q", fs.Args())
-	}
-	var s struct {
-		config.Shared
-		rabbitmq.Settings
-	}
-	if err := config.Load(getenv, &s); err != nil {
-		return err
-	}
-	if errs := append(s.Shared.Check(), s.Settings.Check()...); len(errs) > 0 {
-		return errors.Join(errs...)
-	}
-	db, err := postgres.Open(ctx, postgres.Config{URL: s.DatabaseURL, MaxConns: 1})
+	db, _, err := openCommand(ctx, fs, args, getenv)
 	if err != nil {
-		return fmt.Errorf("DATABASE_URL: %w", err)
+		return err
 	}
 	defer postgres.Close(db)
 	n, err := notify.Requeue(ctx, db, *orderID)
