@@ -7,7 +7,7 @@ STRIPE_MOCK_VERSION := v0.203.0
 # staticcheck v0.8.2 (2026.2.2): a release built for the go1.26 this module uses.
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: all build test test-model test-model-long test-failover test-pgbouncer test-k8s test-race fuzz lint tools run demo chaos bench services createdb dropdb clean
+.PHONY: all build test test-model test-model-long test-failover test-pgbouncer test-k8s test-trace test-race fuzz lint tools run demo chaos bench services createdb dropdb clean
 
 all: build
 
@@ -64,6 +64,11 @@ test-k8s: $(K8S_BIN_DIR)/kube-apiserver
 	cd tests/k8sapply && K8S_BIN_DIR=$(K8S_BIN_DIR) $(GO) test -count=1 -timeout 10m ./...
 $(K8S_BIN_DIR)/kube-apiserver:
 	cd tests/k8sapply && $(GO) build -trimpath -o $(K8S_BIN_DIR)/ k8s.io/kubernetes/cmd/kube-apiserver go.etcd.io/etcd/server/v3
+
+## test-trace: the e2e trace test (one trace from the POST to the SMTP send, issue 38), 5 times;
+## out of make test while a lost dispatcher span in about one suite run in four is unexplained
+test-trace:
+	E2E_TRACE=1 $(GO) test -count=5 -timeout 10m -run 'TestOneTraceFromPostToSMTPSend' ./tests/e2e
 
 ## test-race: the same with the race detector (slower)
 test-race: tools
