@@ -8,8 +8,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -22,22 +20,7 @@ import (
 // binDir holds the binaries, built once for the whole package.
 var binDir string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "e2e-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	if err := stack.Build(dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	binDir = dir
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { stack.Main(m, "e2e", &binDir) }
 
 // setup starts a stack of the test's own with opts (BinDir filled in).
 func setup(t *testing.T, opts stack.Options) *stack.Stack {

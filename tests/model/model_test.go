@@ -12,7 +12,6 @@
 package model
 
 import (
-	"fmt"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -27,22 +26,7 @@ import (
 // binDir holds the binaries, built once for the whole package.
 var binDir string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "model-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	if err := stack.Build(dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	binDir = dir
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { stack.Main(m, "model", &binDir) }
 
 // The windows every process runs with, short so that a history can let
 // each of them pass (action passTime). They keep the defaults' order:

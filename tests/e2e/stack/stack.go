@@ -85,6 +85,27 @@ func Build(dir string) error {
 	return nil
 }
 
+// Main is a TestMain for a package of stack tests: it builds the Binaries
+// once into a temporary folder named after prefix, sets *binDir to it, runs
+// m, removes the folder and exits with m's code. A build that fails exits 1
+// with the compiler's output on stderr, before any test runs.
+func Main(m interface{ Run() int }, prefix string, binDir *string) {
+	dir, err := os.MkdirTemp("", prefix+"-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if err := Build(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	*binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
 // Options configure a Stack. Zero values are the service's defaults, except
 // where noted.
 type Options struct {
