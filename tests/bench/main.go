@@ -380,25 +380,8 @@ func baseline(c *config, f map[string]float64, run int, id string) error {
 	if run%2 == 1 {
 		points[0], points[1] = points[1], points[0]
 	}
-	ctx := context.Background()
 	for _, p := range points {
-		name := "bench_" + p.name + "_" + id
-		url, err := createDB(ctx, name)
-		if err != nil {
-			return err
-		}
-		s, err := startStack(c, p.bin, url, id+p.name[:2])
-		if err != nil {
-			dropDB(name)
-			return err
-		}
-		_, err = wrk(s.apiURL, clients, 2*time.Second, "new", id+"-warm-"+p.name, "0", "0")
-		var l load
-		if err == nil {
-			l, err = wrk(s.apiURL, clients, c.dur, "new", id+"-"+p.name, "0", "0")
-		}
-		s.stop()
-		dropDB(name)
+		l, err := freshStackLoad(c, p.bin, "bench_"+p.name+"_"+id, id+p.name[:2])
 		if err != nil {
 			return err
 		}
@@ -718,6 +701,29 @@ const (
 	relayEvents  = 50000
 	workerEvents = 10000
 )
+
+// freshStackLoad measures the checkout of one sku by clients clients for
+// c.dur, after two seconds of warm-up, on a stack of the binaries in bin
+// started for this point alone: the database db (created, then dropped),
+// names made from names, and env added to every process's environment. It
+// returns wrk's rate and latencies, or the first error of the database,
+// the stack or wrk.
+func freshStackLoad(c *config, bin, db, names string, env ...string) (load, error) {
+	url, err := createDB(context.Background(), db)
+	if err != nil {
+		return load{}, err
+	}
+	defer dropDB(db)
+	s, err := startStack(c, bin, url, names, env...)
+	if err != nil {
+		return load{}, err
+	}
+	defer s.stop()
+	if _, err := wrk(s.apiURL, clients, 2*time.Second, "new", names+"-warm", "0", "0"); err != nil {
+		return load{}, err
+	}
+	return wrk(s.apiURL, clients, c.dur, "new", names, "0", "0")
+}
 
 func put(f map[string]float64, name string, l load) {
 	f[name+"_per_s"], f[name+"_p50_ms"], f[name+"_p99_ms"], f[name+"_errors"] = l.Rate, l.P50ms, l.P99ms, float64(l.Errors)

@@ -160,25 +160,8 @@ func tracingPoint(c *config, f map[string]float64, run int, id string) error {
 	if run%2 == 1 {
 		points[0], points[1] = points[1], points[0]
 	}
-	ctx := context.Background()
 	for _, p := range points {
-		name := "bench_" + p.name + "_" + id
-		url, err := createDB(ctx, name)
-		if err != nil {
-			return err
-		}
-		s, err := startStack(c, c.binDir, url, id+p.name[8:], p.env...)
-		if err != nil {
-			dropDB(name)
-			return err
-		}
-		_, err = wrk(s.apiURL, clients, 2*time.Second, "new", id+"-warm-"+p.name, "0", "0")
-		var l load
-		if err == nil {
-			l, err = wrk(s.apiURL, clients, c.dur, "new", id+"-"+p.name, "0", "0")
-		}
-		s.stop()
-		dropDB(name)
+		l, err := freshStackLoad(c, c.binDir, "bench_"+p.name+"_"+id, id+p.name[8:], p.env...)
 		if err != nil {
 			return err
 		}
