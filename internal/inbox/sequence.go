@@ -16,6 +16,10 @@ type Sequenced struct {
 	// Seq is 1 for the aggregate's first event, then 2, 3, … without gaps.
 	Seq  int64
 	Body []byte
+	// TraceParent is the W3C traceparent of the span that received the
+	// event ("" outside a trace). A parked event keeps it, so that what it
+	// causes when it is applied later joins its own trace.
+	TraceParent string
 }
 
 // Admission is what Admit decided about one event.
@@ -63,7 +67,7 @@ func Admit(ctx context.Context, tx *gorm.DB, consumer string, ev Sequenced) (Adm
 	tx = tx.WithContext(ctx)
 	var cur []struct{ AppliedSeq, ParkedMax int64 }
 	err := tx.Raw(admitStatement, map[string]any{"consumer": consumer, "aggregate": ev.AggregateID,
-		"seq": ev.Seq, "message": ev.MessageID, "body": ev.Body}).Scan(&cur).Error
+		"seq": ev.Seq, "message": ev.MessageID, "body": ev.Body, "traceparent": nullable(ev.TraceParent)}).Scan(&cur).Error
 	if err != nil {
 		return Admission{}, fmt.Errorf("inbox: admit %s: %w", ev.MessageID, err)
 	}
@@ -83,7 +87,7 @@ func Admit(ctx context.Context, tx *gorm.DB, consumer string, ev Sequenced) (Adm
 }
 
 // admitStatement is Admit's one statement (named arguments consumer,
-// aggregate, seq, message, body). The upsert takes the cursor's
+// aggregate, seq, message, body, traceparent). The upsert takes the cursor's
 // row lock (waiting for a consumer that holds it) and then reads that row
 // as it is now, not as the statement's snapshot saw it: so its parked_max
 // includes what a consumer that parked a successor meanwhile wrote, which
@@ -107,8 +111,8 @@ const admitStatement = `WITH cur AS (
 	WHERE s.applied_seq < CAST(@seq AS bigint)
 	RETURNING applied_seq, parked_max
 ), park AS (
-	INSERT INTO inbox_parked (consumer, aggregate_id, seq, message_id, body)
-	SELECT @consumer, @aggregate, CAST(@seq AS bigint), @message, @body FROM cur WHERE cur.applied_seq < CAST(@seq AS bigint)
+	INSERT INTO inbox_parked (consumer, aggregate_id, seq, message_id, body, traceparent)
+	SELECT @consumer, @aggregate, CAST(@seq AS bigint), @message, @body, CAST(@traceparent AS text) FROM cur WHERE cur.applied_seq < CAST(@seq AS bigint)
 	ON CONFLICT DO NOTHING
 )
 SELECT applied_seq, parked_max FROM cur`
@@ -152,7 +156,7 @@ func ReleaseOverdue(ctx context.Context, tx *gorm.DB, consumer string, wait time
 			continue // a consumer holds it
 		}
 		var first []Sequenced
-		if err := tx.Raw(`SELECT message_id, aggregate_id, seq, body FROM inbox_parked
+		if err := tx.Raw(`SELECT `+parkedColumns+` FROM inbox_parked
 			WHERE consumer = ? AND aggregate_id = ? AND parked_at < now() - ?::interval
 			ORDER BY seq LIMIT 1`, consumer, agg, wait.String()).Scan(&first).Error; err != nil {
 			return nil, 0, fmt.Errorf("inbox: load parked event of %s: %w", agg, err)
@@ -193,7 +197,7 @@ func drain(tx *gorm.DB, consumer, aggregateID string, seq int64, apply []Sequenc
 	for {
 		var next []Sequenced
 		err := tx.Raw(`DELETE FROM inbox_parked WHERE consumer = ? AND aggregate_id = ? AND seq = ?
-			RETURNING message_id, aggregate_id, seq, body`, consumer, aggregateID, seq+1).Scan(&next).Error
+			RETURNING `+parkedColumns, consumer, aggregateID, seq+1).Scan(&next).Error
 		if err != nil {
 			return nil, fmt.Errorf("inbox: unpark %s #%d: %w", aggregateID, seq+1, err)
 		}
@@ -209,4 +213,15 @@ func drain(tx *gorm.DB, consumer, aggregateID string, seq int64, apply []Sequenc
 		return nil, fmt.Errorf("inbox: advance cursor of %s: %w", aggregateID, err)
 	}
 	return apply, nil
+}
+
+// parkedColumns are the columns of inbox_parked that make a Sequenced.
+const parkedColumns = `message_id, aggregate_id, seq, body, coalesce(traceparent, '') AS trace_parent`
+
+// nullable is s, or NULL for "".
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }

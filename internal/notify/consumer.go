@@ -429,7 +429,8 @@ func (c *Consumer) record(ctx context.Context, items []*item) (int, error) {
 func (c *Consumer) admit(ctx context.Context, tx *gorm.DB, it *item) (int, error) {
 	var err error
 	it.adm, err = inbox.Admit(ctx, tx, ConsumerName, inbox.Sequenced{
-		MessageID: it.messageID, AggregateID: it.ev.AggregateID, Seq: it.ev.Sequence, Body: it.body})
+		MessageID: it.messageID, AggregateID: it.ev.AggregateID, Seq: it.ev.Sequence, Body: it.body,
+		TraceParent: it.ev.traceParent})
 	if err != nil {
 		return 0, err
 	}
@@ -440,6 +441,7 @@ func (c *Consumer) admit(ctx context.Context, tx *gorm.DB, it *item) (int, error
 			if e, err = parse(s.Body, s.MessageID, ""); err != nil {
 				return 0, err
 			}
+			e.traceParent = s.TraceParent
 		}
 		n, err := c.apply(ctx, tx, e)
 		if err != nil {
@@ -546,6 +548,7 @@ func (c *Consumer) ReleaseOverdue(ctx context.Context, wait time.Duration) (int,
 		}
 		for _, s := range released {
 			ev, err := parse(s.Body, s.MessageID, "")
+			ev.traceParent = s.TraceParent
 			if err == nil {
 				if err = tx.SavePoint("release").Error; err != nil {
 					return err

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/checkout/internal/ids"
@@ -162,10 +163,11 @@ func TestOverdueEventOfAGoneOrderIsDropped(t *testing.T) {
 
 	f.publish(t, goneRefunded, keptRefunded) // both wait for order.paid (2), which never comes
 	waitFor(t, func() bool { return len(f.kinds(t, kept)) == 1 }, "the refund email of the order that exists")
+	// The two may be released by different sweeps: their parked_at differ.
+	waitFor(t, func() bool { return f.count(t, `SELECT count(*) FROM inbox_parked`) == 0 }, "nothing left parked")
 	require.Equal(t, []string{notify.KindOrderRefunded}, f.kinds(t, kept))
 	require.Equal(t, 1, f.sink.Len())
 	require.Equal(t, 0, f.count(t, `SELECT count(*) FROM notifications WHERE order_id = ?`, gone))
-	require.Equal(t, 0, f.count(t, `SELECT count(*) FROM inbox_parked`))
 	require.Equal(t, 2.0, testutil.ToFloat64(counterOf(t, reg, "checkout_notify_sequence_events_total", notify.SequenceReleased)))
 }
 
@@ -218,3 +220,59 @@ type collectorFunc func(ch chan<- prometheus.Metric)
 
 func (f collectorFunc) Describe(chan<- *prometheus.Desc)    {}
 func (f collectorFunc) Collect(ch chan<- prometheus.Metric) { f(ch) }
+
+// TestParkedEventKeepsItsTrace: an event that overtook its predecessor is
+// applied later, by the predecessor's delivery or by the release after the
+// wait, and its email still joins the event's own trace (the traceparent
+// in its AMQP headers), not the trace of whatever applied it (issue 38:
+// an order.paid that overtook its order.created sent its email outside the
+// checkout's trace). With tracing off, the consume span is the header's
+// span context itself, so the notification keeps the header's traceparent.
+func TestParkedEventKeepsItsTrace(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	orderID, _, created, paid, refunded := f.orderEvents(t)
+	f.startServiceWith(t, prometheus.NewRegistry(), time.Hour) // only the predecessor can unpark them
+	traced := func(m rabbitmq.Message, traceID string) rabbitmq.Message {
+		m.Headers = amqp.Table{"traceparent": "00-" + traceID + "-00f067aa0ba902b7-01"}
+		return m
+	}
+	const createdTrace, paidTrace, refundTrace = "11111111111111111111111111111111", "22222222222222222222222222222222", "33333333333333333333333333333333"
+
+	// order.paid and order.refunded park behind order.created, whose
+	// delivery unparks and applies both.
+	f.publish(t, traced(paid, paidTrace), traced(refunded, refundTrace))
+	waitFor(t, func() bool {
+		return f.count(t, `SELECT count(*) FROM inbox_parked WHERE aggregate_id = ?`, orderID) == 2
+	}, "both events parked")
+	f.publish(t, traced(created, createdTrace))
+	waitFor(t, func() bool { return len(f.kinds(t, orderID)) == 2 }, "both emails sent")
+
+	traceOf := func(kind string) string {
+		var tp []string
+		require.NoError(t, f.db.Raw(`SELECT coalesce(traceparent, '') FROM notifications WHERE order_id = ? AND kind = ?`, orderID, kind).Scan(&tp).Error)
+		require.Len(t, tp, 1)
+		return tp[0]
+	}
+	require.Contains(t, traceOf(notify.KindOrderPaid), paidTrace, "the paid email joins order.paid's trace")
+	require.Contains(t, traceOf(notify.KindOrderRefunded), refundTrace, "the refund email joins order.refunded's trace")
+}
+
+// TestReleasedEventKeepsItsTrace: an event released after the wait, its
+// predecessor lost, keeps its own trace too.
+func TestReleasedEventKeepsItsTrace(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	orderID, _, created, _, refunded := f.orderEvents(t)
+	f.startServiceWith(t, prometheus.NewRegistry(), 300*time.Millisecond)
+	f.publish(t, created)
+	waitFor(t, func() bool {
+		return f.count(t, `SELECT count(*) FROM inbox_sequences WHERE aggregate_id = ? AND applied_seq = 1`, orderID) == 1
+	}, "order.created applied")
+	const refundTrace = "44444444444444444444444444444444"
+	refunded.Headers = amqp.Table{"traceparent": "00-" + refundTrace + "-00f067aa0ba902b7-01"}
+	f.publish(t, refunded) // order.paid (2) is lost for now
+	waitFor(t, func() bool { return len(f.kinds(t, orderID)) == 1 }, "refund email sent after the wait")
+	require.Equal(t, 1, f.count(t, `SELECT count(*) FROM notifications WHERE order_id = ? AND kind = 'order_refunded' AND traceparent LIKE ?`,
+		orderID, "00-"+refundTrace+"-%"), "the released refund's email joins its own trace")
+}
