@@ -88,7 +88,10 @@ func TestFailingHandlerIsDeadLetteredRecordedAndRedrivenOnce(t *testing.T) {
 	require.Equal(t, 5, l.Failures)
 	require.Contains(t, l.LastError, "bug in the worker")
 	require.Equal(t, msg.Body, l.Body)
-	require.Equal(t, 1.0, metric(t, reg, "checkout_dead_letters_total", map[string]string{"reason": "handler_failed"}))
+	// Counted just after the row's commit, which the wait above saw.
+	waitFor(t, func() bool {
+		return metric(t, reg, "checkout_dead_letters_total", map[string]string{"reason": "handler_failed"}) == 1
+	}, "dead letter counted")
 	waitFor(t, func() bool { return metric(t, reg, "checkout_dead_letters_unresolved", nil) == 1 }, "unresolved gauge at 1")
 	waitFor(t, func() bool { return f.ready(t, f.names.NotifyDLQ) == 0 && f.ready(t, f.names.NotifyQueue) == 0 },
 		"the dead letter acknowledged once recorded")
