@@ -105,9 +105,11 @@ func (b *Batch) Len() int { return len(b.items) }
 // returns the first error; the caller rolls the transaction back then.
 // CommitWithoutFlush applies to the rest of that transaction.
 //
-// The batch is one span, postgres.batch, with its statement count.
+// The batch is one client span, postgres.batch, with its statement count
+// (not recorded outside any trace, as WithTx's).
 func Send(ctx context.Context, db *gorm.DB, b *Batch) (err error) {
-	ctx, span := tracing.Start(ctx, "postgres.batch", trace.WithAttributes(attribute.Int("db.operation.batch.size", len(b.items))))
+	ctx, span := tracing.Start(ctx, "postgres.batch", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.Int("db.operation.batch.size", len(b.items))))
 	defer func() { tracing.End(span, err) }()
 	items := b.items
 	if b.async {

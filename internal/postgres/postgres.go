@@ -17,12 +17,12 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
+	"go.opentelemetry.io/otel/trace"
 	gormpg "gorm.io/driver/postgres"
 	"gorm.io/gorm"
-
-	"github.com/onceonly/checkout/internal/tracing"
 	gormlogger "gorm.io/gorm/logger"
 
+	"github.com/onceonly/checkout/internal/tracing"
 	"github.com/onceonly/checkout/migrations"
 )
 
@@ -137,9 +137,11 @@ func Migrate(ctx context.Context, db *gorm.DB, logger *slog.Logger) error {
 // assume nothing was written. Inside fn use only tx, never the root handle, or
 // a small pool can deadlock.
 //
-// The transaction is one span, postgres.tx, parent of its statements'.
+// The transaction is one client span, postgres.tx, parent of its
+// statements': a client span, as every call to the database is, so one
+// outside any trace (a sweep's, a poll's) is not recorded (tracing.Sampler).
 func WithTx(ctx context.Context, db *gorm.DB, fn func(tx *gorm.DB) error) (err error) {
-	ctx, span := tracing.Start(ctx, "postgres.tx")
+	ctx, span := tracing.Start(ctx, "postgres.tx", trace.WithSpanKind(trace.SpanKindClient))
 	defer func() { tracing.End(span, err) }()
 	tx := db.WithContext(ctx).Begin()
 	if tx.Error != nil {

@@ -93,9 +93,10 @@ type Shutdown func(context.Context) error
 // in), or a bad OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG.
 //
 // The sampler is OTEL_TRACES_SAMPLER's (default parentbased_always_on)
-// with one rule on top: a client span without a parent (a poll's SQL, a
-// relay's claim, a sweep's Redis call) is not recorded, so the traces are
-// the checkouts and their consequences, not every idle poll.
+// with one rule on top: a client span without a parent (a poll's SQL or
+// transaction, a relay's claim, a sweep's Redis call) is not recorded, so
+// the traces are the checkouts and their consequences, not every idle
+// poll.
 func Setup(ctx context.Context, getenv func(string) string, serviceName string) (Shutdown, error) {
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	noop := func(context.Context) error { return nil }
@@ -117,7 +118,7 @@ func Setup(ctx context.Context, getenv func(string) string, serviceName string) 
 	if exp := getenv("OTEL_TRACES_EXPORTER"); exp != "" && exp != "otlp" {
 		errs = append(errs, fmt.Errorf("OTEL_TRACES_EXPORTER: %q is not supported; use otlp or none", exp))
 	}
-	sampler, err := samplerFromEnv(getenv)
+	sampler, err := Sampler(getenv)
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -175,9 +176,12 @@ func Install(tp trace.TracerProvider) (restore func()) {
 	}
 }
 
-// samplerFromEnv is OTEL_TRACES_SAMPLER with OTEL_TRACES_SAMPLER_ARG, as
-// the specification names them, wrapped in skipOrphanClients.
-func samplerFromEnv(getenv func(string) string) (sdktrace.Sampler, error) {
+// Sampler is the sampler Setup installs: OTEL_TRACES_SAMPLER with
+// OTEL_TRACES_SAMPLER_ARG, as the specification names them, wrapped in
+// skipOrphanClients. Tests install it around an in-process recorder to
+// see what a process exports. It returns an error naming the variable
+// for a value it cannot use.
+func Sampler(getenv func(string) string) (sdktrace.Sampler, error) {
 	ratio := func() (float64, error) {
 		arg := getenv("OTEL_TRACES_SAMPLER_ARG")
 		if arg == "" {
