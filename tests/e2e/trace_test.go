@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -9,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,16 +28,11 @@ import (
 // POST's server span to the worker's SMTP send, which descends from the
 // dispatcher's publish through the AMQP headers.
 //
-// It runs only with E2E_TRACE=1 (make test-trace): in about one run in
-// four of the whole e2e suite on this 2-core machine, the dispatcher's
-// publish span, whose context the worker's spans carry, never reached the
-// receiver within 30 s, and the cause is not found yet (issue 38 stays
-// open for it). The in-process TestOneCheckoutIsOneTrace (internal/api)
-// proves the same chain in make test.
+// When the trace is incomplete it prints every span the receiver got, so
+// that a lost span shows where it went (issue 38's: an order.paid that
+// overtook its order.created was parked, and its email, applied later,
+// started a trace of its own until parked events kept their traceparent).
 func TestOneTraceFromPostToSMTPSend(t *testing.T) {
-	if os.Getenv("E2E_TRACE") == "" {
-		t.Skip("E2E_TRACE=1 runs it (make test-trace)")
-	}
 	t.Parallel()
 	otlp := stack.NewOTLPReceiver(t)
 	// A short batch delay (ms), so that the spans arrive while the test
@@ -56,12 +53,25 @@ func TestOneTraceFromPostToSMTPSend(t *testing.T) {
 	has := func(name string) bool {
 		return slices.ContainsFunc(spans, func(sp stack.Span) bool { return sp.Name == name })
 	}
-	eventually(t, 30*time.Second, func() bool {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
 		spans = otlp.Trace(traceID)
 		// Each process exports on its own schedule: the worker's send can
 		// arrive before the dispatcher's publish, its parent.
-		return has("smtp send") && has("POST /v1/checkouts") && has("checkout.events publish")
-	}, "the trace reaches the receiver from the POST through the publish to the SMTP send")
+		if has("smtp send") && has("POST /v1/checkouts") && has("checkout.events publish") {
+			break
+		}
+		if time.Now().After(deadline) {
+			var b strings.Builder
+			for _, sp := range otlp.Spans() {
+				if sp.Service != "checkout-api" || sp.TraceID == traceID {
+					fmt.Fprintf(&b, "%s %s trace=%s span=%s parent=%s %s..%s\n", sp.Service, sp.Name, sp.TraceID, sp.SpanID, sp.ParentSpanID, sp.Start.Format("15:04:05.000"), sp.End.Format("15:04:05.000"))
+				}
+			}
+			t.Fatalf("after 30s the trace has not reached the receiver from the POST through the publish to the SMTP send; spans:\n%s\ndispatcher log:\n%s", b.String(), s.Dispatcher.LogTail(40))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 
 	services := map[string]bool{}
 	byID := map[string]stack.Span{}
