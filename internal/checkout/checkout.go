@@ -31,8 +31,8 @@
 // says (reconcile.go) are commands of their own. The API request, the
 // worker's completer (expired leases) and its reconciler (orders waiting
 // for Stripe or the customer) all run the same saga, and every change of
-// an order's status goes through orders.Apply, whose transitions table
-// only moves forward.
+// an order's status goes through orders.QueueApply, the conditional update
+// of the transitions table, which only moves forward.
 package checkout
 
 import (
