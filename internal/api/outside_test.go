@@ -17,6 +17,7 @@ import (
 	"github.com/onceonly/checkout/internal/refunds"
 	"github.com/onceonly/checkout/internal/stripeemu"
 	"github.com/onceonly/checkout/internal/stripeintent"
+	"github.com/onceonly/checkout/internal/webhooks"
 )
 
 // TestDashboardCancelEndsTheOrder (CONTRACT.md v4, issue 35 defect 4):
@@ -478,5 +479,39 @@ func TestRefundInDoubtRefusedOnceTheDashboardTookItsRoom(t *testing.T) {
 			require.Equal(t, succeeded, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.refunded'`, o.ID),
 				"one order.refunded per refund that moved money")
 		})
+	}
+}
+
+// TestWebhookThatContradictsAClosedPaymentIsCheckedAtStripe: a signed
+// payment_intent.succeeded about the PaymentIntent of a declined order,
+// which the service closed (canceled) before the order left the way to
+// paid, is not refunded as a stray payment on the event's word: the
+// handler asks Stripe, which says canceled, and nothing changes or moves
+// (a newcomer's finding: it sent a refund Stripe refused, and answered 502
+// to every resend). Stripe's own events never say this; a replayed or
+// hand-made one, signed with the secret, can.
+func TestWebhookThatContradictsAClosedPaymentIsCheckedAtStripe(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	answers := h.untilFinal("contradicted", declinedBody)
+	require.Equal(t, http.StatusPaymentRequired, answers[len(answers)-1].status)
+	id := h.orderOfKey("contradicted")
+	var o struct{ PaymentIntentID string }
+	require.NoError(t, h.db.Raw(`SELECT payment_intent_id FROM orders WHERE id = ?`, id).Scan(&o).Error)
+	require.NotEmpty(t, o.PaymentIntentID)
+
+	payload, err := json.Marshal(map[string]any{
+		"id": "evt_contradicted", "object": "event", "created": time.Now().Unix(), "api_version": "2023-10-16",
+		"type": "payment_intent.succeeded",
+		"data": map[string]any{"object": map[string]any{
+			"id": o.PaymentIntentID, "object": "payment_intent", "status": "succeeded", "amount": 5000,
+			"amount_received": 5000, "currency": "usd", "metadata": map[string]string{"order_id": id, "tenant_id": "acme"},
+		}},
+	})
+	require.NoError(t, err)
+	require.Equal(t, webhooks.OutcomeStale, webhookOutcome(t, h.deliverSigned(payload)))
+	h.requirePaymentInvariants(id, string(orders.PaymentFailed))
+	for _, rq := range h.emu.Requests() {
+		require.NotEqual(t, stripeemu.OpRefundCreate, rq.Op, "no refund of a payment Stripe says never moved money")
 	}
 }

@@ -15,9 +15,10 @@
 //     so Stripe resends it;
 //   - applies state only forward, and when the event's state is one that a
 //     later change may have overtaken (anything but succeeded or canceled)
-//     while our order still waits for its payment, retrieves the
-//     PaymentIntent from Stripe (GET by id is strongly consistent) and
-//     applies that instead. The reconciler ends in the same function, so the
+//     while our order still waits for its payment, or says money moved for
+//     an order that gave up on its payment (a stray payment, refunded),
+//     retrieves the PaymentIntent from Stripe (GET by id is strongly
+//     consistent) and applies that instead. The reconciler ends in the same function, so the
 //     push and the poll paths converge on Stripe's state.
 package webhooks
 
@@ -298,13 +299,19 @@ func (h *Handler) paymentIntent(ctx context.Context, ev Event, pi PaymentIntent)
 		return "", problem.Wrap(ErrUnavailable, err)
 	}
 	state := pi
-	if !pi.Status.Final() && status.Waiting() {
-		// An order still on the way to paid (orders.Status.Waiting) waits
-		// for its payment's outcome, and an event that is not final for
-		// the PaymentIntent (e.g. requires_payment_method) may have been
-		// overtaken since (a later confirmation succeeded): delivery order
-		// cannot tell. Stripe can: GET by id is strongly consistent, and
-		// its current state is what is applied.
+	// An order still on the way to paid (orders.Status.Waiting) waits for
+	// its payment's outcome, and an event that is not final for the
+	// PaymentIntent (e.g. requires_payment_method) may have been overtaken
+	// since (a later confirmation succeeded): delivery order cannot tell.
+	// An event that says money moved for an order that gave up on its
+	// payment contradicts what the service saw when it closed that
+	// PaymentIntent, and would be refunded as a stray payment: money moves
+	// on Stripe's word, not on an event's. In both cases Stripe can tell
+	// (GET by id is strongly consistent), and its current state is what is
+	// applied.
+	overtaken := !pi.Status.Final() && status.Waiting()
+	contradicts := pi.Status.MovesMoney() && status.LeavesTheWayToPaid()
+	if overtaken || contradicts {
 		cur, err := h.Stripe.RetrievePaymentIntent(ctx, pi.ID)
 		if err != nil {
 			return "", problem.Wrap(ErrStripeUnavailable, fmt.Errorf("retrieve %s: %w", pi.ID, err))
