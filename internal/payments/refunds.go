@@ -90,18 +90,7 @@ func (c *Client) GetRefund(ctx context.Context, id string) (refunds.StripeRefund
 // search, the list is strongly consistent: a refund Stripe created is in
 // it. Transient failures are retried.
 func (c *Client) ListRefunds(ctx context.Context, paymentIntentID string) ([]refunds.StripeRefund, error) {
-	rc := c.refundClient()
-	return callT(ctx, c, opRefundList, "", func(actx context.Context) ([]refunds.StripeRefund, error) {
-		params := &stripe.RefundListParams{PaymentIntent: stripe.String(paymentIntentID)}
-		params.Context = actx
-		params.Limit = stripe.Int64(100)
-		var out []refunds.StripeRefund
-		it := rc.List(params)
-		for it.Next() {
-			out = append(out, refundStateOf(it.Refund()))
-		}
-		return out, it.Err()
-	})
+	return c.listRefunds(ctx, &stripe.RefundListParams{PaymentIntent: stripe.String(paymentIntentID)})
 }
 
 // ListRefundsSince lists every refund of the account created at or after
@@ -109,13 +98,19 @@ func (c *Client) ListRefunds(ctx context.Context, paymentIntentID string) ([]ref
 // of them (https://docs.stripe.com/api/refunds/list, created[gte]); the
 // list is strongly consistent. Transient failures are retried.
 func (c *Client) ListRefundsSince(ctx context.Context, since time.Time) ([]refunds.StripeRefund, error) {
+	return c.listRefunds(ctx, &stripe.RefundListParams{CreatedRange: &stripe.RangeQueryParams{GreaterThanOrEqual: since.Unix()}})
+}
+
+// listRefunds lists every refund that params' filter selects, 100 a page,
+// each try of the call starting again from the first page.
+func (c *Client) listRefunds(ctx context.Context, filter *stripe.RefundListParams) ([]refunds.StripeRefund, error) {
 	rc := c.refundClient()
 	return callT(ctx, c, opRefundList, "", func(actx context.Context) ([]refunds.StripeRefund, error) {
-		params := &stripe.RefundListParams{CreatedRange: &stripe.RangeQueryParams{GreaterThanOrEqual: since.Unix()}}
+		params := *filter
 		params.Context = actx
 		params.Limit = stripe.Int64(100)
 		var out []refunds.StripeRefund
-		it := rc.List(params)
+		it := rc.List(&params)
 		for it.Next() {
 			out = append(out, refundStateOf(it.Refund()))
 		}
