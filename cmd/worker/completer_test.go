@@ -17,11 +17,9 @@ import (
 	"github.com/onceonly/checkout/internal/auth"
 	"github.com/onceonly/checkout/internal/checkout"
 	"github.com/onceonly/checkout/internal/idempotency"
-	"github.com/onceonly/checkout/internal/notify/smtpsink"
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/payments"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
-	"github.com/onceonly/checkout/internal/rabbitmq/rabbitmqtest"
 	"github.com/onceonly/checkout/internal/stripeemu"
 	"github.com/onceonly/checkout/internal/telemetry"
 	"github.com/onceonly/checkout/internal/testenv"
@@ -82,16 +80,8 @@ func TestWorkerCompletesAnInterruptedCancel(t *testing.T) {
 	require.NoError(t, db.Exec(`UPDATE idempotency_keys SET lease_expires_at = now() - interval '1 hour'
 		WHERE key = 'cancel-1' AND recovery_point = ?`, checkout.RecoveryPointCancelRequested).Error)
 
-	names := rabbitmqtest.NewNames(t)
-	sink, err := smtpsink.Start("127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { sink.Close() })
-	env := map[string]string{
-		"DATABASE_URL": dbURL, "AMQP_URL": rabbitmqtest.URL(), "METRICS_ADDR": "127.0.0.1:0",
-		"AMQP_EXCHANGE": names.Exchange, "NOTIFY_QUEUE": names.NotifyQueue,
-		"SMTP_ADDR": sink.Addr(), "SMTP_FROM": "shop@example.com",
-		"STRIPE_API_BASE": emuSrv.URL, "COMPLETER_INTERVAL": "100ms",
-	}
+	env, _, _ := workerEnv(t, dbURL, map[string]string{"SMTP_FROM": "shop@example.com",
+		"STRIPE_API_BASE": emuSrv.URL, "COMPLETER_INTERVAL": "100ms"})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, getenv(env), io.Discard) }()

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -67,6 +68,23 @@ func TestBadValueStopsStartNamingTheVariable(t *testing.T) {
 	}
 }
 
+// workerEnv starts an SMTP sink (closed in t's cleanup) and returns the
+// environment of a worker on dbURL with this test's own exchange and
+// queues (names), mailing to that sink, plus extra.
+func workerEnv(t *testing.T, dbURL string, extra map[string]string) (map[string]string, rabbitmq.Names, *smtpsink.Sink) {
+	t.Helper()
+	names := rabbitmqtest.NewNames(t)
+	sink, err := smtpsink.Start("127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { sink.Close() })
+	env := map[string]string{
+		"DATABASE_URL": dbURL, "AMQP_URL": rabbitmqtest.URL(), "METRICS_ADDR": "127.0.0.1:0",
+		"AMQP_EXCHANGE": names.Exchange, "NOTIFY_QUEUE": names.NotifyQueue, "SMTP_ADDR": sink.Addr(),
+	}
+	maps.Copy(env, extra)
+	return env, names, sink
+}
+
 // opsAddr waits for the ops server's address in the log.
 func opsAddr(t *testing.T, out *testenv.Output) string {
 	t.Helper()
@@ -76,15 +94,7 @@ func opsAddr(t *testing.T, out *testenv.Output) string {
 func TestRunNotifiesServesOpsAndDrainsOnSIGTERM(t *testing.T) {
 	t.Parallel()
 	db, dbURL := pgtest.NewDB(t)
-	names := rabbitmqtest.NewNames(t)
-	sink, err := smtpsink.Start("127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { sink.Close() })
-	env := map[string]string{
-		"DATABASE_URL": dbURL, "AMQP_URL": rabbitmqtest.URL(), "METRICS_ADDR": "127.0.0.1:0",
-		"AMQP_EXCHANGE": names.Exchange, "NOTIFY_QUEUE": names.NotifyQueue,
-		"SMTP_ADDR": sink.Addr(), "SMTP_FROM": "shop@example.com",
-	}
+	env, names, sink := workerEnv(t, dbURL, map[string]string{"SMTP_FROM": "shop@example.com"})
 	out := &testenv.Output{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -144,16 +154,8 @@ func TestRefundRetryAfterDefault(t *testing.T) {
 func TestRequeueCommandSendsARejectedEmailOnce(t *testing.T) {
 	t.Parallel()
 	db, dbURL := pgtest.NewDB(t)
-	names := rabbitmqtest.NewNames(t)
-	sink, err := smtpsink.Start("127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { sink.Close() })
+	env, _, sink := workerEnv(t, dbURL, map[string]string{"NOTIFY_SWEEP_INTERVAL": "50ms"})
 	sink.RejectWith(550, 1)
-	env := map[string]string{
-		"DATABASE_URL": dbURL, "AMQP_URL": rabbitmqtest.URL(), "METRICS_ADDR": "127.0.0.1:0",
-		"AMQP_EXCHANGE": names.Exchange, "NOTIFY_QUEUE": names.NotifyQueue,
-		"SMTP_ADDR": sink.Addr(), "NOTIFY_SWEEP_INTERVAL": "50ms",
-	}
 	out := &testenv.Output{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

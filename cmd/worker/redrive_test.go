@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/checkout/internal/ids"
-	"github.com/onceonly/checkout/internal/notify/smtpsink"
 	"github.com/onceonly/checkout/internal/outbox"
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
 	"github.com/onceonly/checkout/internal/rabbitmq"
@@ -25,15 +24,7 @@ import (
 func TestRedriveCommandSendsADeadLetterOnce(t *testing.T) {
 	t.Parallel()
 	db, dbURL := pgtest.NewDB(t)
-	names := rabbitmqtest.NewNames(t)
-	sink, err := smtpsink.Start("127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { sink.Close() })
-	env := map[string]string{
-		"DATABASE_URL": dbURL, "AMQP_URL": rabbitmqtest.URL(), "METRICS_ADDR": "127.0.0.1:0",
-		"AMQP_EXCHANGE": names.Exchange, "NOTIFY_QUEUE": names.NotifyQueue,
-		"SMTP_ADDR": sink.Addr(), "NOTIFY_SWEEP_INTERVAL": "50ms",
-	}
+	env, names, sink := workerEnv(t, dbURL, map[string]string{"NOTIFY_SWEEP_INTERVAL": "50ms"})
 	out := &testenv.Output{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

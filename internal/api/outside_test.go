@@ -138,14 +138,7 @@ func TestDashboardRefundReachesTheOrder(t *testing.T) {
 	require.Equal(t, string(orders.Refunded), v.Status)
 	require.EqualValues(t, 5500, v.AmountRefunded)
 	require.Len(t, h.stripeRefunds(o.Payment.PaymentIntentID), 2, "two refunds at Stripe, 5500 in all")
-	eventually(t, "every event delivered", func() bool {
-		for _, e := range h.emu.Webhooks().Events {
-			if e.Status != "delivered" {
-				return false
-			}
-		}
-		return true
-	})
+	h.allWebhooksDelivered()
 	require.Equal(t, 2, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.refunded'`, o.ID))
 	require.Equal(t, 2, h.count(`SELECT count(*) FROM refunds WHERE order_id = ?`, o.ID), "the Dashboard's refund adopted once")
 }
@@ -387,14 +380,7 @@ func TestDashboardRefundWhileARefundIsInDoubt(t *testing.T) {
 			eventually(t, "the Dashboard's refund reaches the order", func() bool {
 				return h.orderView(o.ID).Status == string(tc.status)
 			})
-			eventually(t, "every webhook acknowledged", func() bool {
-				for _, e := range h.emu.Webhooks().Events {
-					if e.Status != "delivered" {
-						return false
-					}
-				}
-				return true
-			})
+			h.allWebhooksDelivered()
 			v := h.orderView(o.ID)
 			require.EqualValues(t, tc.amount, v.AmountRefunded)
 			require.Len(t, v.Refunds, 2)

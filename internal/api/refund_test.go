@@ -770,14 +770,7 @@ func TestRefundSettledByWebhook(t *testing.T) {
 	v := h.orderView(orderID)
 	require.EqualValues(t, 5000, v.AmountRefunded)
 	require.Len(t, h.stripeRefunds(pi), 2)
-	eventually(t, "every event delivered", func() bool {
-		for _, e := range h.emu.Webhooks().Events {
-			if e.Status != "delivered" {
-				return false
-			}
-		}
-		return true
-	})
+	h.allWebhooksDelivered()
 	require.Equal(t, 1, h.count(`SELECT count(*) FROM outbox WHERE aggregate_id = ? AND type = 'order.refunded'`, orderID))
 	for _, typ := range []string{webhooks.TypeChargeRefunded, webhooks.TypeRefundUpdated, webhooks.TypeRefundFailed} {
 		require.Zero(t, h.webhooks(typ, webhooks.OutcomeError), typ)

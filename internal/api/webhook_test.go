@@ -45,6 +45,20 @@ func (h *harness) deliverSigned(payload []byte) reply {
 	return h.deliverEvent(payload, stripeemu.Sign(payload, webhooks.DefaultSecret, time.Now()))
 }
 
+// allWebhooksDelivered waits until the emulator has every event it made
+// acknowledged by the handler (a 2xx), failing the test otherwise.
+func (h *harness) allWebhooksDelivered() {
+	h.t.Helper()
+	eventually(h.t, "every event delivered", func() bool {
+		for _, e := range h.emu.Webhooks().Events {
+			if e.Status != "delivered" {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 // webhookOutcome requires a 200 and returns its outcome.
 func webhookOutcome(t testing.TB, r reply) string {
 	t.Helper()
@@ -138,14 +152,7 @@ func TestWebhookSettles3DSecure(t *testing.T) {
 				h.confirmRefused(o.Payment.PaymentIntentID, "pm_card_visa")
 				h.requirePaymentInvariants(o.ID, tc.want, stripeemu.OpPIConfirm)
 			}
-			eventually(t, "every event delivered", func() bool {
-				for _, e := range h.emu.Webhooks().Events {
-					if e.Status != "delivered" {
-						return false
-					}
-				}
-				return true
-			})
+			h.allWebhooksDelivered()
 			if tc.succeed {
 				require.Equal(t, 1, h.webhooks(webhooks.TypePaymentIntentSucceeded, webhooks.OutcomeApplied))
 				return
