@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
 
 	"github.com/onceonly/checkout/internal/postgres/pgtest"
 )
@@ -22,10 +23,7 @@ func TestRecreatedReadsItsIndex(t *testing.T) {
 	t.Parallel()
 	db, _ := pgtest.NewDB(t)
 	now := time.Now().UTC()
-	require.NoError(t, db.Exec(`
-		INSERT INTO orders (id, tenant_id, status, email, currency, amount_total, payment_method, created_at, updated_at)
-		SELECT 'ord_' || g, 'acme', 'paid', 'buyer@example.com', 'usd', 2500, 'pm_card_visa', ?, ?
-		FROM generate_series(1, 20000) g`, now, now).Error)
+	insertPaidOrders(t, db, now)
 	require.NoError(t, db.Exec(`
 		INSERT INTO payment_attempts (order_id, tenant_id, step, attempt, idempotency_key, request_params,
 		  outcome, created_at, updated_at)
@@ -65,10 +63,7 @@ func TestStrayRefundsReadItsIndex(t *testing.T) {
 	t.Parallel()
 	db, _ := pgtest.NewDB(t)
 	now := time.Now().UTC()
-	require.NoError(t, db.Exec(`
-		INSERT INTO orders (id, tenant_id, status, email, currency, amount_total, payment_method, created_at, updated_at)
-		SELECT 'ord_' || g, 'acme', 'paid', 'buyer@example.com', 'usd', 2500, 'pm_card_visa', ?, ?
-		FROM generate_series(1, 20000) g`, now, now).Error)
+	insertPaidOrders(t, db, now)
 	require.NoError(t, db.Exec(`
 		INSERT INTO payment_attempts (order_id, tenant_id, step, attempt, idempotency_key, request_params,
 		  outcome, created_at, updated_at)
@@ -96,4 +91,14 @@ func TestStrayRefundsReadItsIndex(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal(plan, &explained))
 	require.Less(t, explained[0].Plan.Hit+explained[0].Plan.Read, 20, "buffers read by the query: %s", plan)
+}
+
+// insertPaidOrders inserts 20,000 paid orders, ord_1 to ord_20000, made
+// at now: a shop's history for the sweeps' index tests.
+func insertPaidOrders(t *testing.T, db *gorm.DB, now time.Time) {
+	t.Helper()
+	require.NoError(t, db.Exec(`
+		INSERT INTO orders (id, tenant_id, status, email, currency, amount_total, payment_method, created_at, updated_at)
+		SELECT 'ord_' || g, 'acme', 'paid', 'buyer@example.com', 'usd', 2500, 'pm_card_visa', ?, ?
+		FROM generate_series(1, 20000) g`, now, now).Error)
 }

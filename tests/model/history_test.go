@@ -781,28 +781,16 @@ func keys(m map[string]bool) []string {
 
 // post sends one POST to the api through the gateway.
 func (h *history) post(path, idemKey string, body []byte) answer {
-	req, err := http.NewRequest(http.MethodPost, h.s.Gateway.URL+path, bytes.NewReader(body))
-	if err != nil {
-		return answer{err: err}
-	}
-	req.Header.Set("Authorization", "Bearer sk_test_acme")
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", idemKey)
-	resp, err := h.client.Do(req)
-	if err != nil {
-		return answer{err: err}
-	}
-	defer resp.Body.Close()
-	rb, err := io.ReadAll(resp.Body)
-	a := answer{status: resp.StatusCode, body: rb, err: err, replayed: resp.Header.Get("Idempotent-Replayed") == "true"}
+	c := stack.Client{BaseURL: h.s.Gateway.URL, APIKey: "sk_test_acme", HTTP: h.client}
+	r := c.Post(context.Background(), path, idemKey, body)
+	a := answer{status: r.Status, code: r.Code, body: r.Body, err: r.Err, replayed: r.Replayed}
 	var p struct {
-		Code    string `json:"code"`
 		ID      string `json:"id"`
 		OrderID string `json:"order_id"`
 	}
-	if json.Unmarshal(rb, &p) == nil {
-		a.code, a.orderID = p.Code, p.OrderID
-		if resp.StatusCode < 300 && !strings.HasSuffix(path, "/cancel") {
+	if r.Status != 0 && json.Unmarshal(r.Body, &p) == nil {
+		a.orderID = p.OrderID
+		if r.Status < 300 && !strings.HasSuffix(path, "/cancel") {
 			a.id = p.ID
 		}
 	}

@@ -93,10 +93,12 @@ func TeeBody(email string, n int) Body {
 // Checkout sends one POST /v1/checkouts with the Idempotency-Key key.
 func (c *Client) Checkout(ctx context.Context, key string, body Body) Result {
 	b, _ := json.Marshal(body)
-	return c.post(ctx, "/v1/checkouts", key, b)
+	return c.Post(ctx, "/v1/checkouts", key, b)
 }
 
-func (c *Client) post(ctx context.Context, path, key string, b []byte) Result {
+// Post sends one POST of the JSON body b to path with the
+// Idempotency-Key key; the Result holds the answer, or Err for none.
+func (c *Client) Post(ctx context.Context, path, key string, b []byte) Result {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.BaseURL+path, bytes.NewReader(b))
 	if err != nil {
 		return Result{Err: err}
@@ -132,7 +134,7 @@ func (c *Client) post(ctx context.Context, path, key string, b []byte) Result {
 // CancelOrder sends POST /v1/orders/{id}/cancel (body {}) with the
 // Idempotency-Key key.
 func (c *Client) CancelOrder(ctx context.Context, id, key string) Result {
-	return c.post(ctx, "/v1/orders/"+id+"/cancel", key, []byte("{}"))
+	return c.Post(ctx, "/v1/orders/"+id+"/cancel", key, []byte("{}"))
 }
 
 // CheckoutUntilFinal sends the checkout with the same key until the answer
