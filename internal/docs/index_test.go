@@ -4,8 +4,6 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -77,25 +75,7 @@ func loadIndex(t testing.TB) *moduleIndex {
 func buildIndex() (*moduleIndex, error) {
 	m := &moduleIndex{byName: map[string]*pkgIndex{}, byDir: map[string]*pkgIndex{},
 		types: map[string]*typeIndex{}, files: map[string]*ast.File{}, fset: token.NewFileSet()}
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if path != root && (skipDirs[d.Name()] || strings.HasPrefix(d.Name(), ".")) {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") {
-			return nil
-		}
-		rel, _ := filepath.Rel(root, path)
-		rel = filepath.ToSlash(rel)
-		src, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
+	err := walkRepo(".go", func(rel string, src []byte) error {
 		f, err := parser.ParseFile(m.fset, rel, src, parser.ParseComments)
 		if err != nil {
 			return err

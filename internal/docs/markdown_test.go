@@ -40,7 +40,21 @@ type block struct {
 func pages(t testing.TB) []*page {
 	t.Helper()
 	var out []*page
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+	err := walkRepo(".md", func(rel string, src []byte) error {
+		out = append(out, parsePage(rel, string(src)))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// walkRepo calls fn with the slash-separated path (relative to the
+// repository's root) and the contents of every file whose name ends in
+// ext, skipping hidden folders and skipDirs; fn's error ends the walk.
+func walkRepo(ext string, fn func(rel string, src []byte) error) error {
+	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -50,7 +64,7 @@ func pages(t testing.TB) []*page {
 			}
 			return nil
 		}
-		if !strings.HasSuffix(path, ".md") {
+		if !strings.HasSuffix(path, ext) {
 			return nil
 		}
 		rel, _ := filepath.Rel(root, path)
@@ -58,13 +72,8 @@ func pages(t testing.TB) []*page {
 		if err != nil {
 			return err
 		}
-		out = append(out, parsePage(filepath.ToSlash(rel), string(src)))
-		return nil
+		return fn(filepath.ToSlash(rel), src)
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
 }
 
 var (
