@@ -1,10 +1,10 @@
 package checkout
 
 import (
-	"errors"
-	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceonly/checkout/internal/telemetry"
 )
 
 // Metrics counts what the payment saga cannot settle by itself. A nil
@@ -31,42 +31,26 @@ const (
 //	checkout_payments_stray_unreturned  stray payments whose refund Stripe has not said succeeded (set by the reconciler's rounds)
 //	checkout_payments_stray_unreturned_amount{currency}  what they charged and was not returned yet, in minor units
 func NewMetrics(reg prometheus.Registerer) *Metrics {
-	c := register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+	c := telemetry.Register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "checkout_payments_unknown_total",
 		Help: "Orders whose payment outcome stayed unknown for PAYMENT_UNKNOWN_AFTER and became payment_unknown.",
 	}))
-	stray := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+	stray := telemetry.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "checkout_payments_stray_total",
 		Help: "PaymentIntents that moved money for an order that is not paid (which the lifecycle forbids), by what was done: refunded, canceled (an authorization), failed.",
 	}, []string{"result"}))
 	for _, r := range []string{StrayRefunded, StrayCanceled, StrayFailed} {
 		stray.WithLabelValues(r)
 	}
-	unreturned := register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
+	unreturned := telemetry.Register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "checkout_payments_stray_unreturned",
 		Help: "Stray payments (money moved for an order that is not paid) whose refund Stripe has not said succeeded: failed (sent again under the next attempt's key), pending or unanswered. Set by the worker's reconciler.",
 	}))
-	amounts := register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	amounts := telemetry.Register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "checkout_payments_stray_unreturned_amount",
 		Help: "Money of stray payments not returned yet, in the currency's minor unit, by currency. Set by the worker's reconciler.",
 	}, []string{"currency"}))
 	return &Metrics{unknownTotal: c, strayTotal: stray, strayUnreturned: unreturned, strayUnreturnedA: amounts}
-}
-
-// register registers c on reg (if any), or returns the collector another
-// Service registered there already.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	if reg == nil {
-		return c
-	}
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			panic(fmt.Sprintf("checkout: register metrics: %v", err))
-		}
-		return are.ExistingCollector.(C)
-	}
-	return c
 }
 
 func (m *Metrics) stray(result string) {

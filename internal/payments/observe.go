@@ -2,11 +2,12 @@ package payments
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceonly/checkout/internal/telemetry"
 )
 
 // registerCalls creates the counter checkout_stripe_calls_total{op,result},
@@ -20,15 +21,7 @@ func registerCalls(reg prometheus.Registerer) *prometheus.CounterVec {
 		Name: "checkout_stripe_calls_total",
 		Help: "Stripe PaymentIntent HTTP attempts by op (create, confirm, cancel, retrieve, search) and result (succeeded, declined, transient, indeterminate, rejected); retries count once each.",
 	}, []string{"op", "result"})
-	if reg != nil {
-		if err := reg.Register(calls); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if !errors.As(err, &are) {
-				panic(fmt.Sprintf("payments: register metrics: %v", err))
-			}
-			calls = are.ExistingCollector.(*prometheus.CounterVec)
-		}
-	}
+	calls = telemetry.Register(reg, calls)
 	for _, o := range []op{opCreate, opConfirm, opCancel, opRetrieve, opSearch} {
 		for _, r := range []result{resultSucceeded, resultDeclined, resultTransient, resultIndeterminate, resultRejected} {
 			calls.WithLabelValues(string(o), string(r)) // export zeros so rates work from the start

@@ -1,10 +1,10 @@
 package refunds
 
 import (
-	"errors"
-	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceonly/checkout/internal/telemetry"
 )
 
 // Results of checkout_refund_reconciliations_total.
@@ -45,30 +45,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range []string{ReconcileFound, ReconcileNotYet, ReconcileParked} {
 		m.reconciliations.WithLabelValues(r)
 	}
-	if reg == nil {
-		return m
-	}
-	if err := reg.Register(m.reconciliations); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			panic(fmt.Sprintf("refunds: register metrics: %v", err))
-		}
-		m.reconciliations = are.ExistingCollector.(*prometheus.CounterVec)
-	}
-	if err := reg.Register(m.duplicates); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			panic(fmt.Sprintf("refunds: register metrics: %v", err))
-		}
-		m.duplicates = are.ExistingCollector.(prometheus.Counter)
-	}
-	if err := reg.Register(m.attention); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			panic(fmt.Sprintf("refunds: register metrics: %v", err))
-		}
-		m.attention = are.ExistingCollector.(prometheus.Gauge)
-	}
+	m.reconciliations = telemetry.Register(reg, m.reconciliations)
+	m.duplicates = telemetry.Register(reg, m.duplicates)
+	m.attention = telemetry.Register(reg, m.attention)
 	return m
 }
 

@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -213,4 +214,24 @@ func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
 		return
 	}
 	r.l.DebugContext(ctx, fmt.Sprintf(format, v...), "source", "go-redis")
+}
+
+// Register registers c on reg and returns it, or returns the collector of
+// the same description registered there already (a second Service, Store
+// or Client on one registry in one process shares the first one's
+// metrics). With reg nil it returns c, unregistered. It panics on any
+// other registration error (a name with other labels or help), a bug of
+// the program, as prometheus.MustRegister does.
+func Register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if reg == nil {
+		return c
+	}
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			panic(fmt.Sprintf("telemetry: register metrics: %v", err))
+		}
+		return are.ExistingCollector.(C)
+	}
+	return c
 }
