@@ -44,8 +44,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/rabbitmq/rabbitmqtest"
 	"github.com/onceonly/checkout/internal/stripeemu"
@@ -872,7 +870,7 @@ func check(s *stack.Stack, keys []*keyState, quiesceErr error) (violations []*vi
 	asRefunded := inv("amount_refunded equals Stripe's refunds")
 	asRefunded.examples = refundsAsStripe(s, refunded)
 	deadLetters := inv("no event dead-lettered")
-	if n, err := queueDepth(s.Names.NotifyDLQ); err != nil || n > 0 {
+	if n, err := rabbitmqtest.Ready(rabbitmqtest.URL(), s.Names.NotifyDLQ); err != nil || n > 0 {
 		deadLetters.examples = append(deadLetters.examples, fmt.Sprintf("%s: %d messages (%v)", s.Names.NotifyDLQ, n, err))
 	}
 	// The worker records what it takes off the dead-letter queue in
@@ -1049,21 +1047,4 @@ func refundsAsStripe(s *stack.Stack, refunded map[string]int64) []string {
 		}
 	}
 	return out
-}
-
-// queueDepth returns how many messages queue holds (a passive declare on
-// the shared broker).
-func queueDepth(queue string) (int, error) {
-	conn, err := amqp.Dial(rabbitmqtest.URL())
-	if err != nil {
-		return 0, err
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return 0, err
-	}
-	defer ch.Close()
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	return q.Messages, err
 }

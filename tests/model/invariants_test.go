@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/onceonly/checkout/internal/orders"
 	"github.com/onceonly/checkout/internal/rabbitmq/rabbitmqtest"
 	"github.com/onceonly/checkout/internal/stripeintent"
@@ -316,19 +314,9 @@ func (h *history) deadLetters() int {
 // the dead-letter queue or another.
 func dlqDepth(h *history, queue string) int {
 	h.t.Helper()
-	conn, err := amqp.Dial(rabbitmqtest.URL())
+	n, err := rabbitmqtest.Ready(rabbitmqtest.URL(), queue)
 	if err != nil {
-		h.t.Fatalf("rabbitmq: %v", err)
+		h.t.Fatalf("rabbitmq: %s: %v", queue, err)
 	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		h.t.Fatalf("rabbitmq: %v", err)
-	}
-	defer ch.Close()
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
-	if err != nil {
-		h.t.Fatalf("rabbitmq: passive declare %s: %v", queue, err)
-	}
-	return q.Messages
+	return n
 }

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/onceonly/checkout/internal/rabbitmq"
 )
 
@@ -179,4 +181,22 @@ func (p *Proxy) pipe(dst, src net.Conn, drop *atomic.Bool) {
 	delete(p.conns, dst)
 	delete(p.conns, src)
 	p.mu.Unlock()
+}
+
+// Ready returns how many messages wait in queue on the broker at url,
+// unacked ones excluded, by a passive declare on a connection of its own;
+// an error when the broker cannot be reached or the queue does not exist.
+func Ready(url, queue string) (int, error) {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	return q.Messages, err
 }
