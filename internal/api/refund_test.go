@@ -336,7 +336,7 @@ func TestConcurrentRefundsNeverExceedThePayment(t *testing.T) {
 
 // TestRefundDatabaseRefusesOverReservation: the CHECK constraint backs the
 // row lock: succeeded refunds beyond amount_total fail in the database
-// itself (a reservation beyond it is allowed since migration 00018: refunds
+// itself (a reservation beyond it is allowed since migration 00020: refunds
 // in doubt may outlast a refund made outside the service).
 func TestRefundDatabaseRefusesOverReservation(t *testing.T) {
 	t.Parallel()

@@ -124,7 +124,7 @@ func expiresAt(t testing.TB, db *gorm.DB, sc idempotency.Scope) *time.Time {
 	return at
 }
 
-// TestRetentionMigrationMovesExistingKeys: migration 00016 moves the keys
+// TestRetentionMigrationMovesExistingKeys: migration 00018 moves the keys
 // an older build wrote (expires_at fixed at the claim) to the rule: an
 // unfinished key has no end of retention, even one whose old end has
 // passed; a finished key that took more than a second keeps its TTL
@@ -136,7 +136,7 @@ func TestRetentionMigrationMovesExistingKeys(t *testing.T) {
 	t.Parallel()
 	db, _ := pgtest.NewDB(t)
 	ctx := context.Background()
-	pgtest.MigrateDownTo(t, db, 15)
+	pgtest.MigrateDownTo(t, db, 17)
 
 	t0 := time.Now().UTC().Truncate(time.Microsecond).Add(-3 * time.Hour)
 	const ttl = time.Hour
@@ -172,7 +172,7 @@ func TestRetentionMigrationMovesExistingKeys(t *testing.T) {
 	err = db.Exec(`UPDATE idempotency_keys SET expires_at = NULL WHERE key = 'finished-late'`).Error
 	require.ErrorContains(t, err, "idempotency_keys_finished_expires", "a finished key always has an end of retention")
 
-	pgtest.MigrateDownTo(t, db, 15)
+	pgtest.MigrateDownTo(t, db, 17)
 	require.NotNil(t, stored("unfinished"), "the older build needs an expires_at on every row")
 	require.NoError(t, postgres.Migrate(ctx, db, slog.New(slog.DiscardHandler)))
 	require.Nil(t, stored("unfinished"))

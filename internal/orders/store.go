@@ -186,7 +186,7 @@ func Count(ctx context.Context, db *gorm.DB, statuses ...Status) (map[Status]int
 // refunds, AmountRefunded succeeded ones (a CHECK keeps AmountRefunded <=
 // RefundReserved and AmountRefunded <= AmountTotal; RefundReserved exceeds
 // AmountTotal only while refunds in doubt outlast a refund made outside
-// the service, migrations/00018).
+// the service, migrations/00020).
 type Balance struct {
 	ID              string
 	TenantID        string

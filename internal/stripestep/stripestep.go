@@ -88,7 +88,7 @@ func RefundStep(refundID string) string { return "refund:" + refundID }
 func StrayRefundStep(piID string) string { return strayRefundPrefix + piID }
 
 // strayRefundPrefix starts every StrayRefundStep; the partial index
-// payment_attempts_stray_refunds (migration 00017) spells it too.
+// payment_attempts_stray_refunds (migration 00019) spells it too.
 const strayRefundPrefix = "stray-refund:"
 
 // Key returns the Stripe Idempotency-Key of attempt n of step of the

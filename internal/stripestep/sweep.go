@@ -64,7 +64,7 @@ func LatestPaymentOutcomes(ctx context.Context, db *gorm.DB, orderIDs []string) 
 }
 
 // straySQL spells the predicate of the partial index
-// payment_attempts_stray_refunds (migration 00017) literally, so that the
+// payment_attempts_stray_refunds (migration 00019) literally, so that the
 // planner reads only that index.
 const straySQL = `SELECT DISTINCT ON (order_id, step) * FROM payment_attempts
 	WHERE step LIKE '` + strayRefundPrefix + `%'

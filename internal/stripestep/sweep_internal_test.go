@@ -57,7 +57,7 @@ func TestRecreatedReadsItsIndex(t *testing.T) {
 // TestStrayRefundsReadItsIndex: among 20,000 orders' create and confirm
 // attempts, StrayRefunds returns the latest attempt of each stray refund
 // step (two orders, one of them on its second attempt) and reads the
-// partial index payment_attempts_stray_refunds (migration 00017), a few
+// partial index payment_attempts_stray_refunds (migration 00019), a few
 // buffers, not the table the reconciler would otherwise scan every round.
 func TestStrayRefundsReadItsIndex(t *testing.T) {
 	t.Parallel()
