@@ -26,6 +26,9 @@ type fakeAPI struct {
 	bodies []string
 	// reused makes every checkout answer 422 idempotency_key_reused.
 	reused bool
+	// internal makes every checkout answer 500 internal, which the API
+	// does not store under the key.
+	internal bool
 	// hold, when set, holds every checkout's answer until it is closed.
 	hold chan struct{}
 }
@@ -48,10 +51,16 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.auths = append(f.auths, r.Header.Get("Authorization"))
 		body, _ := io.ReadAll(r.Body)
 		f.bodies = append(f.bodies, string(body))
-		reused, hold := f.reused, f.hold
+		reused, internal, hold := f.reused, f.internal, f.hold
 		f.mu.Unlock()
 		if hold != nil {
 			<-hold
+		}
+		if internal {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = io.WriteString(w, `{"type":"about:blank","title":"Internal error","status":500,"code":"internal"}`)
+			return
 		}
 		if reused {
 			w.Header().Set("Content-Type", "application/problem+json")
@@ -160,6 +169,27 @@ func TestKeyReusedKeepsThePurchase(t *testing.T) {
 	require.False(t, out.Final, "the key is kept")
 	require.Contains(t, out.Message, "still being processed with its original details")
 	require.NotContains(t, out.Message, "Start a new one")
+}
+
+// TestInternalErrorKeepsThePurchase: a 500 internal is stored under no key,
+// and the work it interrupted may still be finished (the completer) and
+// charge: the purchase stays open under its key, and the next Pay sends
+// that key again, never a new purchase that could charge a second time.
+func TestInternalErrorKeepsThePurchase(t *testing.T) {
+	t.Parallel()
+	api := &fakeAPI{internal: true}
+	srv := shopFor(t, api, storefront.Config{TenantKey: "sk_test_acme"})
+	c := browserSession(t)
+	body := purchaseBody("8b2c3d4e-5f6a-4b7c-8d9e-0f1a2b3c4d5e", "a@example.com")
+	out := payAs(t, c, srv.URL, body)
+	require.Equal(t, storefront.OutcomeUnknown, out.Outcome)
+	require.False(t, out.Final, "the key is kept")
+	out = payAs(t, c, srv.URL, body)
+	require.False(t, out.Final)
+	require.Equal(t, 2, api.checkouts())
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	require.Equal(t, api.keys[0], api.keys[1], "the same purchase, under the same key")
 }
 
 // TestPayChecksItems: the body the storefront sends the API is built from

@@ -641,8 +641,17 @@ func (s *Server) payResult(err error, res *client.OrderResult) PayResult {
 		// purchase now could be a second charge.
 		return PayResult{Outcome: OutcomeUnknown, Message: "This purchase is still being processed with its " +
 			"original details. Press Pay again in a moment to see its outcome; do not start a new one."}
-	default:
+	case e.Code == client.CodeOutOfStock:
+		// Stored under the key: the purchase's outcome.
 		return PayResult{Outcome: OutcomeFailed, Final: true, Message: e.Title + ": " + e.Detail}
+	default:
+		// Stored under no key (500 internal, a refusal of the request
+		// itself): the work it interrupted may still be finished, and
+		// charge, so the purchase stays open under its key; a new one now
+		// could be a second charge.
+		s.logger.Error("storefront: checkout", "status", e.Status, "code", e.Code, "detail", e.Detail)
+		return PayResult{Outcome: OutcomeUnknown, Message: "The checkout service answered " + cmp.Or(e.Title, string(e.Code)) +
+			". We do not know yet whether you paid: press Pay again in a moment; the same key makes it safe."}
 	}
 }
 
