@@ -1,7 +1,6 @@
 package checkout
 
 import (
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceonly/checkout/internal/telemetry"
