@@ -221,7 +221,7 @@ func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
 // or Client on one registry in one process shares the first one's
 // metrics). With reg nil it returns c, unregistered. It panics on any
 // other registration error (a name with other labels or help), a bug of
-// the program, as prometheus.MustRegister does.
+// the program, as the client library's own must-register does.
 func Register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
 	if reg == nil {
 		return c
